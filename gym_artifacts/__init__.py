@@ -1,0 +1,33 @@
+"""gym-artifacts: live-log evals to several trackers, produce runtime artifacts, export runs once.
+
+The package root stays import-light: the public names are loaded on first use so that
+``import gym_artifacts`` (and listing exporters) never pulls in pydantic-heavy modules or an SDK.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__version__ = "0.1.0"
+
+_LAZY = {
+    "RunArtifacts": "gym_artifacts.run",
+    "content_identities": "gym_artifacts.identity",
+    "Exporter": "gym_artifacts.exporter",
+    "ExportResult": "gym_artifacts.exporter",
+    "ExportStatus": "gym_artifacts.exporter",
+    "export_run": "gym_artifacts.export",
+    "load_config": "gym_artifacts.config",
+    "mask_secrets": "gym_artifacts.secrets",
+}
+
+__all__ = ["__version__", *_LAZY]
+
+
+def __getattr__(name: str) -> Any:
+    module_name = _LAZY.get(name)
+    if module_name is None:
+        raise AttributeError(f"module 'gym_artifacts' has no attribute {name!r}")
+    import importlib
+
+    return getattr(importlib.import_module(module_name), name)

@@ -1,0 +1,95 @@
+"""Atomic publication of files: a reader sees the old file, the new file, or none, never a part.
+
+Every file gym-artifacts produces goes through here: written to a hidden temporary file in the
+same folder, flushed and fsynced, then renamed over the final name with ``os.replace``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import IO, Any
+
+import orjson
+
+TEMP_PREFIX = ".gymart-tmp-"
+
+
+def _fsync_dir(dpath: Path) -> None:
+    """Persist a rename: without it a crash can forget the new directory entry."""
+    try:
+        fd = os.open(dpath, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+@contextlib.contextmanager
+def atomic_writer(fpath: Path | str, mode: str = "wb") -> Iterator[IO[Any]]:
+    """Open a temporary sibling of ``fpath``; publish it under ``fpath`` only if the block succeeds."""
+    fpath = Path(fpath)
+    fpath.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp_name = tempfile.mkstemp(prefix=TEMP_PREFIX, suffix="-" + fpath.name[:60], dir=fpath.parent)
+    tmp_fpath = Path(tmp_name)
+    try:
+        with os.fdopen(fd, mode) as fh:
+            yield fh
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.chmod(tmp_fpath, 0o644)
+        os.replace(tmp_fpath, fpath)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            tmp_fpath.unlink()
+        raise
+    _fsync_dir(fpath.parent)
+
+
+def atomic_write_bytes(fpath: Path | str, data: bytes) -> None:
+    """Publish ``data`` as ``fpath`` atomically."""
+    with atomic_writer(fpath) as fh:
+        fh.write(data)
+
+
+def atomic_write_json(fpath: Path | str, obj: Any) -> None:
+    """Publish ``obj`` as indented, key-sorted JSON atomically."""
+    atomic_write_bytes(fpath, dumps_pretty(obj))
+
+
+def atomic_copy(src: Path | str, dst: Path | str) -> int:
+    """Copy ``src`` to ``dst`` atomically, streaming in the kernel where possible; returns bytes."""
+    with open(src, "rb") as fin, atomic_writer(dst) as fout:
+        shutil.copyfileobj(fin, fout, 1 << 20)
+        return fout.tell()
+
+
+def link_or_copy(src: Path | str, dst: Path | str) -> int:
+    """Publish ``src`` as ``dst``: a hard link on the same filesystem, else an atomic copy."""
+    src, dst = Path(src), Path(dst)
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    with contextlib.suppress(OSError):
+        if os.path.samefile(src, dst):  # already published: rename() would be a no-op
+            return src.stat().st_size
+    tmp = dst.with_name(f"{TEMP_PREFIX}{os.getpid()}-{dst.name[:60]}")
+    with contextlib.suppress(FileNotFoundError):
+        tmp.unlink()
+    try:
+        os.link(src, tmp)
+    except OSError:
+        return atomic_copy(src, dst)
+    os.replace(tmp, dst)
+    return src.stat().st_size
+
+
+def dumps_pretty(obj: Any) -> bytes:
+    """JSON for people and diffs: indented, keys sorted, a final newline."""
+    return orjson.dumps(obj, option=orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS | orjson.OPT_APPEND_NEWLINE)

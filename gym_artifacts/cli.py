@@ -1,0 +1,373 @@
+"""The ``gym-artifacts`` command: a thin layer over the Python API.
+
+Exit codes: 0 when every result is EXPORTED or SKIPPED, 1 when any FAILED, 2 for unusable
+arguments or config. Heavy modules are imported inside the commands that need them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # type: ignore[override]
+        self.print_usage(sys.stderr)
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message}\n")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="gym-artifacts", description=__doc__.splitlines()[0])
+    parser.add_argument("-v", "--verbose", action="store_true", help="log progress to stderr")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+
+    exp = sub.add_parser("export", help="export finished runs, exactly once per backend")
+    exp.add_argument(
+        "items",
+        nargs="+",
+        metavar="OUT.jsonl|key=value",
+        help="runs (rollouts files or artifacts folders), then config overrides",
+    )
+    exp.add_argument("-c", "--config", type=Path, help="YAML config choosing exporters and settings")
+    exp.add_argument(
+        "-e",
+        "--exporter",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="export only to this backend (repeatable)",
+    )
+    exp.add_argument(
+        "--upload-rollouts",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="send the rollouts (default: the run's saved setting, else yes)",
+    )
+    exp.add_argument(
+        "--certify",
+        action="store_true",
+        help="complete a completed live run instead of creating a new one",
+    )
+    exp.add_argument("--jobs", type=int, default=1, metavar="N", help="runs exported in parallel")
+    exp.add_argument("--json", action="store_true", help="print one JSON array of results")
+    exp.add_argument("-q", "--quiet", action="store_true", help="print nothing on success")
+
+    st = sub.add_parser("status", help="a run's identities, receipts and what it is missing")
+    st.add_argument("run", metavar="OUT.jsonl")
+    st.add_argument("--json", action="store_true")
+
+    ls = sub.add_parser("exporters", help="registered backends and whether their SDK is installed")
+    ls.add_argument("-c", "--config", type=Path, help="config whose enabled flags to show")
+    ls.add_argument("--json", action="store_true")
+    return parser
+
+
+def _split_items(items: Sequence[str]) -> tuple[list[str], list[str]]:
+    runs: list[str] = []
+    overrides: list[str] = []
+    for item in items:
+        if "=" in item and not os.path.exists(item):
+            overrides.append(item)
+        else:
+            runs.append(item)
+    return runs, overrides
+
+
+def _export_runs_worker(args: dict[str, Any]) -> list[dict[str, Any]]:
+    """Export one run; returns JSON results (picklable, for ``--jobs``)."""
+    from gym_artifacts.config import build_export_config
+    from gym_artifacts.errors import GymArtifactsError, RunError
+    from gym_artifacts.export import export_run
+    from gym_artifacts.exporter import ExportResult, ExportStatus
+    from gym_artifacts.payload import load_run_config
+    from gym_artifacts.run import RunArtifacts
+
+    source = args["run"]
+    try:
+        run = RunArtifacts.from_path(source)
+        try:
+            run_config = None if args["config"] else load_run_config(run)
+        except RunError as exc:
+            if args["config"] is None and not args["exporters"]:
+                raise
+            logging.getLogger(__name__).warning("%s", exc)
+            run_config = None
+        cfg, _ = build_export_config(args["config"], run_config, args["overrides"])
+        results = export_run(
+            run,
+            cfg,
+            exporters=args["exporters"] or None,
+            upload_rollouts=args["upload_rollouts"],
+            certify=args["certify"],
+        )
+    except RunError as exc:
+        names = args["exporters"] or ["*"]
+        results = [ExportResult(n, ExportStatus.FAILED, reason=str(exc)) for n in names]
+    except GymArtifactsError as exc:
+        return [{"run": source, "config_error": str(exc)}]
+    return [r.to_json(source) for r in results]
+
+
+def cmd_export(ns: argparse.Namespace) -> int:
+    from gym_artifacts.config import load_yaml_config, parse_flag, parse_overrides
+    from gym_artifacts.errors import GymArtifactsError
+    from gym_artifacts.registry import discover, get_entry
+
+    runs, overrides = _split_items(ns.items)
+    if not runs:
+        print("gym-artifacts: error: no run given (OUT.jsonl or an artifacts folder)", file=sys.stderr)
+        return EXIT_USAGE
+    if ns.jobs < 1:
+        print("gym-artifacts: error: --jobs must be at least 1", file=sys.stderr)
+        return EXIT_USAGE
+    upload = ns.upload_rollouts
+    try:
+        if ns.config is not None:
+            load_yaml_config(ns.config)
+        parse_overrides(overrides)
+        kept = []
+        for item in overrides:
+            key, value = item.split("=", 1)
+            if key.strip() == "upload_rollouts" and upload is None:
+                upload = parse_flag(value, "upload_rollouts")
+            else:
+                kept.append(item)
+        overrides = kept
+        entries = discover()
+        for name in ns.exporter:
+            get_entry(name, entries)
+    except GymArtifactsError as exc:
+        print(f"gym-artifacts: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    jobs = [
+        {
+            "run": run,
+            "config": ns.config,
+            "overrides": overrides,
+            "exporters": ns.exporter,
+            "upload_rollouts": upload,
+            "certify": ns.certify,
+        }
+        for run in runs
+    ]
+    if ns.jobs > 1 and len(jobs) > 1:
+        import concurrent.futures
+        import multiprocessing
+
+        ctx = multiprocessing.get_context("spawn")
+        with concurrent.futures.ProcessPoolExecutor(min(ns.jobs, len(jobs)), mp_context=ctx) as pool:
+            outputs = list(pool.map(_export_runs_worker, jobs))
+    else:
+        outputs = [_export_runs_worker(job) for job in jobs]
+    results = [r for out in outputs for r in out if "config_error" not in r]
+    config_errors = [r for out in outputs for r in out if "config_error" in r]
+    for err in config_errors:
+        print(f"gym-artifacts: error: {err['run']}: {err['config_error']}", file=sys.stderr)
+    if ns.json:
+        print(json.dumps(results, indent=2))
+    elif not (ns.quiet and all(r["status"] != "FAILED" for r in results)):
+        print(format_results_table(results))
+    if config_errors:
+        return EXIT_USAGE
+    return EXIT_FAILED if any(r["status"] == "FAILED" for r in results) else EXIT_OK
+
+
+def _human_bytes(n: int) -> str:
+    size = float(n)
+    for unit in ("B", "KB", "MB", "GB"):
+        if size < 1024 or unit == "GB":
+            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1024
+    return f"{n} B"
+
+
+def format_table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    """A plain text table, columns padded to their widest cell."""
+    widths = [len(h) for h in headers]
+    for row in rows:
+        widths = [max(w, len(c)) for w, c in zip(widths, row, strict=True)]
+    lines = ["  ".join(h.ljust(w) for h, w in zip(headers, widths, strict=True)).rstrip()]
+    lines.append("  ".join("-" * w for w in widths))
+    lines += ["  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in rows]
+    return "\n".join(lines)
+
+
+def format_results_table(results: Sequence[dict[str, Any]]) -> str:
+    """The human-readable result table of an export."""
+    many_runs = len({r["run"] for r in results}) > 1
+    headers = (["run"] if many_runs else []) + [
+        "exporter",
+        "status",
+        "backend run",
+        "rows",
+        "bytes",
+        "seconds",
+        "reason",
+    ]
+    rows = []
+    for r in results:
+        row = [r["run"]] if many_runs else []
+        row += [
+            r["exporter"],
+            r["status"],
+            r["backend_run_id"] or "-",
+            str(r["rows"]),
+            _human_bytes(r["bytes"]),
+            f"{r['seconds']:.2f}",
+            r["reason"] or "",
+        ]
+        rows.append(row)
+    return format_table(headers, rows)
+
+
+def cmd_status(ns: argparse.Namespace) -> int:
+    from gym_artifacts.errors import GymArtifactsError, ReceiptError
+    from gym_artifacts.identity import content_identities, run_identity
+    from gym_artifacts.receipts import identity_differences, read_marker, read_receipt
+    from gym_artifacts.registry import discover
+    from gym_artifacts.run import RunArtifacts
+
+    try:
+        run = RunArtifacts.from_path(ns.run)
+        missing = run.missing_for_export(rollouts_required=True)
+        identities = content_identities(run)
+    except GymArtifactsError as exc:
+        print(f"gym-artifacts: error: {exc}", file=sys.stderr)
+        return EXIT_FAILED
+    names = set(discover())
+    parent = run.stem.parent
+    prefix = run.stem.name + "_"
+    if parent.is_dir():
+        for p in parent.iterdir():
+            for suffix in ("_export_done.json", "_run_id"):
+                if p.name.startswith(prefix) and p.name.endswith(suffix):
+                    names.add(p.name[len(prefix) : -len(suffix)])
+    exporters: dict[str, dict[str, Any]] = {}
+    for name in sorted(names):
+        try:
+            receipt_fpath = run.export_done_fpath(name)
+        except GymArtifactsError:
+            continue
+        info: dict[str, Any] = {"receipt": "none"}
+        try:
+            receipt = read_receipt(receipt_fpath)
+            if receipt is not None:
+                diffs = identity_differences(receipt.identities, identities)
+                info = {
+                    "receipt": "differs" if diffs else "matches",
+                    "backend_run_id": receipt.backend_run_id,
+                    "exported_at": receipt.exported_at,
+                    "differences": diffs,
+                }
+        except ReceiptError as exc:
+            info = {"receipt": "invalid", "error": str(exc)}
+        try:
+            marker = read_marker(run.run_id_marker_fpath(name))
+            if marker is not None:
+                info["live_run"] = {"run_id": marker.run_id, "state": marker.state}
+        except ReceiptError as exc:
+            info["live_run"] = {"error": str(exc)}
+        exporters[name] = info
+    report = {
+        "run": ns.run,
+        "missing_for_export": missing,
+        "run_identity": run_identity(identities),
+        "identities": identities,
+        "exporters": exporters,
+    }
+    if ns.json:
+        print(json.dumps(report, indent=2))
+        return EXIT_OK
+    print(f"run: {ns.run}")
+    print(f"exportable: {'yes' if missing is None else 'no: ' + missing}")
+    print(f"run identity: {report['run_identity']}")
+    print(format_table(["artifact", "identity"], [[k, v] for k, v in identities.items()]))
+    print()
+    rows = []
+    for name, info in exporters.items():
+        detail = info.get("backend_run_id") or info.get("error") or ""
+        if info.get("differences"):
+            detail += " (" + ", ".join(info["differences"]) + ")"
+        live = info.get("live_run", {})
+        rows.append(
+            [
+                name,
+                info["receipt"],
+                detail,
+                live.get("run_id", "") + (f" [{live['state']}]" if "state" in live else ""),
+            ]
+        )
+    print(format_table(["exporter", "receipt", "backend run", "live run"], rows))
+    return EXIT_OK
+
+
+def cmd_exporters(ns: argparse.Namespace) -> int:
+    from gym_artifacts.config import is_enabled, load_default_config, load_yaml_config, normalize
+    from gym_artifacts.errors import GymArtifactsError
+    from gym_artifacts.registry import discover
+
+    try:
+        cfg = normalize(load_yaml_config(ns.config) if ns.config else load_default_config())
+        entries = discover()
+        rows = []
+        for name, entry in sorted(entries.items()):
+            rows.append(
+                {
+                    "name": name,
+                    "enabled": is_enabled(cfg, name),
+                    "sdk_installed": entry.sdk_installed(),
+                    "provider": entry.provider,
+                    "target": entry.target,
+                }
+            )
+    except GymArtifactsError as exc:
+        print(f"gym-artifacts: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    if ns.json:
+        print(json.dumps(rows, indent=2))
+    else:
+        print(
+            format_table(
+                ["exporter", "enabled", "sdk installed", "provider"],
+                [
+                    [
+                        r["name"],
+                        "yes" if r["enabled"] else "no",
+                        "yes" if r["sdk_installed"] else "no",
+                        r["provider"],
+                    ]
+                    for r in rows
+                ],
+            )
+        )
+    return EXIT_OK
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    # Runs and key=value overrides may come before or after options: collect both.
+    ns, extra = parser.parse_known_args(argv)
+    unknown = [e for e in extra if e.startswith("-") or ns.command != "export"]
+    if unknown:
+        parser.error(f"unrecognized arguments: {' '.join(unknown)}")
+    if ns.command == "export":
+        ns.items += extra
+    logging.basicConfig(
+        level=logging.INFO if ns.verbose else logging.WARNING,
+        format="gym-artifacts: %(levelname)s: %(message)s",
+        stream=sys.stderr,
+    )
+    handlers = {"export": cmd_export, "status": cmd_status, "exporters": cmd_exporters}
+    return handlers[ns.command](ns)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,315 @@
+"""Configuration: YAML through OmegaConf, ``key=value`` overrides, NeMo Gym's flat keys, flags.
+
+Nothing here resolves more of a config than it needs: a saved run config may hold
+interpolations (``${oc.env:...}``) whose environment is gone, so exporter sections, flags and
+upload settings are each resolved alone.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any, TypeVar
+
+from pydantic import BaseModel, ConfigDict, TypeAdapter, ValidationError
+
+from gym_artifacts.errors import ConfigError
+from gym_artifacts.jsonio import yaml_error_message
+
+DEFAULT_CONFIG_NAME = "default.yaml"
+
+# NeMo Gym's flat keys and where they live in our layout.
+FLAT_KEYS: dict[str, tuple[str, str]] = {
+    "wandb_project": ("wandb", "project"),
+    "wandb_name": ("wandb", "name"),
+    "wandb_api_key": ("wandb", "api_key"),
+    "mlflow_tracking_uri": ("mlflow", "tracking_uri"),
+    "mlflow_experiment_name": ("mlflow", "experiment_name"),
+    "mlflow_run_name": ("mlflow", "run_name"),
+    "mlflow_tracking_token": ("mlflow", "tracking_token"),
+}
+# A flat key that, present alone, turns its backend on (as NeMo Gym does).
+FLAT_ENABLING_KEYS = {"wandb_project": "wandb", "mlflow_tracking_uri": "mlflow"}
+UPLOAD_KEY = "upload_rollouts"
+DEPRECATED_UPLOAD_KEY = "upload_rollouts_to_wandb"
+
+_BOOL = TypeAdapter(bool)
+SettingsT = TypeVar("SettingsT", bound=BaseModel)
+
+
+class ExporterConfig(BaseModel):
+    """Settings every backend shares; a backend's own model adds its keys.
+
+    Unknown keys are refused so that a typo is reported, not silently ignored.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    enabled: bool = False
+
+
+def _omegaconf() -> Any:
+    import omegaconf
+
+    return omegaconf
+
+
+def parse_flag(value: Any, key: str) -> bool:
+    """A boolean read the way a validated config reads it: "false", "0", "no" are false."""
+    try:
+        return _BOOL.validate_python(value.strip() if isinstance(value, str) else value)
+    except ValidationError as exc:
+        raise ConfigError(f"{key}: {value!r} is not a boolean (use true/false)") from exc
+
+
+def load_yaml_config(fpath: Path | str) -> Any:
+    """A DictConfig from a YAML file; errors name the file and line."""
+    import yaml
+
+    oc = _omegaconf()
+    fpath = Path(fpath)
+    try:
+        text = fpath.read_text(encoding="utf-8")
+    except FileNotFoundError as exc:
+        raise ConfigError(f"{fpath}: config file not found") from exc
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{fpath}: config is not valid UTF-8 (byte {exc.start})") from exc
+    except OSError as exc:
+        raise ConfigError(f"{fpath}: cannot read config: {exc.strerror or exc}") from exc
+    try:
+        data = yaml.load(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
+    except yaml.YAMLError as exc:
+        raise ConfigError(yaml_error_message(fpath, exc)) from exc
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{fpath}: a config must be a YAML mapping, not {type(data).__name__}")
+    try:
+        return oc.OmegaConf.create(data)
+    except oc.errors.OmegaConfBaseException as exc:
+        raise ConfigError(f"{fpath}: invalid config: {_oc_message(exc)}") from exc
+
+
+def _oc_message(exc: Exception) -> str:
+    return str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+
+
+def default_config_fpath() -> Path:
+    """The embedded default: inside the installed package, or ``configs/`` of a checkout."""
+    packaged = Path(__file__).with_name("configs") / DEFAULT_CONFIG_NAME
+    if packaged.is_file():
+        return packaged
+    return Path(__file__).resolve().parent.parent / "configs" / DEFAULT_CONFIG_NAME
+
+
+def load_default_config() -> Any:
+    """The embedded default config (local directory + MLflow on SQLite)."""
+    return load_yaml_config(default_config_fpath())
+
+
+def parse_overrides(overrides: Sequence[str]) -> Any:
+    """``key=value`` dotlist overrides as a DictConfig; a malformed one is named."""
+    oc = _omegaconf()
+    for item in overrides:
+        if "=" not in item or not item.split("=", 1)[0].strip():
+            raise ConfigError(f"override {item!r}: expected key=value")
+    try:
+        return oc.OmegaConf.from_dotlist(list(overrides))
+    except oc.errors.OmegaConfBaseException as exc:
+        raise ConfigError(f"invalid override: {_oc_message(exc)}") from exc
+
+
+def merge_configs(*configs: Any) -> Any:
+    """Merge DictConfigs left to right, interpolations kept as written."""
+    oc = _omegaconf()
+    try:
+        return oc.OmegaConf.merge(*configs)
+    except oc.errors.OmegaConfBaseException as exc:
+        raise ConfigError(f"cannot apply overrides: {_oc_message(exc)}") from exc
+
+
+def raw_container(cfg: Any) -> dict[str, Any]:
+    """The config as plain containers, interpolations unresolved."""
+    return _omegaconf().OmegaConf.to_container(cfg, resolve=False)  # type: ignore[no-any-return]
+
+
+def normalize(cfg: Any) -> Any:
+    """Fold NeMo Gym's flat keys into ``exporters.<name>`` (explicit sections win), unresolved."""
+    oc = _omegaconf()
+    raw = raw_container(cfg)
+    exporters = raw.get("exporters")
+    if exporters is None:
+        exporters = {}
+    if not isinstance(exporters, dict):
+        raise ConfigError("exporters: must be a mapping of backend name to settings")
+    for name, section in exporters.items():
+        if section is None:
+            exporters[name] = {}
+        elif not isinstance(section, dict):
+            raise ConfigError(f"exporters.{name}: must be a mapping of settings, not {section!r}")
+    for flat_key, (backend, key) in FLAT_KEYS.items():
+        if flat_key in raw and raw[flat_key] is not None:
+            section = exporters.setdefault(backend, {})
+            section.setdefault(key, raw[flat_key])
+    for flat_key, backend in FLAT_ENABLING_KEYS.items():
+        if raw.get(flat_key) not in (None, "") and "enabled" not in exporters[backend]:
+            exporters[backend]["enabled"] = True
+    raw["exporters"] = exporters
+    for flat_key in FLAT_KEYS:
+        raw.pop(flat_key, None)
+    return oc.OmegaConf.create(raw)
+
+
+def configures_exporters(cfg: Any) -> bool:
+    """Whether a (saved run) config says where its run should be exported."""
+    raw = raw_container(cfg)
+    if isinstance(raw.get("exporters"), dict) and raw["exporters"]:
+        return True
+    return any(raw.get(k) not in (None, "") for k in FLAT_ENABLING_KEYS)
+
+
+def select(cfg: Any, key: str) -> Any:
+    """One value resolved alone (only what it references is evaluated)."""
+    oc = _omegaconf()
+    try:
+        value = oc.OmegaConf.select(cfg, key, throw_on_resolution_failure=True)
+    except oc.errors.OmegaConfBaseException as exc:
+        raise ConfigError(f"{key}: cannot resolve: {_oc_message(exc)}") from exc
+    if isinstance(value, oc.Container):
+        return oc.OmegaConf.to_container(value, resolve=True)
+    return value
+
+
+def has_key(cfg: Any, key: str) -> bool:
+    """Whether ``key`` (dotted) is present, without evaluating it."""
+    node: Any = raw_container(cfg)
+    for part in key.split("."):
+        if not isinstance(node, dict) or part not in node:
+            return False
+        node = node[part]
+    return True
+
+
+def exporter_names(cfg: Any) -> list[str]:
+    """Every backend the (normalized) config has a section for."""
+    raw = raw_container(cfg)
+    return sorted((raw.get("exporters") or {}).keys())
+
+
+def is_enabled(cfg: Any, name: str) -> bool:
+    """The ``exporters.<name>.enabled`` flag, resolved alone and read as the validated config does."""
+    key = f"exporters.{name}.enabled"
+    if not has_key(cfg, key):
+        return False
+    return parse_flag(select(cfg, key), key)
+
+
+def enabled_exporters(cfg: Any) -> list[str]:
+    """Names of the backends the config turns on."""
+    return [name for name in exporter_names(cfg) if is_enabled(cfg, name)]
+
+
+def exporter_section(cfg: Any, name: str) -> dict[str, Any]:
+    """The resolved settings of one backend (only this section is evaluated)."""
+    key = f"exporters.{name}"
+    if not has_key(cfg, key):
+        return {}
+    value = select(cfg, key)
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise ConfigError(f"{key}: must be a mapping of settings")
+    return value
+
+
+def validate_settings(model: type[SettingsT], section: dict[str, Any], name: str) -> SettingsT:
+    """Validated backend settings; the error names the key and why it is wrong."""
+    try:
+        return model.model_validate(section)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        loc = ".".join(str(p) for p in err["loc"])
+        msg = err["msg"]
+        if err["type"] == "extra_forbidden":
+            known = ", ".join(sorted(model.model_fields))
+            msg = f"unknown setting (known: {known})"
+        raise ConfigError(f"exporters.{name}.{loc}: {msg}") from exc
+
+
+def upload_rollouts_setting(cfg: Any) -> bool | None:
+    """The config's own upload setting, or None when it has none.
+
+    The canonical key wins; the deprecated one is then never evaluated.
+    """
+    for key in (UPLOAD_KEY, DEPRECATED_UPLOAD_KEY):
+        if has_key(cfg, key):
+            value = select(cfg, key)
+            if value is not None:
+                return parse_flag(value, key)
+    return None
+
+
+def resolve_upload_rollouts(explicit: bool | None, *configs: Any, default: bool = True) -> bool:
+    """The upload setting: an explicit choice, else the first config that sets one, else ``default``."""
+    if explicit is not None:
+        return explicit
+    for cfg in configs:
+        if cfg is None:
+            continue
+        value = upload_rollouts_setting(cfg)
+        if value is not None:
+            return value
+    return default
+
+
+def resolve_tolerant(cfg: Any) -> Any:
+    """The config resolved for display: any value that cannot be resolved is kept as written."""
+    oc = _omegaconf()
+    try:
+        return oc.OmegaConf.to_container(cfg, resolve=True)
+    except oc.errors.OmegaConfBaseException:
+        pass
+
+    def walk(node: Any) -> Any:
+        raw = oc.OmegaConf.to_container(node, resolve=False)
+        keys = list(raw.keys()) if isinstance(raw, dict) else list(range(len(raw)))
+        out: dict[Any, Any] = {}
+        for key in keys:
+            try:
+                child = node[key]
+            except oc.errors.OmegaConfBaseException:
+                out[key] = raw[key]
+                continue
+            out[key] = walk(child) if isinstance(child, oc.Container) else child
+        return out if isinstance(raw, dict) else [out[k] for k in keys]
+
+    return walk(cfg)
+
+
+def build_export_config(
+    config_fpath: Path | str | None,
+    run_config: Any | None,
+    overrides: Iterable[str] = (),
+) -> tuple[Any, str]:
+    """Which exporters and settings an export uses, and where they came from.
+
+    ``-c FILE`` when given; else the run's saved config when it configures any exporter (a run
+    goes where it was meant to go); else the embedded default. Overrides apply last.
+    """
+    if config_fpath is not None:
+        base, source = load_yaml_config(config_fpath), str(config_fpath)
+    elif run_config is not None and configures_exporters(run_config):
+        base, source = run_config, "run config"
+    else:
+        base, source = load_default_config(), "embedded default"
+    overrides = list(overrides)
+    cfg = merge_configs(base, parse_overrides(overrides)) if overrides else base
+    return normalize(cfg), source
+
+
+def is_resume(cfg: Any) -> bool:
+    """The ``resume`` flag (false when absent)."""
+    if not has_key(cfg, "resume"):
+        return False
+    value = select(cfg, "resume")
+    return False if value is None else parse_flag(value, "resume")

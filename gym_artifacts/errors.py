@@ -1,0 +1,19 @@
+"""Expected, user-facing errors: each carries a one-line message naming the file, key or line."""
+
+from __future__ import annotations
+
+
+class GymArtifactsError(Exception):
+    """Base of every error this package raises on bad input (never for a bug)."""
+
+
+class ConfigError(GymArtifactsError):
+    """Unusable configuration or arguments: the CLI exits with code 2."""
+
+
+class RunError(GymArtifactsError):
+    """A run's files cannot be read faithfully (malformed, unsafe path, not ours)."""
+
+
+class ReceiptError(RunError):
+    """A receipt or run-id marker that is not a valid version-1 file of ours."""

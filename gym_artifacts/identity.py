@@ -1,0 +1,148 @@
+"""Content identities: digests of what a run's files say, independent of how and where they sit.
+
+JSON and YAML are hashed in canonical form, JSONL as an order-independent multiset of canonical
+records, gzip by its decompressed bytes, anything else by its bytes. Paths and file times never
+enter a digest: only artifact names relative to the run are used, as dictionary keys.
+"""
+
+from __future__ import annotations
+
+import gzip
+import zlib
+from collections.abc import Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import blake3
+
+from gym_artifacts.errors import RunError
+from gym_artifacts.jsonio import canonical_json, parse_jsonl_line, read_json, read_yaml
+
+if TYPE_CHECKING:
+    from gym_artifacts.run import RunArtifacts
+
+PREFIX = "b3:"
+_CHUNK = 1 << 20
+_MOD = 1 << 256
+
+
+def _hex(hasher: blake3.blake3) -> str:
+    return PREFIX + hasher.hexdigest()
+
+
+def hash_bytes_file(fpath: Path) -> str:
+    """Digest of the file's bytes (memory-mapped, hashed on every core)."""
+    hasher = blake3.blake3(max_threads=blake3.blake3.AUTO)
+    if fpath.stat().st_size:
+        hasher.update_mmap(fpath)
+    return _hex(hasher)
+
+
+def hash_gzip_file(fpath: Path) -> str:
+    """Digest of the decompressed bytes: the gzip header's time and name do not count."""
+    hasher = blake3.blake3()
+    try:
+        with gzip.open(fpath, "rb") as fh:
+            while chunk := fh.read(_CHUNK):
+                hasher.update(chunk)
+    except (OSError, EOFError, zlib.error) as exc:
+        raise RunError(f"{fpath}: not a readable gzip file: {exc}") from exc
+    return _hex(hasher)
+
+
+def hash_json_file(fpath: Path) -> str:
+    """Digest of the canonical form (sorted keys, no insignificant white space)."""
+    return _hex(blake3.blake3(canonical_json(read_json(fpath))))
+
+
+def hash_yaml_file(fpath: Path) -> str:
+    """Digest of the canonical form of the YAML content, interpolations as written."""
+    return _hex(blake3.blake3(canonical_json(read_yaml(fpath))))
+
+
+class JsonlDigest:
+    """A multiset digest of JSONL records: the sum modulo 2**256 of the records' digests.
+
+    Addition commutes, so line order does not count, and partial sums over chunks of a file can
+    be computed apart (in parallel) and merged.
+    """
+
+    __slots__ = ("count", "total")
+
+    def __init__(self, count: int = 0, total: int = 0) -> None:
+        self.count = count
+        self.total = total
+
+    def add_record_bytes(self, canonical: bytes) -> None:
+        digest = blake3.blake3(canonical).digest()
+        self.total = (self.total + int.from_bytes(digest, "big")) % _MOD
+        self.count += 1
+
+    def merge(self, other: JsonlDigest) -> None:
+        self.count += other.count
+        self.total = (self.total + other.total) % _MOD
+
+    def hexdigest(self) -> str:
+        final = blake3.blake3(b"jsonl-multiset-v1\0")
+        final.update(self.count.to_bytes(8, "big"))
+        final.update(self.total.to_bytes(32, "big"))
+        return _hex(final)
+
+
+def digest_jsonl_range(fpath: Path, start: int = 0, end: int | None = None) -> JsonlDigest:
+    """Multiset digest of the records whose lines start within ``[start, end)`` of the file."""
+    acc = JsonlDigest()
+    with open(fpath, "rb") as fh:
+        if start:
+            fh.seek(start - 1)
+            if fh.read(1) != b"\n":
+                fh.readline()  # the line that straddles ``start`` belongs to the previous range
+        lineno = None if start else 0
+        while end is None or fh.tell() < end:
+            raw = fh.readline()
+            if not raw:
+                break
+            if lineno is not None:
+                lineno += 1
+            if not raw.strip():
+                continue
+            record = parse_jsonl_line(raw, fpath, lineno if lineno is not None else 0)
+            acc.add_record_bytes(canonical_json(record))
+    return acc
+
+
+def hash_jsonl_file(fpath: Path) -> str:
+    """Order-independent digest of the file's records (formatting does not count)."""
+    return digest_jsonl_range(fpath).hexdigest()
+
+
+def identity_of(fpath: Path) -> str:
+    """The content identity of one file, chosen by its kind (its name's ending)."""
+    name = fpath.name.lower()
+    if name.endswith(".jsonl"):
+        return hash_jsonl_file(fpath)
+    if name.endswith(".json"):
+        return hash_json_file(fpath)
+    if name.endswith((".yaml", ".yml")):
+        return hash_yaml_file(fpath)
+    if name.endswith(".gz"):
+        return hash_gzip_file(fpath)
+    return hash_bytes_file(fpath)
+
+
+def content_identities(run: RunArtifacts) -> dict[str, str]:
+    """``{artifact name: digest}`` for every file of the run that is present."""
+    identities: dict[str, str] = {}
+    for name, fpath in run.artifact_files().items():
+        try:
+            identities[name] = identity_of(fpath)
+        except OSError as exc:
+            raise RunError(f"{fpath}: cannot read: {exc.strerror or exc}") from exc
+    return identities
+
+
+def run_identity(identities: Mapping[str, str]) -> str:
+    """One digest for the whole run: what backends tag a run with to find it again."""
+    hasher = blake3.blake3(b"run-identity-v1\0")
+    hasher.update(canonical_json(dict(identities)))
+    return _hex(hasher)

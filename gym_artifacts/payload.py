@@ -1,0 +1,137 @@
+"""What every backend receives from a run, in backend-neutral form.
+
+The run config resolved as far as the environment allows and masked; aggregate metrics at
+every level flattened under clear prefixes; the live metrics journal with its original steps
+and times. Backends only map these onto their own API.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from gym_artifacts.config import load_yaml_config, resolve_tolerant
+from gym_artifacts.errors import ConfigError, RunError
+from gym_artifacts.jsonio import iter_jsonl
+from gym_artifacts.run import agent_label
+from gym_artifacts.secrets import collect_secret_values, mask_secrets
+
+if TYPE_CHECKING:
+    from gym_artifacts.run import RunArtifacts
+
+AGGREGATE_LEVELS = (
+    "agent_metrics",
+    "key_metrics",
+    "group_level_metrics",
+    "repeat_level_metrics",
+    "perf_summary",
+)
+Scalar = int | float | bool | str | None
+
+
+def load_run_config(run: RunArtifacts) -> Any | None:
+    """The run's saved config as a DictConfig (interpolations unresolved), or None."""
+    if not run.has_rollouts_file or not run.config_fpath.is_file():
+        return None
+    try:
+        return load_yaml_config(run.config_fpath)
+    except ConfigError as exc:
+        raise RunError(str(exc)) from exc
+
+
+def backend_config(run_config: Any | None) -> tuple[dict[str, Any] | None, frozenset[str]]:
+    """The run config for backends (resolved where possible, masked) and the secrets it held."""
+    if run_config is None:
+        return None, frozenset()
+    resolved = resolve_tolerant(run_config)
+    secrets = frozenset(collect_secret_values(resolved))
+    return mask_secrets(resolved, secrets), secrets
+
+
+def flatten(value: Any, prefix: str = "", sep: str = "/") -> dict[str, Scalar]:
+    """Nested dicts and lists as ``{"a/b/[0]": leaf}``; leaves are kept as they are."""
+    out: dict[str, Scalar] = {}
+
+    def walk(node: Any, path: str) -> None:
+        if isinstance(node, dict):
+            if not node and path:
+                return
+            for key, child in node.items():
+                walk(child, f"{path}{sep}{key}" if path else str(key))
+        elif isinstance(node, list | tuple):
+            for i, child in enumerate(node):
+                walk(child, f"{path}[{i}]" if path else f"[{i}]")
+        else:
+            out[path] = node
+
+    walk(value, prefix)
+    return out
+
+
+def is_number(value: Any) -> bool:
+    """A real number a tracker can plot: ints, floats, bools, numpy scalars; not strings."""
+    return isinstance(value, numbers.Real)
+
+
+def as_float(value: Any) -> float:
+    """A metric value as float (bools as 0/1)."""
+    return float(value)
+
+
+def aggregate_metrics(entries: list[dict[str, Any]]) -> dict[str, Scalar]:
+    """Every level of NeMo Gym's aggregate metrics as ``<agent>/<level>/<key...>`` leaves."""
+    out: dict[str, Scalar] = {}
+    seen: dict[str, int] = {}
+    for entry in entries:
+        label = agent_label(entry.get("agent_ref"))
+        seen[label] = seen.get(label, 0) + 1
+        if seen[label] > 1:
+            label = f"{label}#{seen[label]}"
+        for level in AGGREGATE_LEVELS:
+            if level in entry and entry[level] is not None:
+                out.update(flatten(entry[level], f"{label}/{level}"))
+    return out
+
+
+def numeric_items(values: dict[str, Scalar]) -> dict[str, float]:
+    """The numeric leaves of a flat mapping (strings and None left out)."""
+    return {k: as_float(v) for k, v in values.items() if is_number(v)}
+
+
+@dataclass(frozen=True)
+class JournalEntry:
+    """One live ``export_metrics`` call as the journal recorded it."""
+
+    step: int | None
+    time: float
+    metrics: dict[str, Any]
+
+
+def iter_journal(run: RunArtifacts) -> Iterator[JournalEntry]:
+    """The live metrics journal's entries, in order; a malformed line names file and line."""
+    fpath = run.metrics_journal_fpath
+    if not run.has_rollouts_file or not fpath.is_file():
+        return
+    for lineno, record in iter_jsonl(fpath, "metrics journal"):
+        if not isinstance(record, dict) or not isinstance(record.get("metrics"), dict):
+            raise RunError(f"{fpath}:{lineno}: journal line must be an object with 'metrics'")
+        step = record.get("step")
+        when = record.get("time")
+        if step is not None and (not isinstance(step, int) or isinstance(step, bool)):
+            raise RunError(f"{fpath}:{lineno}: journal 'step' must be an integer")
+        if not is_number(when) or isinstance(when, bool) or not math.isfinite(when):
+            raise RunError(f"{fpath}:{lineno}: journal 'time' must be a number of seconds")
+        yield JournalEntry(step, float(when), record["metrics"])
+
+
+def count_lines(fpath: Any) -> int:
+    """Non-blank lines of a text file, counted in constant memory."""
+    count = 0
+    with open(fpath, "rb") as fh:
+        for raw in fh:
+            if raw.strip():
+                count += 1
+    return count

@@ -1,0 +1,98 @@
+"""Exporter discovery through the ``gym_artifacts.exporters`` entry-point group, loaded lazily.
+
+Listing never imports a backend's SDK: an exporter module imports its SDK only inside
+functions, and whether the SDK is installed is asked of the import system without importing it.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+from dataclasses import dataclass
+from importlib.metadata import entry_points
+from typing import TYPE_CHECKING
+
+from gym_artifacts.errors import ConfigError
+
+if TYPE_CHECKING:
+    from gym_artifacts.exporter import Exporter
+
+GROUP = "gym_artifacts.exporters"
+
+
+@dataclass(frozen=True)
+class ExporterEntry:
+    """A registered backend: its name, where its class lives, and who provides it."""
+
+    name: str
+    target: str
+    provider: str
+
+    def load(self) -> type[Exporter]:
+        from gym_artifacts.exporter import Exporter
+
+        module_name, _, attr = self.target.partition(":")
+        try:
+            obj = getattr(importlib.import_module(module_name), attr)
+        except (ImportError, AttributeError) as exc:
+            raise ConfigError(f"exporter {self.name!r}: cannot load {self.target}: {exc}") from exc
+        if not (isinstance(obj, type) and issubclass(obj, Exporter)):
+            raise ConfigError(f"exporter {self.name!r}: {self.target} is not an Exporter class")
+        return obj
+
+    def sdk_installed(self) -> bool:
+        """Whether the backend's SDK can be imported (asked without importing it)."""
+        sdk = self.load().sdk_module
+        return sdk is None or importlib.util.find_spec(sdk) is not None
+
+
+_extra: dict[str, ExporterEntry] = {}
+
+
+def register(cls: type[Exporter], provider: str = "in-process") -> None:
+    """Register an exporter class at run time (tests, notebooks); a duplicate name is an error."""
+    entry = ExporterEntry(cls.name, f"{cls.__module__}:{cls.__qualname__}", provider)
+    existing = discover().get(cls.name)
+    if existing is not None and existing.target != entry.target:
+        raise ConfigError(_duplicate_message(existing, entry))
+    _extra[cls.name] = entry
+
+
+def unregister(name: str) -> None:
+    """Forget an exporter registered with ``register``."""
+    _extra.pop(name, None)
+
+
+def _duplicate_message(a: ExporterEntry, b: ExporterEntry) -> str:
+    return (
+        f"exporter name {a.name!r} is registered twice: {a.target} (from {a.provider}) "
+        f"and {b.target} (from {b.provider})"
+    )
+
+
+def discover() -> dict[str, ExporterEntry]:
+    """Every registered exporter by name; two different providers of one name is an error."""
+    found: dict[str, ExporterEntry] = {}
+    for ep in entry_points(group=GROUP):
+        provider = ep.dist.name if ep.dist is not None else "unknown distribution"
+        entry = ExporterEntry(ep.name, ep.value, provider)
+        previous = found.get(ep.name)
+        if previous is not None and previous.target != entry.target:
+            raise ConfigError(_duplicate_message(previous, entry))
+        found[ep.name] = entry
+    for name, entry in _extra.items():
+        previous = found.get(name)
+        if previous is not None and previous.target != entry.target:
+            raise ConfigError(_duplicate_message(previous, entry))
+        found[name] = entry
+    return found
+
+
+def get_entry(name: str, entries: dict[str, ExporterEntry] | None = None) -> ExporterEntry:
+    """The entry for ``name``; an unknown name lists the known ones."""
+    entries = discover() if entries is None else entries
+    try:
+        return entries[name]
+    except KeyError:
+        known = ", ".join(sorted(entries)) or "none"
+        raise ConfigError(f"unknown exporter {name!r} (known: {known})") from None

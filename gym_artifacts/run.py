@@ -1,0 +1,264 @@
+"""Where a run's files are, which are present, and what keeps the run from a faithful export."""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from gym_artifacts.errors import RunError
+from gym_artifacts.jsonio import read_json
+
+EXPORTER_NAME_RE = re.compile(r"^[a-z][a-z0-9_-]{0,63}$")
+
+ROLLOUTS = "rollouts.jsonl"
+AGGREGATE_METRICS = "aggregate_metrics.json"
+CONFIG = "config.yaml"
+ACCEPTANCE = "acceptance.json"
+METRICS_JOURNAL = "metrics.jsonl"
+ARTIFACTS_PREFIX = "artifacts/"
+
+
+class Acceptance(BaseModel):
+    """A recovery gate's record that a stage was accepted partial."""
+
+    model_config = ConfigDict(extra="allow")
+
+    planned_rows: int = Field(ge=0)
+    omitted_rows: int = Field(ge=0)
+    reason: str
+
+
+def check_exporter_name(name: str) -> str:
+    """Exporter names become parts of file names: keep them plain."""
+    if not EXPORTER_NAME_RE.match(name):
+        raise RunError(f"invalid exporter name {name!r}: use lower-case letters, digits, '_' or '-'")
+    return name
+
+
+class RunArtifacts(BaseModel):
+    """A run named by its rollouts file ``STEM.jsonl``, or an artifacts folder given alone.
+
+    ``stem`` is the rollouts path without ``.jsonl``; for a folder given alone it is the folder
+    itself, so receipts and markers sit beside it as ``<folder>_<exporter>_...``.
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    stem: Path
+    artifacts_dpath: Path
+    has_rollouts_file: bool
+    source: str
+
+    @classmethod
+    def from_path(cls, path: str | os.PathLike[str]) -> RunArtifacts:
+        """Build from ``OUT.jsonl`` (present or not) or from an artifacts folder."""
+        given = os.fspath(path)
+        fpath = Path(given).expanduser().absolute()
+        if fpath.is_dir():
+            if fpath.name.endswith("_artifacts"):
+                stem = fpath.with_name(fpath.name[: -len("_artifacts")])
+                if stem.with_name(stem.name + ".jsonl").is_file():
+                    return cls(stem=stem, artifacts_dpath=fpath, has_rollouts_file=True, source=given)
+            return cls(stem=fpath, artifacts_dpath=fpath, has_rollouts_file=False, source=given)
+        if fpath.suffix != ".jsonl":
+            raise RunError(f"{given}: a run is named by its rollouts file OUT.jsonl or an artifacts folder")
+        stem = fpath.with_suffix("")
+        return cls(
+            stem=stem,
+            artifacts_dpath=stem.with_name(stem.name + "_artifacts"),
+            has_rollouts_file=True,
+            source=given,
+        )
+
+    def _sibling(self, suffix: str) -> Path:
+        return self.stem.with_name(self.stem.name + suffix)
+
+    @property
+    def name(self) -> str:
+        """A short human name for the run: the stem's last part."""
+        return self.stem.name
+
+    @property
+    def rollouts_fpath(self) -> Path | None:
+        return self._sibling(".jsonl") if self.has_rollouts_file else None
+
+    @property
+    def aggregate_metrics_fpath(self) -> Path:
+        return self._sibling("_aggregate_metrics.json")
+
+    @property
+    def config_fpath(self) -> Path:
+        return self._sibling("_config.yaml")
+
+    @property
+    def acceptance_fpath(self) -> Path:
+        return self._sibling("_acceptance.json")
+
+    @property
+    def metrics_journal_fpath(self) -> Path:
+        return self._sibling("_metrics.jsonl")
+
+    def export_done_fpath(self, exporter: str) -> Path:
+        """The version-1 receipt of a post-run export to ``exporter``."""
+        return self._sibling(f"_{check_exporter_name(exporter)}_export_done.json")
+
+    def run_id_marker_fpath(self, exporter: str) -> Path:
+        """The marker naming the backend run a live run opened."""
+        return self._sibling(f"_{check_exporter_name(exporter)}_run_id")
+
+    def export_lock_fpath(self, exporter: str) -> Path:
+        """The lock held while one process exports this run to ``exporter``."""
+        return self._sibling(f"_{check_exporter_name(exporter)}_export.lock")
+
+    def _top_level_files(self) -> dict[str, Path]:
+        files: dict[str, Path] = {}
+        if not self.has_rollouts_file:
+            return files
+        candidates = {
+            ROLLOUTS: self.rollouts_fpath,
+            AGGREGATE_METRICS: self.aggregate_metrics_fpath,
+            CONFIG: self.config_fpath,
+            ACCEPTANCE: self.acceptance_fpath,
+            METRICS_JOURNAL: self.metrics_journal_fpath,
+        }
+        for name, fpath in candidates.items():
+            if fpath is not None and fpath.is_file():
+                files[name] = fpath
+        return files
+
+    def runtime_artifact_files(self) -> dict[str, Path]:
+        """``{relative name: path}`` of the artifacts folder's files, refusing paths that leave it.
+
+        Hidden files (temporary files of an atomic write in progress) are not part of the run.
+        """
+        root = self.artifacts_dpath
+        if not root.is_dir():
+            return {}
+        real_root = root.resolve()
+        files: dict[str, Path] = {}
+        for dirpath, dirnames, filenames in os.walk(root, followlinks=False):
+            dpath = Path(dirpath)
+            dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
+            for dname in dirnames:
+                if (dpath / dname).is_symlink():
+                    self._check_inside(dpath / dname, real_root)
+            for fname in sorted(filenames):
+                if fname.startswith("."):
+                    continue
+                fpath = dpath / fname
+                rel = fpath.relative_to(root).as_posix()
+                try:
+                    rel.encode("utf-8")
+                except UnicodeEncodeError as exc:
+                    raise RunError(f"{fpath!s}: file name is not valid UTF-8") from exc
+                self._check_inside(fpath, real_root)
+                if not fpath.is_file():
+                    raise RunError(f"{fpath}: not a regular file (only files can be exported)")
+                files[rel] = fpath
+        return files
+
+    @staticmethod
+    def _check_inside(fpath: Path, real_root: Path) -> None:
+        if fpath.is_symlink():
+            target = fpath.resolve()
+            if not target.is_relative_to(real_root):
+                raise RunError(
+                    f"{fpath}: symlink leads outside the run folder (to {target}); refusing to export it"
+                )
+
+    def artifact_files(self) -> dict[str, Path]:
+        """Every file of the run that is present, by artifact name (what identities are keyed by)."""
+        files = self._top_level_files()
+        for rel, fpath in self.runtime_artifact_files().items():
+            files[ARTIFACTS_PREFIX + rel] = fpath
+        return files
+
+    def read_aggregate_metrics(self) -> list[dict[str, Any]]:
+        """The aggregate metrics entries, checked to be NeMo Gym's format (a list of objects)."""
+        data = read_json(self.aggregate_metrics_fpath, "aggregate metrics JSON")
+        if not isinstance(data, list) or not all(isinstance(e, dict) for e in data):
+            raise RunError(
+                f"{self.aggregate_metrics_fpath}: aggregate metrics must be a JSON list of "
+                "per-agent objects (NeMo Gym format)"
+            )
+        return data
+
+    def read_acceptance(self) -> Acceptance | None:
+        """The accepted-partial record, or None when the run has none."""
+        fpath = self.acceptance_fpath
+        if not self.has_rollouts_file or not fpath.is_file():
+            return None
+        data = read_json(fpath, "acceptance JSON")
+        try:
+            return Acceptance.model_validate(data)
+        except ValidationError as exc:
+            err = exc.errors()[0]
+            loc = ".".join(str(p) for p in err["loc"]) or "(top level)"
+            raise RunError(f"{fpath}: invalid acceptance record at {loc}: {err['msg']}") from exc
+
+    def omitted_rows(self) -> int:
+        """How many planned rows an accepted partial stage omitted (0 when none was)."""
+        acceptance = self.read_acceptance()
+        return acceptance.omitted_rows if acceptance else 0
+
+    def missing_for_export(self, rollouts_required: bool = True) -> str | None:
+        """What keeps this run from a faithful export, or None when nothing does."""
+        problems: list[str] = []
+        if not self.has_rollouts_file:
+            if not self.artifacts_dpath.is_dir():
+                return f"artifacts folder {self.artifacts_dpath} is missing"
+            try:
+                if not self.runtime_artifact_files():
+                    return f"artifacts folder {self.artifacts_dpath} holds no files"
+            except RunError as exc:
+                return str(exc)
+            return None
+        rollouts = self.rollouts_fpath
+        assert rollouts is not None
+        aggregate = self.aggregate_metrics_fpath
+        if rollouts_required and not rollouts.is_file():
+            problems.append(f"rollouts file {rollouts} is missing")
+        if not aggregate.is_file():
+            problems.append(f"aggregate metrics file {aggregate} is missing")
+        else:
+            try:
+                entries = self.read_aggregate_metrics()
+            except RunError as exc:
+                problems.append(str(exc))
+            else:
+                failed = [e for e in entries if e.get("aggregation_error")]
+                if failed:
+                    first = failed[0]
+                    problems.append(
+                        f"{aggregate}: {len(failed)} agent(s) hold an aggregation_error "
+                        f"({agent_label(first.get('agent_ref'))}: {first['aggregation_error']}); "
+                        "a partial result is never marked exported"
+                    )
+                elif not entries:
+                    problems.append(f"{aggregate}: aggregate metrics list no agent")
+            if rollouts.is_file() and aggregate.stat().st_mtime_ns < rollouts.stat().st_mtime_ns:
+                problems.append(
+                    f"{aggregate} is older than the rollouts {rollouts}: aggregate metrics are stale, "
+                    "rerun the aggregation"
+                )
+        try:
+            self.read_acceptance()
+            self.runtime_artifact_files()
+        except RunError as exc:
+            problems.append(str(exc))
+        return "; ".join(problems) or None
+
+
+def agent_label(agent_ref: Any) -> str:
+    """A readable name for an ``agent_ref`` (a name string or ``{"name": ...}``)."""
+    if isinstance(agent_ref, dict):
+        name = agent_ref.get("name")
+        if isinstance(name, str) and name:
+            return name
+    if isinstance(agent_ref, str) and agent_ref:
+        return agent_ref
+    return "agent"

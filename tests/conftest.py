@@ -1,0 +1,97 @@
+"""Shared fixtures: isolated working folder and environment, quickstart runs copied per test."""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+QUICKSTART = REPO / "examples" / "quickstart"
+FIXTURES = REPO.parent / "shared" / "fixtures" / "reactor-2.7.6"
+QUICKSTART_FILES = (
+    "eval.jsonl",
+    "eval_config.yaml",
+    "eval_metrics.jsonl",
+    "eval_artifacts",
+    "eval_aggregate_metrics.json",  # last: newer than the rollouts, as an eval writes it
+)
+
+
+@pytest.fixture(autouse=True)
+def _isolated(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """Each test runs in its own folder; nothing lands in $HOME or phones home."""
+    work = tmp_path / "work"
+    work.mkdir()
+    monkeypatch.chdir(work)
+    monkeypatch.setenv("MLFLOW_DISABLE_TELEMETRY", "true")
+    monkeypatch.setenv("DO_NOT_TRACK", "1")
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    for var in ("WANDB_DIR", "WANDB_DATA_DIR", "WANDB_CACHE_DIR", "WANDB_CONFIG_DIR"):
+        d = tmp_path / "wandb-home" / var.lower()
+        d.mkdir(parents=True)
+        monkeypatch.setenv(var, str(d))
+    for var in ("WANDB_API_KEY", "RANK", "LOCAL_RANK", "EXPERIMENT_ID", "POLICY_API_KEY"):
+        monkeypatch.delenv(var, raising=False)
+    yield
+
+
+def copy_quickstart(dest: Path, stem: str = "eval") -> Path:
+    """A copy of the quickstart run under ``dest``; returns its rollouts path."""
+    dest.mkdir(parents=True, exist_ok=True)
+    for name in QUICKSTART_FILES:
+        src = QUICKSTART / name
+        target = dest / name.replace("eval", stem, 1)
+        if src.is_dir():
+            shutil.copytree(src, target)
+        else:
+            shutil.copy2(src, target)
+            target.touch()
+    return dest / f"{stem}.jsonl"
+
+
+@pytest.fixture
+def quickstart_run(tmp_path: Path) -> Path:
+    """The quickstart run copied into the test's folder."""
+    return copy_quickstart(tmp_path / "runs")
+
+
+@pytest.fixture
+def make_run(tmp_path: Path) -> Callable[[str], Path]:
+    """Factory for further quickstart copies in their own folders."""
+    counter = iter(range(1_000_000))
+
+    def factory(stem: str = "eval") -> Path:
+        return copy_quickstart(tmp_path / f"runs{next(counter)}", stem)
+
+    return factory
+
+
+@pytest.fixture
+def local_config(tmp_path: Path) -> Path:
+    """A config file enabling only the local backend, rooted in the test's folder."""
+    fpath = tmp_path / "local.yaml"
+    fpath.write_text(
+        f"exporters:\n  local:\n    enabled: true\n    root: {tmp_path / 'store'}\n    experiment: tests\n"
+    )
+    return fpath
+
+
+@pytest.fixture
+def reactor_fixture(tmp_path: Path) -> Callable[[str], Path]:
+    """A writable copy of one of reactor-runtime 2.7.6's artifact folders."""
+
+    def factory(name: str) -> Path:
+        src = FIXTURES / name
+        if not src.is_dir():
+            pytest.skip(f"shared fixture {src} is not present")
+        dest = tmp_path / "reactor" / f"experiment-{name}"
+        shutil.copytree(src, dest)
+        for p in dest.rglob("*"):
+            p.chmod(0o755 if p.is_dir() else 0o644)
+        return dest
+
+    return factory

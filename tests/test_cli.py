@@ -1,0 +1,168 @@
+"""The command line: exit codes, JSON output, errors naming file and line, no SDK on listing."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from gym_artifacts.cli import main
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def run_cli(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "gym_artifacts.cli", *args],
+        capture_output=True, text=True, cwd=cwd, timeout=120,
+    )  # fmt: skip
+
+
+def test_exporters_lists_without_importing_any_sdk() -> None:
+    proc = subprocess.run(
+        [sys.executable, "-X", "importtime", "-m", "gym_artifacts.cli", "exporters"],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert re.search(r"^local\s+yes\s+yes", proc.stdout, re.M)
+    imported = {line.split("|")[-1].strip() for line in proc.stderr.splitlines() if "|" in line}
+    for sdk in ("wandb", "mlflow", "torch", "av"):
+        assert not any(m == sdk or m.startswith(sdk + ".") for m in imported), sdk
+
+
+def test_export_json_then_skipped(
+    quickstart_run: Path, local_config: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["export", str(quickstart_run), "-c", str(local_config), "--json"]) == 0
+    [first] = json.loads(capsys.readouterr().out)
+    assert first["status"] == "EXPORTED"
+    assert first["run"] == str(quickstart_run)
+    assert set(first) == {
+        "run",
+        "exporter",
+        "status",
+        "backend_run_id",
+        "reason",
+        "rows",
+        "bytes",
+        "seconds",
+    }
+    assert first["rows"] == 300 and first["bytes"] > 100_000
+    assert main(["export", str(quickstart_run), "-c", str(local_config), "--json"]) == 0
+    [second] = json.loads(capsys.readouterr().out)
+    assert second["status"] == "SKIPPED"
+    assert second["backend_run_id"] == first["backend_run_id"]
+
+
+def test_human_table(quickstart_run: Path, local_config: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["export", str(quickstart_run), "-c", str(local_config)]) == 0
+    out = capsys.readouterr().out
+    assert re.search(r"^exporter\s+status\s+backend run\s+rows\s+bytes\s+seconds\s+reason", out, re.M)
+    assert re.search(r"^local\s+EXPORTED\s+eval-[0-9a-f]{16}\s+300\s", out, re.M)
+
+
+def test_failed_export_exits_1(
+    quickstart_run: Path, local_config: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    quickstart_run.with_name("eval_aggregate_metrics.json").unlink()
+    assert main(["export", str(quickstart_run), "-c", str(local_config), "--json"]) == 1
+    [result] = json.loads(capsys.readouterr().out)
+    assert result["status"] == "FAILED" and "missing" in result["reason"]
+
+
+def test_unknown_exporter_exits_2_listing_known(
+    quickstart_run: Path, local_config: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["export", str(quickstart_run), "-c", str(local_config), "-e", "nope"]) == 2
+    err = capsys.readouterr().err
+    assert "unknown exporter 'nope'" in err and "local" in err
+
+
+def test_malformed_config_exits_2_naming_line(
+    quickstart_run: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("exporters:\n  local: {enabled: true\n")
+    assert main(["export", str(quickstart_run), "-c", str(bad)]) == 2
+    assert re.search(r"bad\.yaml:\d+:\d+: invalid YAML", capsys.readouterr().err)
+
+
+def test_invalid_setting_exits_2(
+    quickstart_run: Path, local_config: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code = main(["export", str(quickstart_run), "-c", str(local_config), "exporters.local.enabled=perhaps"])
+    assert code == 2
+    assert "exporters.local.enabled: 'perhaps' is not a boolean" in capsys.readouterr().err
+
+
+def test_malformed_rollouts_fail_naming_line(
+    quickstart_run: Path, local_config: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with open(quickstart_run, "a") as fh:
+        fh.write('{"reward": 1.0,\n')
+    quickstart_run.with_name("eval_aggregate_metrics.json").touch()
+    assert main(["export", str(quickstart_run), "-c", str(local_config), "--json"]) == 1
+    [result] = json.loads(capsys.readouterr().out)
+    assert re.search(r"eval\.jsonl:301:\d+: invalid JSONL line", result["reason"])
+
+
+def test_malformed_saved_run_config_fails_naming_line(
+    quickstart_run: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    quickstart_run.with_name("eval_config.yaml").write_text("a: 1\nb: [\n")
+    assert main(["export", str(quickstart_run), "--json", "-e", "local"]) == 1
+    [result] = json.loads(capsys.readouterr().out)
+    assert re.search(r"eval_config\.yaml:\d+:\d+: invalid YAML", result["reason"])
+
+
+def test_upload_rollouts_flag_and_override(
+    quickstart_run: Path, local_config: Path, make_run, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert (
+        main(
+            [
+                "export",
+                str(quickstart_run),
+                "-c",
+                str(local_config),
+                "--no-upload-rollouts",
+                "--json",
+            ]
+        )
+        == 0
+    )
+    [result] = json.loads(capsys.readouterr().out)
+    assert result["rows"] == 0
+    other = make_run()
+    assert main(["export", str(other), "-c", str(local_config), "upload_rollouts=false", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)[0]["rows"] == 0
+
+
+def test_several_runs_in_parallel_jobs(make_run, local_config: Path) -> None:
+    runs = [str(make_run(f"r{i}")) for i in range(3)]
+    proc = run_cli("export", *runs, "-c", str(local_config), "--jobs", "2", "--json")
+    assert proc.returncode == 0, proc.stderr
+    results = json.loads(proc.stdout)
+    assert [r["run"] for r in results] == runs
+    assert {r["status"] for r in results} == {"EXPORTED"}
+    assert len({r["backend_run_id"] for r in results}) == 3
+
+
+def test_status_reports_receipts(
+    quickstart_run: Path, local_config: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    main(["export", str(quickstart_run), "-c", str(local_config)])
+    capsys.readouterr()
+    assert main(["status", str(quickstart_run), "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["missing_for_export"] is None
+    assert report["exporters"]["local"]["receipt"] == "matches"
+    (quickstart_run.with_name("eval_artifacts") / "recording.mp4").write_bytes(b"changed")
+    assert main(["status", str(quickstart_run), "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["exporters"]["local"]["receipt"] == "differs"
+    assert report["exporters"]["local"]["differences"] == ["artifacts/recording.mp4 changed"]

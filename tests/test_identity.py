@@ -1,0 +1,143 @@
+"""Content identities: stable under formatting, order, gzip time and location; sensitive to content."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import random
+import shutil
+import time
+from pathlib import Path
+
+import pytest
+
+from gym_artifacts.errors import RunError
+from gym_artifacts.identity import content_identities, hash_jsonl_file, run_identity
+from gym_artifacts.run import RunArtifacts
+
+
+def identities(rollouts: Path) -> dict[str, str]:
+    return content_identities(RunArtifacts.from_path(rollouts))
+
+
+def test_names_are_relative_to_the_run(quickstart_run: Path) -> None:
+    ids = identities(quickstart_run)
+    assert set(ids) == {
+        "rollouts.jsonl",
+        "aggregate_metrics.json",
+        "config.yaml",
+        "metrics.jsonl",
+        "artifacts/session_times.json",
+        "artifacts/metrics_summary.json",
+        "artifacts/profile.pt.trace.json.gz",
+        "artifacts/recording.mp4",
+    }
+    assert all(v.startswith("b3:") and len(v) == 3 + 64 for v in ids.values())
+
+
+def test_reformatting_json_keeps_identity(quickstart_run: Path) -> None:
+    before = identities(quickstart_run)
+    agg = quickstart_run.with_name("eval_aggregate_metrics.json")
+    data = json.loads(agg.read_text())
+    # keys in another order, other white space
+    reordered = [dict(reversed(list(e.items()))) for e in data]
+    agg.write_text(json.dumps(reordered, indent=7))
+    assert identities(quickstart_run) == before
+
+
+def test_reordering_and_reformatting_rollouts_keeps_identity(quickstart_run: Path) -> None:
+    before = identities(quickstart_run)
+    lines = quickstart_run.read_text().splitlines()
+    random.Random(1).shuffle(lines)
+    reformatted = [json.dumps(json.loads(line), indent=None, separators=(", ", " : ")) for line in lines]
+    quickstart_run.write_text("\n".join(reformatted) + "\n\n")
+    assert identities(quickstart_run) == before
+
+
+def test_regzipping_trace_at_another_time_keeps_identity(quickstart_run: Path) -> None:
+    before = identities(quickstart_run)
+    trace = quickstart_run.with_name("eval_artifacts") / "profile.pt.trace.json.gz"
+    payload = gzip.decompress(trace.read_bytes())
+    trace.write_bytes(gzip.compress(payload, compresslevel=1, mtime=time.time() + 12345))
+    assert trace.read_bytes() != gzip.compress(payload, mtime=0)
+    assert identities(quickstart_run) == before
+
+
+def test_moving_the_run_folder_keeps_identity(quickstart_run: Path, tmp_path: Path) -> None:
+    before = identities(quickstart_run)
+    moved = tmp_path / "elsewhere" / "deeper"
+    shutil.move(str(quickstart_run.parent), moved)
+    assert identities(moved / "eval.jsonl") == before
+
+
+def _only_changed(before: dict[str, str], after: dict[str, str]) -> set[str]:
+    assert before.keys() == after.keys()
+    return {k for k in before if before[k] != after[k]}
+
+
+def test_one_rollout_value_changes_only_rollouts(quickstart_run: Path) -> None:
+    before = identities(quickstart_run)
+    lines = quickstart_run.read_text().splitlines()
+    row = json.loads(lines[137])
+    row["reward"] = 1.0 - row["reward"]
+    lines[137] = json.dumps(row)
+    quickstart_run.write_text("\n".join(lines) + "\n")
+    assert _only_changed(before, identities(quickstart_run)) == {"rollouts.jsonl"}
+
+
+def test_one_metric_changes_only_aggregate(quickstart_run: Path) -> None:
+    before = identities(quickstart_run)
+    agg = quickstart_run.with_name("eval_aggregate_metrics.json")
+    data = json.loads(agg.read_text())
+    data[1]["key_metrics"]["pass@1"] += 0.001
+    agg.write_text(json.dumps(data))
+    assert _only_changed(before, identities(quickstart_run)) == {"aggregate_metrics.json"}
+
+
+def test_one_recording_byte_changes_only_recording(quickstart_run: Path) -> None:
+    before = identities(quickstart_run)
+    rec = quickstart_run.with_name("eval_artifacts") / "recording.mp4"
+    data = bytearray(rec.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    rec.write_bytes(bytes(data))
+    assert _only_changed(before, identities(quickstart_run)) == {"artifacts/recording.mp4"}
+
+
+def test_duplicate_rollout_counts(tmp_path: Path) -> None:
+    a = tmp_path / "a.jsonl"
+    b = tmp_path / "b.jsonl"
+    a.write_text('{"x": 1}\n{"y": 2}\n')
+    b.write_text('{"x": 1}\n{"y": 2}\n{"x": 1}\n')
+    assert hash_jsonl_file(a) != hash_jsonl_file(b)
+    b.write_text('{"y":2}\n\n{"x":1}')
+    assert hash_jsonl_file(a) == hash_jsonl_file(b)
+
+
+def test_run_identity_depends_on_every_artifact(quickstart_run: Path) -> None:
+    ids = identities(quickstart_run)
+    changed = dict(ids, **{"artifacts/recording.mp4": "b3:" + "0" * 64})
+    assert run_identity(ids) == run_identity(dict(reversed(list(ids.items()))))
+    assert run_identity(ids) != run_identity(changed)
+
+
+def test_malformed_jsonl_names_file_and_line(quickstart_run: Path) -> None:
+    lines = quickstart_run.read_text().splitlines()
+    lines[41] = lines[41][:-5]
+    quickstart_run.write_text("\n".join(lines) + "\n")
+    with pytest.raises(RunError, match=r"eval\.jsonl:42:"):
+        identities(quickstart_run)
+
+
+def test_malformed_json_names_file_and_line(quickstart_run: Path) -> None:
+    agg = quickstart_run.with_name("eval_aggregate_metrics.json")
+    agg.write_text('[\n  {"agent_ref": "a",\n   "key_metrics": {,}\n  }\n]\n')
+    with pytest.raises(RunError, match=r"eval_aggregate_metrics\.json:3:"):
+        identities(quickstart_run)
+
+
+def test_symlink_leaving_the_run_is_refused(quickstart_run: Path, tmp_path: Path) -> None:
+    secret = tmp_path / "outside.txt"
+    secret.write_text("not part of the run")
+    (quickstart_run.with_name("eval_artifacts") / "leak.txt").symlink_to(secret)
+    with pytest.raises(RunError, match="symlink leads outside the run folder"):
+        identities(quickstart_run)

@@ -1,0 +1,119 @@
+"""The local backend: folder layout, content, hard links, reactor-runtime 2.7.6 folders."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+from omegaconf import OmegaConf
+
+from gym_artifacts.export import export_run
+from gym_artifacts.exporter import ExportStatus
+from gym_artifacts.run import RunArtifacts
+from tests.media import decode_frame_count
+
+
+def local_cfg(root: Path) -> object:
+    return OmegaConf.create({"exporters": {"local": {"enabled": True, "root": str(root)}}})
+
+
+def test_post_run_folder_content(quickstart_run: Path, tmp_path: Path) -> None:
+    store = tmp_path / "store"
+    [result] = export_run(quickstart_run, local_cfg(store))
+    assert result.status is ExportStatus.EXPORTED, result.reason
+    folder = store / "default" / result.backend_run_id
+    run_json = json.loads((folder / "run.json").read_text())
+    assert run_json["status"] == "FINISHED" and run_json["rows"] == 300
+    assert run_json["identities"]["rollouts.jsonl"].startswith("b3:")
+    summary = json.loads((folder / "summary.json").read_text())
+    for level in (
+        "agent_metrics",
+        "key_metrics",
+        "group_level_metrics",
+        "repeat_level_metrics",
+        "perf_summary",
+    ):
+        assert any(f"/{level}" in k for k in summary), level
+    assert summary["weather_agent/key_metrics/pass@1"] == pytest.approx(
+        json.loads(quickstart_run.with_name("eval_aggregate_metrics.json").read_text())[1]["key_metrics"][
+            "pass@1"
+        ]
+    )
+    assert summary["omitted_rows"] == 0
+    journal = [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()]
+    source = [
+        json.loads(line) for line in quickstart_run.with_name("eval_metrics.jsonl").read_text().splitlines()
+    ]
+    assert [(j["step"], j["time"], j["metrics"]) for j in journal] == [
+        (s["step"], s["time"], s["metrics"]) for s in source
+    ]
+    # Rollouts and artifacts are the run's own bytes, hard-linked on the same filesystem.
+    assert (folder / "rollouts.jsonl").read_bytes() == quickstart_run.read_bytes()
+    assert os.path.samefile(folder / "rollouts.jsonl", quickstart_run)
+    rec = folder / "artifacts" / "recording.mp4"
+    assert rec.read_bytes() == (quickstart_run.with_name("eval_artifacts") / "recording.mp4").read_bytes()
+    assert decode_frame_count(rec) == 30
+    assert not list(folder.rglob(".gymart-tmp*"))
+
+
+def test_acceptance_partial_is_exported(quickstart_run: Path, tmp_path: Path) -> None:
+    acc = quickstart_run.with_name("eval_acceptance.json")
+    acc.write_text('{"planned_rows": 320, "omitted_rows": 20, "reason": "judge outage"}')
+    run = RunArtifacts.from_path(quickstart_run)
+    assert run.omitted_rows() == 20
+    [result] = export_run(run, local_cfg(tmp_path / "store"))
+    folder = tmp_path / "store" / "default" / result.backend_run_id
+    assert json.loads((folder / "summary.json").read_text())["omitted_rows"] == 20
+    assert json.loads((folder / "acceptance.json").read_text())["reason"] == "judge outage"
+
+
+def test_bad_acceptance_fails_naming_key(quickstart_run: Path, tmp_path: Path) -> None:
+    quickstart_run.with_name("eval_acceptance.json").write_text(
+        '{"planned_rows": 3, "omitted_rows": -1, "reason": "x"}'
+    )
+    [result] = export_run(quickstart_run, local_cfg(tmp_path / "store"))
+    assert result.status is ExportStatus.FAILED
+    assert "eval_acceptance.json: invalid acceptance record at omitted_rows" in (result.reason or "")
+
+
+def test_retry_after_crash_reuses_the_same_folder(quickstart_run: Path, tmp_path: Path) -> None:
+    store = tmp_path / "store"
+    run = RunArtifacts.from_path(quickstart_run)
+    [first] = export_run(run, local_cfg(store))
+    run.export_done_fpath("local").unlink()  # as if the process died before the receipt
+    [second] = export_run(run, local_cfg(store))
+    assert second.status is ExportStatus.EXPORTED
+    assert second.backend_run_id == first.backend_run_id
+    assert len(list((store / "default").iterdir())) == 1
+
+
+@pytest.mark.parametrize("name", ["with-gpu-samples", "no-gpu"])
+def test_reactor_folders_export_unchanged(reactor_fixture, tmp_path: Path, name: str) -> None:
+    folder = reactor_fixture(name)
+    before = {p.name: p.read_bytes() for p in folder.iterdir()}
+    store = tmp_path / "store"
+    [result] = export_run(folder, local_cfg(store))
+    assert result.status is ExportStatus.EXPORTED, result.reason
+    assert {p.name: p.read_bytes() for p in folder.iterdir()} == before
+    exported = store / "default" / result.backend_run_id / "artifacts"
+    assert {p.name: p.read_bytes() for p in exported.iterdir()} == before
+    assert decode_frame_count(exported / "recording.mp4") == 30
+    assert Path(f"{folder}_local_export_done.json").is_file()
+    [again] = export_run(folder, local_cfg(store))
+    assert again.status is ExportStatus.SKIPPED
+
+
+def test_copy_when_not_linkable(
+    quickstart_run: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def no_link(*_args: object, **_kwargs: object) -> None:
+        raise OSError(18, "Invalid cross-device link")
+
+    monkeypatch.setattr(os, "link", no_link)
+    [result] = export_run(quickstart_run, local_cfg(tmp_path / "store"))
+    assert result.status is ExportStatus.EXPORTED
+    copy = tmp_path / "store" / "default" / result.backend_run_id / "rollouts.jsonl"
+    assert copy.read_bytes() == quickstart_run.read_bytes()
+    assert not os.path.samefile(copy, quickstart_run)
