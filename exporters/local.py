@@ -2,28 +2,36 @@
 
 The folder holds ``run.json`` (status, identities, times), ``config.json`` (masked),
 ``metrics.jsonl``, ``summary.json`` (aggregate metrics, every level), ``rollouts.jsonl`` and
-``artifacts/``. Every file is published atomically; run files are hard-linked when on the same
-filesystem, else copied. A post-run export's run id derives from the run's identity, so a
-retried export rewrites the same folder instead of creating another.
+``artifacts/``. Post-run files are published atomically and run files hard-linked when on the
+same filesystem, else copied; a post-run export's run id derives from the run's identity, so a
+retried export rewrites the same folder. Live runs append one complete line per call and flush,
+so a killed process leaves every line it wrote readable; a resumed run appends to the same files.
 """
 
 from __future__ import annotations
 
+import contextlib
+import logging
+import os
 import re
+import uuid
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from pydantic import field_validator
 
 from gym_artifacts.atomic import atomic_write_bytes, atomic_write_json, atomic_writer, link_or_copy
 from gym_artifacts.config import ExporterConfig
-from gym_artifacts.exporter import Exporter, ExportPlan, Sent
+from gym_artifacts.exporter import ExportPlan, Sent
+from gym_artifacts.journal import repair_partial_last_line
 from gym_artifacts.jsonio import canonical_json, json_safe, read_json
+from gym_artifacts.live import LiveExporter, RunStatus
 from gym_artifacts.payload import aggregate_metrics, count_lines, iter_journal
 from gym_artifacts.receipts import utc_now_iso
 from gym_artifacts.run import RunArtifacts
 from gym_artifacts.secrets import mask_secrets
 
+logger = logging.getLogger(__name__)
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
 MASKABLE_MAX_BYTES = 16 << 20
 
@@ -48,46 +56,88 @@ class LocalSettings(ExporterConfig):
         return value
 
 
-class LocalExporter(Exporter):
+class LocalExporter(LiveExporter):
     """Runs as folders on a local (or mounted) filesystem."""
 
     name = "local"
     config_model = LocalSettings
     settings: LocalSettings
 
+    def __init__(self, settings: LocalSettings) -> None:
+        super().__init__(settings)
+        self._metrics_fh: IO[bytes] | None = None
+        self._rollouts_fh: IO[bytes] | None = None
+        self._status_before_reopen: str | None = None
+
     def experiment_dpath(self) -> Path:
         return self.settings.root.expanduser() / self.settings.experiment
 
+    def run_dpath(self, run_id: str) -> Path:
+        return self.experiment_dpath() / safe_name(run_id)
+
+    # -- post-run ----------------------------------------------------------------------------
     def post_run_id(self, run: RunArtifacts, plan: ExportPlan) -> str:
         """Deterministic: the same run identity always names the same folder."""
         return f"{safe_name(run.name)}-{plan.run_identity.split(':')[-1][:16]}"
 
-    def _export(self, run: RunArtifacts, plan: ExportPlan) -> Sent:
+    def _export_post_run(self, run: RunArtifacts, plan: ExportPlan) -> Sent:
         run_id = self.post_run_id(run, plan)
-        dpath = self.experiment_dpath() / run_id
+        dpath = self.run_dpath(run_id)
         dpath.mkdir(parents=True, exist_ok=True)
-        created_at = utc_now_iso()
-        run_json = {
+        run_json: dict[str, Any] = {
             "run_id": run_id,
             "status": "RUNNING",
             "kind": "post-run",
             "source": str(run.stem),
-            "run_identity": plan.run_identity,
-            "identities": plan.identities,
-            "created_at": created_at,
+            "created_at": utc_now_iso(),
         }
         atomic_write_json(dpath / "run.json", run_json)
+        rows, sent_bytes = self._write_run_content(run, plan, dpath)
+        run_json.update(self._finished_fields(run, plan, rows))
+        atomic_write_json(dpath / "run.json", run_json)
+        return Sent(backend_run_id=run_id, rows=rows, bytes=sent_bytes)
+
+    def _certify(self, run: RunArtifacts, plan: ExportPlan, live_run_id: str) -> Sent:
+        dpath = self.run_dpath(live_run_id)
+        run_json_fpath = dpath / "run.json"
+        if not run_json_fpath.is_file():
+            raise NotImplementedError(f"live run folder {dpath} is gone")
+        rows, sent_bytes = self._write_run_content(run, plan, dpath)
+        run_json = read_json(run_json_fpath)
+        run_json.update(self._finished_fields(run, plan, rows), certified=True)
+        atomic_write_json(run_json_fpath, run_json)
+        return Sent(backend_run_id=live_run_id, rows=rows, bytes=sent_bytes)
+
+    def _mark_superseded(self, live_run_id: str, new_run_id: str) -> None:
+        run_json_fpath = self.run_dpath(live_run_id) / "run.json"
+        if run_json_fpath.is_file():
+            run_json = read_json(run_json_fpath)
+            run_json["superseded_by"] = new_run_id
+            atomic_write_json(run_json_fpath, run_json)
+
+    @staticmethod
+    def _finished_fields(run: RunArtifacts, plan: ExportPlan, rows: int) -> dict[str, Any]:
+        return {
+            "status": "FINISHED",
+            "finished_at": utc_now_iso(),
+            "run_identity": plan.run_identity,
+            "identities": plan.identities,
+            "rows": rows,
+            "omitted_rows": run.omitted_rows(),
+            "upload_rollouts": plan.upload_rollouts,
+        }
+
+    def _write_run_content(self, run: RunArtifacts, plan: ExportPlan, dpath: Path) -> tuple[int, int]:
+        """Config, journal, aggregate metrics, rollouts and artifacts; returns (rows, bytes)."""
         sent_bytes = 0
         if plan.config is not None:
             data = canonical_json(json_safe(plan.config))
             atomic_write_bytes(dpath / "config.json", data)
             sent_bytes += len(data)
         sent_bytes += self._write_journal(run, dpath)
-        omitted = run.omitted_rows()
-        if run.aggregate_metrics_fpath.is_file() and run.has_rollouts_file:
-            entries = run.read_aggregate_metrics()
-            summary: dict[str, Any] = dict(aggregate_metrics(entries))
-            summary["omitted_rows"] = omitted
+        if run.has_rollouts_file and run.aggregate_metrics_fpath.is_file():
+            summary: dict[str, Any] = dict(aggregate_metrics(run.read_aggregate_metrics()))
+            summary["omitted_rows"] = run.omitted_rows()
             atomic_write_json(dpath / "summary.json", json_safe(summary))
             sent_bytes += link_or_copy(run.aggregate_metrics_fpath, dpath / "aggregate_metrics.json")
         if run.has_rollouts_file and run.acceptance_fpath.is_file():
@@ -99,15 +149,7 @@ class LocalExporter(Exporter):
             sent_bytes += link_or_copy(rollouts, dpath / "rollouts.jsonl")
         for rel, fpath in run.runtime_artifact_files().items():
             sent_bytes += publish_artifact(fpath, dpath / "artifacts" / rel, plan.secrets)
-        run_json.update(
-            status="FINISHED",
-            finished_at=utc_now_iso(),
-            rows=rows,
-            omitted_rows=omitted,
-            upload_rollouts=plan.upload_rollouts,
-        )
-        atomic_write_json(dpath / "run.json", run_json)
-        return Sent(backend_run_id=run_id, rows=rows, bytes=sent_bytes)
+        return rows, sent_bytes
 
     @staticmethod
     def _write_journal(run: RunArtifacts, dpath: Path) -> int:
@@ -119,6 +161,83 @@ class LocalExporter(Exporter):
                 line = {"step": entry.step, "time": entry.time, "metrics": entry.metrics}
                 fh.write(canonical_json(line) + b"\n")
             return fh.tell()
+
+    # -- live ----------------------------------------------------------------------------------
+    def _setup(self) -> str:
+        assert self.run is not None
+        if self.resume_run_id is not None:
+            dpath = self.run_dpath(self.resume_run_id)
+            run_json_fpath = dpath / "run.json"
+            if run_json_fpath.is_file():
+                run_json = read_json(run_json_fpath)
+                self._status_before_reopen = run_json.get("status")
+                run_json.update(status="RUNNING", reopened_at=utc_now_iso())
+                atomic_write_json(run_json_fpath, run_json)
+                self._open_live_files(dpath, resume=True)
+                return self.resume_run_id
+            logger.info("local: live run %s is gone; opening a new one", self.resume_run_id)
+        run_id = f"{safe_name(self.run.name)}-live-{uuid.uuid4().hex[:12]}"
+        dpath = self.run_dpath(run_id)
+        dpath.mkdir(parents=True, exist_ok=False)
+        atomic_write_json(
+            dpath / "run.json",
+            {
+                "run_id": run_id,
+                "status": "RUNNING",
+                "kind": "live",
+                "source": str(self.run.stem),
+                "created_at": utc_now_iso(),
+            },
+        )
+        self._open_live_files(dpath, resume=False)
+        return run_id
+
+    def _open_live_files(self, dpath: Path, *, resume: bool) -> None:
+        for name in ("metrics.jsonl", "rollouts.jsonl"):
+            if resume:
+                repair_partial_last_line(dpath / name)
+        self._metrics_fh = open(dpath / "metrics.jsonl", "ab")  # noqa: SIM115 - closed in _close_live_files
+        self._rollouts_fh = open(dpath / "rollouts.jsonl", "ab")  # noqa: SIM115
+
+    def _log_config(self, config: dict[str, Any]) -> None:
+        assert self.run_id is not None
+        atomic_write_bytes(self.run_dpath(self.run_id) / "config.json", canonical_json(json_safe(config)))
+
+    def _log_metrics(self, metrics: dict[str, Any], step: int, timestamp: float) -> None:
+        assert self._metrics_fh is not None
+        line = canonical_json({"step": step, "time": timestamp, "metrics": metrics})
+        self._metrics_fh.write(line + b"\n")
+        self._metrics_fh.flush()
+
+    def _log_rollouts(self, rollouts: list[Any]) -> None:
+        assert self._rollouts_fh is not None
+        self._rollouts_fh.write(b"".join(canonical_json(r) + b"\n" for r in rollouts))
+        self._rollouts_fh.flush()
+
+    def _close_live_files(self) -> None:
+        for fh in (self._metrics_fh, self._rollouts_fh):
+            if fh is not None:
+                with contextlib.suppress(OSError):
+                    fh.flush()
+                    os.fsync(fh.fileno())
+                fh.close()
+        self._metrics_fh = self._rollouts_fh = None
+
+    def _set_status(self, status: str | None, **extra: Any) -> None:
+        assert self.run_id is not None
+        run_json_fpath = self.run_dpath(self.run_id) / "run.json"
+        run_json = read_json(run_json_fpath)
+        run_json["status"] = status
+        run_json.update(extra)
+        atomic_write_json(run_json_fpath, run_json)
+
+    def _teardown(self, status: RunStatus) -> None:
+        self._close_live_files()
+        self._set_status(status.value, ended_at=utc_now_iso())
+
+    def _release_reopened(self) -> None:
+        self._close_live_files()
+        self._set_status(self._status_before_reopen)
 
 
 def publish_artifact(src: Path, dst: Path, secrets: frozenset[str]) -> int:

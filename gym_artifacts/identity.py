@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 import blake3
 
 from gym_artifacts.errors import RunError
-from gym_artifacts.jsonio import canonical_json, parse_jsonl_line, read_json, read_yaml
+from gym_artifacts.jsonio import canonical_json, canonical_record, read_json, read_yaml
 
 if TYPE_CHECKING:
     from gym_artifacts.run import RunArtifacts
@@ -106,8 +106,7 @@ def digest_jsonl_range(fpath: Path, start: int = 0, end: int | None = None) -> J
                 lineno += 1
             if not raw.strip():
                 continue
-            record = parse_jsonl_line(raw, fpath, lineno if lineno is not None else 0)
-            acc.add_record_bytes(canonical_json(record))
+            acc.add_record_bytes(canonical_record(raw, fpath, lineno if lineno is not None else 0))
     return acc
 
 

@@ -67,14 +67,53 @@ def parse_jsonl_line(raw: bytes, fpath: Path | str, lineno: int, what: str = "JS
         raise RunError(f"{fpath}:{lineno}:{exc.colno}: invalid {what} line: {exc.msg}") from exc
 
 
+_ORJSON_CANONICAL = orjson.OPT_SORT_KEYS | orjson.OPT_NON_STR_KEYS | orjson.OPT_SERIALIZE_NUMPY
+
+
+def _has_nonfinite(obj: Any) -> bool:
+    if isinstance(obj, float):
+        return not math.isfinite(obj)
+    if isinstance(obj, dict):
+        return any(_has_nonfinite(v) for v in obj.values())
+    if isinstance(obj, list | tuple):
+        return any(_has_nonfinite(v) for v in obj)
+    return False
+
+
+def _json_default(obj: Any) -> Any:
+    item = getattr(obj, "item", None)  # numpy scalars
+    if callable(item):
+        return item()
+    return str(obj)
+
+
+def _stdlib_canonical(obj: Any) -> bytes:
+    text = json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=_json_default)
+    return text.encode("utf-8")
+
+
 def canonical_json(obj: Any) -> bytes:
-    """The canonical bytes of a JSON value: sorted keys, no insignificant white space."""
+    """The canonical bytes of a JSON value: sorted keys, no insignificant white space.
+
+    NaN and infinities are kept (as Python's json writes them), never turned into null.
+    """
+    if _has_nonfinite(obj):
+        return _stdlib_canonical(obj)
     try:
-        return orjson.dumps(obj, option=orjson.OPT_SORT_KEYS | orjson.OPT_NON_STR_KEYS)
+        return orjson.dumps(obj, option=_ORJSON_CANONICAL)
     except (orjson.JSONEncodeError, TypeError):
-        return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=str).encode(
-            "utf-8"
-        )
+        return _stdlib_canonical(obj)
+
+
+def canonical_record(raw: bytes, fpath: Path | str, lineno: int, what: str = "JSONL") -> bytes:
+    """The canonical bytes of one JSONL line, or a RunError naming the file and line."""
+    try:
+        return orjson.dumps(orjson.loads(raw), option=_ORJSON_CANONICAL)
+    except orjson.JSONDecodeError:
+        pass
+    except orjson.JSONEncodeError:
+        return _stdlib_canonical(orjson.loads(raw))
+    return _stdlib_canonical(parse_jsonl_line(raw, fpath, lineno, what))
 
 
 def json_safe(value: Any) -> Any:

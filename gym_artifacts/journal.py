@@ -1,0 +1,104 @@
+"""The live metrics journal ``STEM_metrics.jsonl``: every step metric, whatever the backends did.
+
+Written on its own background worker (the caller only enqueues), one complete JSON line per
+metric call, flushed after every batch, so a killed process leaves every written line readable.
+The post-run export sends it with the original steps and times.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+from pathlib import Path
+from typing import IO, Any
+
+from gym_artifacts.jsonio import canonical_json
+from gym_artifacts.worker import BackgroundWorker, Call
+
+
+def repair_partial_last_line(fpath: Path) -> None:
+    """Cut a final line a killed writer left unfinished, so appends start on a fresh line."""
+    try:
+        with open(fpath, "rb+") as fh:
+            size = fh.seek(0, os.SEEK_END)
+            if size == 0:
+                return
+            fh.seek(size - 1)
+            if fh.read(1) == b"\n":
+                return
+            pos = size
+            while pos > 0:
+                step = min(65536, pos)
+                fh.seek(pos - step)
+                block = fh.read(step)
+                idx = block.rfind(b"\n")
+                if idx >= 0:
+                    fh.truncate(pos - step + idx + 1)
+                    return
+                pos -= step
+            fh.truncate(0)
+    except FileNotFoundError:
+        return
+
+
+def set_aside(fpath: Path) -> Path | None:
+    """Move an earlier run's file out of the way (never deleted); returns where it went."""
+    if not fpath.exists():
+        return None
+    target = fpath.with_name(f"{fpath.name}.replaced-{time.strftime('%Y%m%dT%H%M%S')}-{os.getpid()}")
+    os.replace(fpath, target)
+    return target
+
+
+class MetricsJournal:
+    """Appends ``{"step", "time", "metrics"}`` lines to a run's journal off the caller's thread."""
+
+    def __init__(self, fpath: Path, *, resume: bool, max_queued: int = 1_000_000) -> None:
+        self.fpath = fpath
+        self._fh: IO[bytes] | None = None
+        self.worker = BackgroundWorker("journal", max_queued=max_queued)
+        self.worker.submit(Call(self._open, (resume,), "open"))
+
+    def _open(self, resume: bool) -> None:
+        self.fpath.parent.mkdir(parents=True, exist_ok=True)
+        if resume:
+            repair_partial_last_line(self.fpath)
+        else:
+            set_aside(self.fpath)
+        self._fh = open(self.fpath, "ab")  # noqa: SIM115 - kept open for the run, closed in _close
+
+    def start_over(self) -> None:
+        """A resume found nothing to resume: the journal starts anew (the old one set aside)."""
+        self.worker.submit(Call(self._reopen_fresh, (), "start_over"))
+
+    def _reopen_fresh(self) -> None:
+        self._close()
+        self._open(resume=False)
+
+    def append(self, step: int | None, when: float, metrics: dict[str, Any]) -> None:
+        """Enqueue one line; never blocks, never raises."""
+        self.worker.submit(Call(self._write, (step, when, metrics), "metrics", droppable=True))
+
+    def _write(self, step: int | None, when: float, metrics: dict[str, Any]) -> None:
+        if self._fh is None:
+            raise RuntimeError(f"journal {self.fpath} is not open")
+        line = canonical_json({"step": step, "time": when, "metrics": metrics})
+        self._fh.write(line + b"\n")
+        self._fh.flush()  # one complete line reaches the OS per call: a kill loses none of them
+
+    def flush(self, timeout: float) -> bool:
+        return self.worker.flush(timeout)
+
+    def close(self, timeout: float) -> bool:
+        """Write what is queued (within ``timeout``), flush to disk and stop."""
+        self.worker.submit(Call(self._close, (), "close"))
+        return self.worker.stop(timeout)
+
+    def _close(self) -> None:
+        if self._fh is not None:
+            with contextlib.suppress(OSError):
+                self._fh.flush()
+                os.fsync(self._fh.fileno())
+            self._fh.close()
+            self._fh = None

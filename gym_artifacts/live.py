@@ -1,0 +1,562 @@
+"""Live logging that never slows or fails the eval: LiveExporter, its wrappers, and the fan-out.
+
+Backends implement the unwrapped hooks (``_setup``, ``_log_config``, ``_log_metrics``,
+``_log_rollouts``, ``_teardown``) and may raise freely. Call sites use the wrappers, which only
+enqueue onto the exporter's background worker: lifecycle requests (setup, start over, complete,
+teardown) travel through the same queue, so only the worker thread touches a backend's run.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import enum
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from gym_artifacts.config import enabled_exporters, is_resume, normalize, resolve_tolerant
+from gym_artifacts.errors import GymArtifactsError, ReceiptError
+from gym_artifacts.exporter import Exporter, ExportPlan, Sent
+from gym_artifacts.journal import MetricsJournal
+from gym_artifacts.ranks import is_rank_zero
+from gym_artifacts.receipts import RunIdMarker, read_marker, utc_now_iso, write_marker
+from gym_artifacts.registry import get_entry
+from gym_artifacts.run import RunArtifacts
+from gym_artifacts.secrets import collect_secret_values, mask_secrets, redact_text
+from gym_artifacts.worker import BackgroundWorker, Call, WorkerStats
+
+if TYPE_CHECKING:
+    from typing_extensions import Self
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_TEARDOWN_TIMEOUT = 10.0
+
+
+class RunStatus(str, enum.Enum):
+    """How the eval ended, as backends record it."""
+
+    FINISHED = "FINISHED"
+    FAILED = "FAILED"
+    KILLED = "KILLED"
+
+
+@dataclass
+class LiveReport:
+    """What one backend received live, and what it did not."""
+
+    exporter: str
+    run_id: str | None
+    setup_error: str | None
+    delivered: int
+    failed: int
+    dropped: int
+    undelivered: int
+    teardown_finished: bool
+    last_error: str | None = None
+    dropped_kinds: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def lost(self) -> int:
+        """Calls that never reached the backend (failed, dropped or left undelivered)."""
+        return self.failed + self.dropped + self.undelivered
+
+    def describe(self) -> str:
+        if self.setup_error:
+            return f"{self.exporter}: setup failed ({self.setup_error}); nothing was sent live"
+        parts = [f"{self.exporter}: {self.delivered} call(s) delivered"]
+        if self.failed:
+            parts.append(f"{self.failed} failed (last: {self.last_error})")
+        if self.dropped:
+            parts.append(f"{self.dropped} dropped ({self.dropped_kinds})")
+        if self.undelivered:
+            parts.append(f"{self.undelivered} not delivered before the deadline")
+        if not self.teardown_finished:
+            parts.append("teardown did not finish in time")
+        return ", ".join(parts)
+
+
+class LiveExporter(Exporter):
+    """An exporter that can also follow a running eval.
+
+    Worker-thread state: ``run`` (the eval's output), ``resume_run_id`` (the marker's run when
+    resuming), ``run_id`` (the open backend run) and ``reopened``.
+    """
+
+    def __init__(self, settings: Any) -> None:
+        super().__init__(settings)
+        self.run: RunArtifacts | None = None
+        self.resume_run_id: str | None = None
+        self.run_id: str | None = None
+        self.reopened = False
+        self._global_config: Any = None
+        self._worker: BackgroundWorker | None = None
+        self._setup_error: str | None = None
+        self._secrets: frozenset[str] = frozenset()
+        self._torn_down = False
+        self._skipped = 0
+        self._report: LiveReport | None = None
+
+    @classmethod
+    def from_global_config(cls, cfg: Any) -> Self:
+        exporter = super().from_global_config(cfg)
+        exporter._global_config = cfg
+        return exporter
+
+    # -- hooks a backend implements (worker thread only; may raise) -------------------------------
+    def _setup(self) -> str:
+        """Open a backend run (reopen ``resume_run_id`` when set and possible); return its id."""
+        raise NotImplementedError
+
+    def _log_config(self, config: dict[str, Any]) -> None:
+        raise NotImplementedError
+
+    def _log_metrics(self, metrics: dict[str, Any], step: int, timestamp: float) -> None:
+        raise NotImplementedError
+
+    def _log_rollouts(self, rollouts: list[Any]) -> None:
+        raise NotImplementedError
+
+    def _teardown(self, status: RunStatus) -> None:
+        raise NotImplementedError
+
+    def _release_reopened(self) -> None:
+        """Let go of a reopened run without marking it ended (undo the reopen mark)."""
+        self._teardown(RunStatus.KILLED)
+
+    def _certify(self, run: RunArtifacts, plan: ExportPlan, live_run_id: str) -> Sent:
+        """Send what the completed live run lacks into it; raise NotImplementedError if unable."""
+        raise NotImplementedError
+
+    def _mark_superseded(self, live_run_id: str, new_run_id: str) -> None:
+        """Note on the live run that a post-run export replaced it (best effort, data untouched)."""
+
+    def _export_post_run(self, run: RunArtifacts, plan: ExportPlan) -> Sent:
+        """A post-run export into a new backend run."""
+        raise NotImplementedError
+
+    # -- post-run export with certify / supersede ---------------------------------------------------
+    def _export(self, run: RunArtifacts, plan: ExportPlan) -> Sent:
+        marker_fpath = run.run_id_marker_fpath(self.name)
+        try:
+            marker = read_marker(marker_fpath)
+        except ReceiptError as exc:
+            logger.warning("%s", exc)
+            marker = None
+        if plan.certify and marker is not None:
+            if marker.state == "completed" and marker.identities == plan.identities:
+                try:
+                    sent = self._certify(run, plan, marker.run_id)
+                except NotImplementedError:
+                    pass
+                else:
+                    return Sent(sent.backend_run_id, sent.rows, sent.bytes, "certified the live run")
+            else:
+                why = "was not completed" if marker.state != "completed" else "changed since it completed"
+                logger.info("%s: live run %s %s; exporting a new run", self.name, marker.run_id, why)
+        sent = self._export_post_run(run, plan)
+        if marker is not None and marker.run_id != sent.backend_run_id:
+            try:
+                self._mark_superseded(marker.run_id, sent.backend_run_id or "")
+                write_marker(marker_fpath, marker.model_copy(update={"superseded_by": sent.backend_run_id}))
+            except Exception as exc:  # best effort: never fail an export for a courtesy note
+                logger.warning("%s: could not mark live run %s superseded: %s", self.name, marker.run_id, exc)
+        return sent
+
+    # -- wrappers: enqueue only, never raise, never block on the backend -------------------------------
+    def setup(
+        self, run: RunArtifacts, *, resume: bool = False, secrets: frozenset[str] = frozenset()
+    ) -> None:
+        """Start the worker and ask it to open (or, with ``resume``, reopen) the backend run."""
+        self._secrets = frozenset(secrets)
+        self._worker = BackgroundWorker(self.name, redact=self.redact)
+        self._worker.submit(Call(self._do_setup, (run, resume), "setup"))
+
+    def export_config(self, config: Mapping[str, Any] | None = None) -> None:
+        """Log the (masked) config; by default the config this exporter was built from."""
+        try:
+            if config is None:
+                config = resolve_tolerant(self._global_config) if self._global_config is not None else {}
+            masked = mask_secrets(dict(config), self._secrets)
+        except Exception as exc:
+            logger.warning("%s: config not logged: %s", self.name, self.redact(str(exc)))
+            return
+        self._submit(Call(self._guarded(self._log_config), (masked,), "config"))
+
+    def export_metrics(
+        self, metrics: Mapping[str, Any], step: int | None = None, *, timestamp: float | None = None
+    ) -> None:
+        """Log step metrics (dropped first when the queue is full)."""
+        when = time.time() if timestamp is None else timestamp
+        self._submit(
+            Call(self._guarded(self._log_metrics), (dict(metrics), step, when), "metrics", droppable=True)
+        )
+
+    def export_rollouts(self, rollouts: list[Any]) -> None:
+        """Log finished rollouts (never dropped)."""
+        self._submit(Call(self._guarded(self._log_rollouts), (list(rollouts),), "rollouts"))
+
+    def start_over(self) -> None:
+        """Resume found nothing to resume: close the reopened run and open a new one."""
+        self._submit(Call(self._do_start_over, (), "start_over"))
+
+    def complete(self, identities: Callable[[], Mapping[str, str] | None] | None = None) -> None:
+        """Record that the eval finished, so ``export --certify`` may complete this live run."""
+        self._submit(Call(self._do_complete, (identities,), "complete"))
+
+    def flush(self, timeout: float = DEFAULT_TEARDOWN_TIMEOUT) -> bool:
+        """Wait (up to ``timeout``) until every earlier call was applied."""
+        return self._worker.flush(timeout) if self._worker is not None else True
+
+    def teardown(
+        self, timeout: float = DEFAULT_TEARDOWN_TIMEOUT, status: RunStatus = RunStatus.FINISHED
+    ) -> LiveReport:
+        """Flush within ``timeout``, end the backend run, and report what was not delivered."""
+        if self._report is not None:
+            return self._report
+        worker = self._worker
+        if worker is None:
+            self._report = LiveReport(self.name, None, "setup never ran", 0, 0, 0, 0, True)
+            return self._report
+        worker.submit(Call(self._do_teardown, (status,), "teardown"))
+        self._report = self.report(finished=worker.stop(timeout))
+        return self._report
+
+    def report(self, *, finished: bool) -> LiveReport:
+        """What this backend received so far (calls still queued count as undelivered)."""
+        worker = self._worker
+        if worker is None:
+            return LiveReport(self.name, None, "setup never ran", 0, 0, 0, 0, finished)
+        stats: WorkerStats = worker.stats
+        queued = 0 if finished else worker.pending
+        return LiveReport(
+            exporter=self.name,
+            run_id=self.run_id,
+            setup_error=self._setup_error,
+            delivered=stats.delivered - self._skipped,
+            failed=stats.failed,
+            dropped=stats.dropped,
+            undelivered=max(stats.undelivered, queued) + self._skipped,
+            teardown_finished=finished,
+            last_error=stats.last_error,
+            dropped_kinds=dict(stats.dropped_kinds),
+        )
+
+    @property
+    def stats(self) -> WorkerStats | None:
+        return self._worker.stats if self._worker is not None else None
+
+    def redact(self, text: str) -> str:
+        return redact_text(text, self._secrets)
+
+    def _submit(self, call: Call) -> None:
+        if self._worker is None:
+            return
+        self._worker.submit(call)
+
+    def _guarded(self, hook: Callable[..., None]) -> Callable[..., None]:
+        """A hook that is skipped (not counted as a failure) once setup failed."""
+
+        def apply(*args: Any) -> None:
+            if self._setup_error is not None or self.run_id is None:
+                self._skipped += 1  # counted as undelivered, without backing off
+                return
+            hook(*args)
+
+        return apply
+
+    # -- lifecycle on the worker thread ------------------------------------------------------------------
+    def _do_setup(self, run: RunArtifacts, resume: bool) -> None:
+        self.run = run
+        marker_fpath = run.run_id_marker_fpath(self.name)
+        self.resume_run_id = None
+        if resume:
+            try:
+                marker = read_marker(marker_fpath)
+            except ReceiptError as exc:
+                logger.warning("%s: %s; starting a new run", self.name, exc)
+                marker = None
+            self.resume_run_id = marker.run_id if marker is not None else None
+        try:
+            self.run_id = self._setup()
+        except Exception as exc:
+            self._setup_error = self.redact(f"{type(exc).__name__}: {exc}".splitlines()[0][:500])
+            logger.warning("%s: live setup failed, this backend is skipped: %s", self.name, self._setup_error)
+            return
+        reregister_atexit()  # the SDK may have registered its own exit hook during setup
+        self.reopened = self.resume_run_id is not None and self.run_id == self.resume_run_id
+        if not self.reopened:
+            write_marker(marker_fpath, RunIdMarker(exporter=self.name, run_id=self.run_id))
+
+    def _do_start_over(self) -> None:
+        if not self.reopened or self.run is None or self.run_id is None:
+            return
+        old = self.run_id
+        try:
+            self._release_reopened()
+        except Exception as exc:
+            logger.warning(
+                "%s: could not let go of reopened run %s: %s", self.name, old, self.redact(str(exc))
+            )
+        self.reopened = False
+        self.run_id = None
+        marker_fpath = self.run.run_id_marker_fpath(self.name)
+        try:
+            marker = read_marker(marker_fpath)
+            if marker is not None and marker.run_id == old:
+                marker_fpath.unlink()
+        except (ReceiptError, OSError) as exc:
+            logger.warning("%s: marker %s left in place: %s", self.name, marker_fpath, exc)
+        self._do_setup(self.run, resume=False)
+
+    def _do_complete(self, identities: Callable[[], Mapping[str, str] | None] | None) -> None:
+        if self.run is None or self.run_id is None:
+            return
+        marker_fpath = self.run.run_id_marker_fpath(self.name)
+        marker = read_marker(marker_fpath) or RunIdMarker(exporter=self.name, run_id=self.run_id)
+        if marker.run_id != self.run_id:
+            marker = RunIdMarker(exporter=self.name, run_id=self.run_id)
+        ids = identities() if identities is not None else None
+        write_marker(
+            marker_fpath,
+            marker.model_copy(
+                update={
+                    "state": "completed",
+                    "completed_at": utc_now_iso(),
+                    "identities": dict(ids) if ids else None,
+                }
+            ),
+        )
+
+    def _do_teardown(self, status: RunStatus) -> None:
+        if self._torn_down or self._setup_error is not None or self.run_id is None:
+            return
+        self._torn_down = True
+        self._teardown(status)
+
+
+class NoOpLiveRun:
+    """What ranks other than 0 get: the same methods, doing nothing."""
+
+    exporters: tuple[LiveExporter, ...] = ()
+    reports: tuple[LiveReport, ...] = ()
+
+    def export_config(self, config: Mapping[str, Any] | None = None) -> None: ...
+    def export_metrics(self, metrics: Mapping[str, Any], step: int | None = None) -> None: ...
+    def export_rollouts(self, rollouts: list[Any]) -> None: ...
+    def start_over(self) -> None: ...
+    def complete(self) -> None: ...
+    def flush(self, timeout: float = DEFAULT_TEARDOWN_TIMEOUT) -> bool:
+        return True
+
+    def teardown(
+        self, timeout: float = DEFAULT_TEARDOWN_TIMEOUT, status: RunStatus = RunStatus.FINISHED
+    ) -> list[LiveReport]:
+        return []
+
+
+class _OnceIdentities:
+    """The run's identities computed once (after the journal is flushed), shared by all exporters."""
+
+    def __init__(self, run: RunArtifacts, journal: MetricsJournal) -> None:
+        self._run = run
+        self._journal = journal
+        self._lock = threading.Lock()
+        self._value: dict[str, str] | None = None
+        self._done = False
+
+    def __call__(self) -> dict[str, str] | None:
+        with self._lock:
+            if not self._done:
+                from gym_artifacts.identity import content_identities
+
+                self._journal.flush(DEFAULT_TEARDOWN_TIMEOUT)
+                try:
+                    self._value = content_identities(self._run)
+                except GymArtifactsError as exc:
+                    logger.warning("cannot record the run's identities at completion: %s", exc)
+                self._done = True
+            return self._value
+
+
+class LiveRun:
+    """Every enabled live exporter of one eval, plus the metrics journal, behind one set of calls."""
+
+    def __init__(
+        self, run: RunArtifacts, exporters: list[LiveExporter], config: Any, *, resume: bool
+    ) -> None:
+        self.run = run
+        self.exporters = tuple(exporters)
+        self.config = config
+        self.resume = resume
+        self.reports: list[LiveReport] = []
+        self._last_step: int | None = None
+        self._closed = False
+        raw = resolve_tolerant(config) if config is not None else {}
+        self._secrets = frozenset(collect_secret_values(raw))
+        self._masked_config = mask_secrets(raw, self._secrets)
+        self.journal = MetricsJournal(run.metrics_journal_fpath, resume=resume)
+        for exporter in self.exporters:
+            exporter.setup(run, resume=resume, secrets=self._secrets)
+        _register_atexit(self)
+
+    def export_config(self, config: Mapping[str, Any] | None = None) -> None:
+        """Log the eval's config (masked) to every backend."""
+        payload = self._masked_config if config is None else mask_secrets(dict(config), self._secrets)
+        for exporter in self.exporters:
+            exporter.export_config(payload)
+
+    def export_metrics(self, metrics: Mapping[str, Any], step: int | None = None) -> None:
+        """Journal one step's metrics and hand them to every backend; microseconds, never raises."""
+        if step is None:
+            step = 0 if self._last_step is None else self._last_step + 1
+        self._last_step = step
+        when = time.time()
+        snapshot = dict(metrics)
+        self.journal.append(step, when, snapshot)
+        for exporter in self.exporters:
+            exporter.export_metrics(snapshot, step, timestamp=when)
+
+    def export_rollouts(self, rollouts: list[Any]) -> None:
+        """Hand finished rollouts to every backend (the eval writes OUT.jsonl itself)."""
+        batch = list(rollouts)
+        for exporter in self.exporters:
+            exporter.export_rollouts(batch)
+
+    def start_over(self) -> None:
+        """Resume found nothing to resume: every reopened backend run is replaced by a new one."""
+        if self.resume:
+            self.journal.start_over()
+            self._last_step = None
+        for exporter in self.exporters:
+            exporter.start_over()
+
+    def complete(self) -> None:
+        """The eval finished: lets ``export --certify`` complete these live runs later."""
+        identities = _OnceIdentities(self.run, self.journal)
+        for exporter in self.exporters:
+            exporter.complete(identities)
+
+    def flush(self, timeout: float = DEFAULT_TEARDOWN_TIMEOUT) -> bool:
+        """Wait until the journal and every backend applied what was handed to them."""
+        deadline = time.monotonic() + timeout
+        ok = self.journal.flush(timeout)
+        for exporter in self.exporters:
+            ok = exporter.flush(max(0.0, deadline - time.monotonic())) and ok
+        return ok
+
+    def teardown(
+        self, timeout: float = DEFAULT_TEARDOWN_TIMEOUT, status: RunStatus = RunStatus.FINISHED
+    ) -> list[LiveReport]:
+        """End every backend run within one shared deadline; returns what each received."""
+        if self._closed:
+            return self.reports
+        self._closed = True
+        deadline = time.monotonic() + timeout
+        results: dict[str, LiveReport] = {}
+
+        def end(exporter: LiveExporter) -> None:
+            results[exporter.name] = exporter.teardown(max(0.0, deadline - time.monotonic()), status)
+
+        threads = [threading.Thread(target=end, args=(e,), daemon=True) for e in self.exporters]
+        for t in threads:
+            t.start()
+        self.journal.close(max(0.0, deadline - time.monotonic()))
+        for t in threads:
+            # Each exporter's teardown keeps the deadline itself; the grace covers the hand-back.
+            t.join(max(0.0, deadline - time.monotonic()) + 0.5)
+        for exporter in self.exporters:
+            report = results.get(exporter.name) or exporter.report(finished=False)
+            self.reports.append(report)
+            if report.lost or report.setup_error or not report.teardown_finished:
+                logger.warning("live logging: %s", report.describe())
+        _unregister_atexit(self)
+        return self.reports
+
+
+_open_runs: list[LiveRun] = []
+_atexit_lock = threading.Lock()
+
+
+def _teardown_open_runs() -> None:
+    for live in list(_open_runs):
+        with contextlib.suppress(Exception):
+            live.teardown(DEFAULT_TEARDOWN_TIMEOUT, RunStatus.KILLED)
+
+
+def _register_atexit(live: LiveRun) -> None:
+    """Registered (again) after the SDKs' own exit hooks, so ours runs first (atexit is LIFO)."""
+    with _atexit_lock:
+        _open_runs.append(live)
+        atexit.unregister(_teardown_open_runs)
+        atexit.register(_teardown_open_runs)
+
+
+def _unregister_atexit(live: LiveRun) -> None:
+    with _atexit_lock:
+        if live in _open_runs:
+            _open_runs.remove(live)
+
+
+def reregister_atexit() -> None:
+    """Move our exit hook after any SDK's (call after a backend SDK initialised)."""
+    with _atexit_lock:
+        atexit.unregister(_teardown_open_runs)
+        atexit.register(_teardown_open_runs)
+
+
+def build_live_exporters(cfg: Any) -> list[LiveExporter]:
+    """Every enabled backend that can log live; one that cannot be built is skipped alone."""
+    exporters: list[LiveExporter] = []
+    for name in enabled_exporters(cfg):
+        try:
+            entry = get_entry(name)
+            if not entry.sdk_installed():
+                logger.warning("%s: its SDK is not installed; not logging to it live", name)
+                continue
+            cls = entry.load()
+            if not issubclass(cls, LiveExporter):
+                logger.info("%s: backend has no live logging; use the post-run export", name)
+                continue
+            exporters.append(cls.from_global_config(cfg))
+        except GymArtifactsError as exc:
+            logger.warning("%s: not logging live: %s", name, exc)
+    return exporters
+
+
+@contextlib.contextmanager
+def live_exporters(
+    config: Any, output_jsonl_fpath: str | Any, *, teardown_timeout: float = DEFAULT_TEARDOWN_TIMEOUT
+) -> Iterator[LiveRun | NoOpLiveRun]:
+    """Live-log an eval whose rollouts go to ``output_jsonl_fpath`` to every enabled backend.
+
+    Yields an object with ``export_config``, ``export_metrics``, ``export_rollouts``,
+    ``start_over``, ``complete`` and ``flush``; the masked config is logged at entry and every
+    backend torn down at exit (FAILED when the block raised, KILLED when interrupted). Ranks
+    other than 0 get a no-op object.
+    """
+    if not is_rank_zero():
+        yield NoOpLiveRun()
+        return
+    from omegaconf import OmegaConf
+
+    original = config if OmegaConf.is_config(config) else OmegaConf.create(config or {})
+    cfg = normalize(original)
+    run = RunArtifacts.from_path(output_jsonl_fpath)
+    live = LiveRun(run, build_live_exporters(cfg), original, resume=is_resume(cfg))
+    live.export_config()
+    status = RunStatus.FINISHED
+    try:
+        yield live
+    except (KeyboardInterrupt, SystemExit):
+        status = RunStatus.KILLED
+        raise
+    except BaseException:
+        status = RunStatus.FAILED
+        raise
+    finally:
+        live.teardown(teardown_timeout, status)

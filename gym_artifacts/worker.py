@@ -1,0 +1,218 @@
+"""A per-exporter background worker: callers only enqueue; one thread applies calls in order.
+
+The caller's path is a ``deque.append`` and, when the worker sleeps, an event set: no I/O, no
+SDK call, and no lock that the worker holds while it talks to a backend. The queue is bounded
+for droppable items (step metrics): past the bound a new one is dropped and counted, while
+config, rollouts and lifecycle requests are always kept. A failing backend is backed off
+(exponential, capped) and its failures are logged once per burst. ``stop`` drains within a
+deadline and then gives up, saying what was not delivered.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+import weakref
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class WorkerStats:
+    """What happened to the calls handed to one worker."""
+
+    delivered: int = 0
+    failed: int = 0
+    dropped: int = 0
+    undelivered: int = 0
+    failure_bursts: int = 0
+    last_error: str | None = None
+    dropped_kinds: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Call:
+    """One request for the worker: ``fn(*args)``, droppable or not, with a kind for reports."""
+
+    fn: Callable[..., Any]
+    args: tuple[Any, ...]
+    kind: str
+    droppable: bool = False
+
+
+class _Marker:
+    """A request answered by setting an event once every earlier call was applied."""
+
+    __slots__ = ("done",)
+
+    def __init__(self) -> None:
+        self.done = threading.Event()
+
+
+class _Stop(_Marker):
+    __slots__ = ()
+
+
+_live_workers: weakref.WeakSet[BackgroundWorker] = weakref.WeakSet()
+
+
+def _after_fork_in_child() -> None:
+    for worker in list(_live_workers):
+        worker._forget_after_fork()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+class BackgroundWorker:
+    """Applies calls on a daemon thread, in the order they were submitted."""
+
+    def __init__(
+        self,
+        name: str,
+        *,
+        max_queued: int = 10_000,
+        backoff_initial: float = 0.25,
+        backoff_max: float = 30.0,
+        redact: Callable[[str], str] = str,
+    ) -> None:
+        self.name = name
+        self.redact = redact
+        self.stats = WorkerStats()
+        self.max_queued = max_queued
+        self.backoff_initial = backoff_initial
+        self.backoff_max = backoff_max
+        self._queue: deque[Call | _Marker] = deque()
+        self._wake = threading.Event()
+        self._stopping = threading.Event()
+        self._idle = False
+        self._deadline: float | None = None
+        self._burst = 0
+        self._backoff_until = 0.0
+        self._pid = os.getpid()
+        self._thread = threading.Thread(target=self._run, name=f"gym-artifacts-{name}", daemon=True)
+        self._thread.start()
+        _live_workers.add(self)
+
+    # -- caller side: enqueue only ------------------------------------------------------------
+    def submit(self, call: Call) -> bool:
+        """Hand a call to the worker; False when it was dropped (queue full, stopped, forked)."""
+        if self._pid != os.getpid() or self._stopping.is_set():
+            self._count_drop(call.kind)
+            return False
+        if call.droppable and len(self._queue) >= self.max_queued:
+            self._count_drop(call.kind)
+            return False
+        self._queue.append(call)
+        if self._idle:
+            self._wake.set()
+        return True
+
+    def _count_drop(self, kind: str) -> None:
+        self.stats.dropped += 1
+        self.stats.dropped_kinds[kind] = self.stats.dropped_kinds.get(kind, 0) + 1
+
+    def flush(self, timeout: float) -> bool:
+        """Wait until every call submitted before this one was applied (or ``timeout``)."""
+        if self._pid != os.getpid() or not self._thread.is_alive():
+            return False
+        marker = _Marker()
+        self._queue.append(marker)
+        self._wake.set()
+        return marker.done.wait(timeout)
+
+    def stop(self, timeout: float) -> bool:
+        """Apply what is queued within ``timeout`` seconds, then stop; True when all was applied."""
+        if self._pid != os.getpid():
+            return False
+        deadline = time.monotonic() + max(0.0, timeout)
+        self._deadline = deadline
+        marker = _Stop()
+        self._queue.append(marker)
+        self._stopping.set()
+        self._wake.set()
+        finished = marker.done.wait(max(0.0, deadline - time.monotonic()))
+        if not finished:
+            self.stats.undelivered += sum(1 for item in list(self._queue) if isinstance(item, Call))
+        return finished
+
+    @property
+    def pending(self) -> int:
+        return len(self._queue)
+
+    def _forget_after_fork(self) -> None:
+        """In a forked child the thread is gone: drop further calls rather than hang."""
+        self._queue = deque()
+        self._wake = threading.Event()
+        self._stopping = threading.Event()
+
+    # -- worker side ----------------------------------------------------------------------------
+    def _run(self) -> None:
+        while True:
+            try:
+                item = self._queue.popleft()
+            except IndexError:
+                self._idle = True
+                if self._queue:
+                    self._idle = False
+                    continue
+                self._wake.wait(0.5)
+                self._wake.clear()
+                self._idle = False
+                continue
+            if isinstance(item, _Stop):
+                item.done.set()
+                return
+            if isinstance(item, _Marker):
+                item.done.set()
+                continue
+            self._apply(item)
+
+    def _past_deadline(self) -> bool:
+        return self._deadline is not None and time.monotonic() >= self._deadline
+
+    def _apply(self, call: Call) -> None:
+        if call.droppable and self._past_deadline():
+            self.stats.undelivered += 1
+            return
+        wait = self._backoff_until - time.monotonic()
+        if wait > 0:
+            if self._deadline is not None:
+                wait = min(wait, max(0.0, self._deadline - time.monotonic()))
+            if self._deadline is None:
+                self._stopping.wait(wait)  # a stop request ends the pause early
+            else:
+                time.sleep(wait)
+            if call.droppable and self._past_deadline():
+                self.stats.undelivered += 1
+                return
+        try:
+            call.fn(*call.args)
+        except Exception as exc:
+            self._on_failure(call, exc)
+        else:
+            self.stats.delivered += 1
+            if self._burst:
+                logger.warning("%s: backend recovered after %d failed call(s)", self.name, self._burst)
+                self._burst = 0
+                self._backoff_until = 0.0
+
+    def _on_failure(self, call: Call, exc: Exception) -> None:
+        self.stats.failed += 1
+        self.stats.last_error = self.redact(f"{type(exc).__name__}: {exc}".splitlines()[0][:500])
+        self._burst += 1
+        if self._burst == 1:
+            self.stats.failure_bursts += 1
+            logger.warning(
+                "%s: %s failed (%s); backing off, further failures counted, not logged",
+                self.name, call.kind, self.stats.last_error,
+            )  # fmt: skip
+        delay = min(self.backoff_max, self.backoff_initial * (2 ** (self._burst - 1)))
+        self._backoff_until = time.monotonic() + delay

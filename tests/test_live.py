@@ -1,0 +1,193 @@
+"""Live logging: never slows or fails the eval, whatever the backend does."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import statistics
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from gym_artifacts import registry
+from gym_artifacts.live import LiveRun, NoOpLiveRun, RunStatus, live_exporters
+from gym_artifacts.receipts import read_marker
+from gym_artifacts.run import RunArtifacts
+from gym_artifacts.worker import BackgroundWorker, Call
+from tests.backends import HOSTILE, FailingLive, HangingTeardownLive, RecordingLive
+
+
+@pytest.fixture(autouse=True)
+def _live_backends() -> Iterator[None]:
+    for cls in (RecordingLive, *HOSTILE):
+        registry.register(cls)
+    RecordingLive.received.clear()
+    FailingLive.calls = 0
+    yield
+    HangingTeardownLive.release.set()
+    HangingTeardownLive.release = type(HangingTeardownLive.release)()
+    for cls in (RecordingLive, *HOSTILE):
+        registry.unregister(cls.name)
+
+
+def config(store: Path, *names: str, resume: bool = False) -> dict:
+    exporters = {"local": {"enabled": True, "root": str(store), "experiment": "live"}}
+    exporters.update({n: {"enabled": True} for n in names})
+    return {"exporters": exporters, "resume": resume, "wandb_api_key": "sk-live-canary-123456"}
+
+
+def local_run_dpath(store: Path, run: Path) -> Path:
+    marker = read_marker(RunArtifacts.from_path(run).run_id_marker_fpath("local"))
+    assert marker is not None
+    return store / "live" / marker.run_id
+
+
+def local_steps(store: Path, run: Path) -> list[int]:
+    lines = (local_run_dpath(store, run) / "metrics.jsonl").read_text().splitlines()
+    return [json.loads(line)["step"] for line in lines]
+
+
+@pytest.mark.parametrize("hostile", ["sleepy", "failing", "brokensetup", "hanging"])
+def test_hostile_backend_never_slows_or_fails_the_eval(tmp_path: Path, hostile: str) -> None:
+    store = tmp_path / "store"
+    out = tmp_path / "out" / "eval.jsonl"
+    costs = []
+    start = time.monotonic()
+    with live_exporters(config(store, hostile), out, teardown_timeout=3.0) as live:
+        assert isinstance(live, LiveRun)
+        for step in range(200):
+            t0 = time.perf_counter()
+            live.export_metrics({"loss": 1.0 / (step + 1), "reward": step % 2}, step=step)
+            costs.append(time.perf_counter() - t0)
+        live.export_rollouts([{"id": i} for i in range(5)])
+    elapsed = time.monotonic() - start
+    reports = {r.exporter: r for r in live.reports}
+    # The caller's cost: microseconds, whatever the backend does (a blocking call would be >= 2 s).
+    assert statistics.median(costs) < 100e-6, statistics.median(costs)
+    assert max(costs) < 0.05
+    assert elapsed < 3.0 + 2.0  # teardown kept its deadline
+    # The other backend received everything.
+    assert local_steps(store, out) == list(range(200))
+    assert reports["local"].lost == 0 and reports["local"].teardown_finished
+    assert json.loads((local_run_dpath(store, out) / "run.json").read_text())["status"] == "FINISHED"
+    hostile_report = reports[hostile]
+    if hostile == "sleepy":
+        assert hostile_report.undelivered + hostile_report.dropped > 0
+    if hostile == "failing":
+        assert hostile_report.failed >= 1 and "tracker is down" in (hostile_report.last_error or "")
+    if hostile == "brokensetup":
+        assert "invalid API key" in (hostile_report.setup_error or "")
+    if hostile == "hanging":
+        assert not hostile_report.teardown_finished
+
+
+def test_failing_backend_is_backed_off_and_logged_once_per_burst(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.WARNING)
+    with live_exporters(
+        config(tmp_path / "s", "failing"), tmp_path / "eval.jsonl", teardown_timeout=1.0
+    ) as live:
+        for step in range(500):
+            live.export_metrics({"x": step}, step=step)
+        time.sleep(1.0)
+    # Backed off: far fewer attempts than calls, no tight retry loop.
+    assert 1 <= FailingLive.calls < 20
+    burst_logs = [r for r in caplog.records if "failed (ConnectionError" in r.getMessage()]
+    assert len(burst_logs) == 1
+
+
+def test_journal_keeps_every_step_when_every_backend_fails(tmp_path: Path) -> None:
+    out = tmp_path / "eval.jsonl"
+    cfg = {"exporters": {"failing": {"enabled": True}, "brokensetup": {"enabled": True}}}
+    before = time.time()
+    with live_exporters(cfg, out, teardown_timeout=1.0) as live:
+        for step in range(100):
+            live.export_metrics({"reward": step / 100}, step=step)
+    lines = [json.loads(line) for line in out.with_name("eval_metrics.jsonl").read_text().splitlines()]
+    assert [line["step"] for line in lines] == list(range(100))
+    assert all(before <= line["time"] <= time.time() for line in lines)
+    assert lines[42]["metrics"] == {"reward": 0.42}
+
+
+def test_secrets_masked_before_log_config(tmp_path: Path) -> None:
+    with live_exporters(config(tmp_path / "s", "recording"), tmp_path / "eval.jsonl"):
+        pass
+    [cfg] = [payload for kind, payload in RecordingLive.received if kind == "config"]
+    assert cfg["wandb_api_key"] == "***"
+    assert "sk-live-canary-123456" not in json.dumps(cfg)
+    assert (
+        "sk-live-canary-123456"
+        not in (local_run_dpath(tmp_path / "s", tmp_path / "eval.jsonl") / "config.json").read_text()
+    )
+
+
+def test_failed_eval_ends_run_failed(tmp_path: Path) -> None:
+    out = tmp_path / "eval.jsonl"
+    with pytest.raises(RuntimeError), live_exporters(config(tmp_path / "s"), out) as live:
+        live.export_metrics({"x": 1})
+        raise RuntimeError("eval crashed")
+    assert json.loads((local_run_dpath(tmp_path / "s", out) / "run.json").read_text())["status"] == "FAILED"
+
+
+def test_other_ranks_get_a_noop(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("RANK", "3")
+    with live_exporters(config(tmp_path / "s"), tmp_path / "eval.jsonl") as live:
+        assert isinstance(live, NoOpLiveRun)
+        live.export_metrics({"x": 1}, step=0)
+        live.export_rollouts([{}])
+        live.complete()
+    assert not (tmp_path / "s").exists()
+    assert not (tmp_path / "eval_metrics.jsonl").exists()
+
+
+def test_malformed_rank_is_rank_zero_with_warning(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setenv("LOCAL_RANK", "zero")
+    with live_exporters(config(tmp_path / "s"), tmp_path / "eval.jsonl") as live:
+        assert isinstance(live, LiveRun)
+    assert any("LOCAL_RANK='zero' is not an integer" in r.getMessage() for r in caplog.records)
+
+
+def test_overflow_drops_metrics_first_never_config_or_rollouts() -> None:
+    worker = BackgroundWorker("t", max_queued=10)
+    applied: list[str] = []
+    gate = __import__("threading").Event()
+    worker.submit(Call(gate.wait, (5,), "block"))
+    for i in range(50):
+        worker.submit(Call(applied.append, (f"m{i}",), "metrics", droppable=True))
+    worker.submit(Call(applied.append, ("config",), "config"))
+    worker.submit(Call(applied.append, ("rollouts",), "rollouts"))
+    gate.set()
+    assert worker.stop(5)
+    assert "config" in applied and "rollouts" in applied
+    assert worker.stats.dropped == worker.stats.dropped_kinds["metrics"] > 0
+    assert applied[-2:] == ["config", "rollouts"]  # order kept
+
+
+def test_calls_in_a_forked_child_never_hang(tmp_path: Path) -> None:
+    out = tmp_path / "eval.jsonl"
+    with live_exporters(config(tmp_path / "s"), out) as live:
+        live.export_metrics({"x": 0}, step=0)
+        pid = os.fork()
+        if pid == 0:  # child: the worker threads are gone; calls must return at once
+            try:
+                live.export_metrics({"x": 1}, step=1)
+                live.flush(1.0)
+            finally:
+                os._exit(0)
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0
+        live.export_metrics({"x": 2}, step=2)
+    assert local_steps(tmp_path / "s", out) == [0, 2]
+
+
+def test_teardown_status_killed_on_interrupt(tmp_path: Path) -> None:
+    out = tmp_path / "eval.jsonl"
+    with pytest.raises(KeyboardInterrupt), live_exporters(config(tmp_path / "s", "recording"), out):
+        raise KeyboardInterrupt
+    assert ("teardown", RunStatus.KILLED) in RecordingLive.received
