@@ -26,14 +26,12 @@ from gym_artifacts.exporter import ExportPlan, Sent
 from gym_artifacts.journal import repair_partial_last_line
 from gym_artifacts.jsonio import canonical_json, json_safe, read_json
 from gym_artifacts.live import LiveExporter, RunStatus
-from gym_artifacts.payload import aggregate_metrics, count_lines, iter_journal
+from gym_artifacts.payload import aggregate_metrics, count_lines, iter_journal, masked_json_artifact
 from gym_artifacts.receipts import utc_now_iso
 from gym_artifacts.run import RunArtifacts
-from gym_artifacts.secrets import mask_secrets
 
 logger = logging.getLogger(__name__)
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
-MASKABLE_MAX_BYTES = 16 << 20
 
 
 def safe_name(text: str) -> str:
@@ -242,10 +240,8 @@ class LocalExporter(LiveExporter):
 
 def publish_artifact(src: Path, dst: Path, secrets: frozenset[str]) -> int:
     """Link or copy one artifact; a small JSON file that holds a secret is masked first."""
-    if src.suffix == ".json" and src.stat().st_size <= MASKABLE_MAX_BYTES:
-        content = read_json(src)
-        data = canonical_json(json_safe(mask_secrets(content, secrets)))
-        if data != canonical_json(json_safe(content)):
-            atomic_write_bytes(dst, data)
-            return len(data)
+    masked = masked_json_artifact(src, secrets)
+    if masked is not None:
+        atomic_write_bytes(dst, masked)
+        return len(masked)
     return link_or_copy(src, dst)

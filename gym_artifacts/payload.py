@@ -127,6 +127,23 @@ def iter_journal(run: RunArtifacts) -> Iterator[JournalEntry]:
         yield JournalEntry(step, float(when), record["metrics"])
 
 
+MASKABLE_MAX_BYTES = 16 << 20
+
+
+def masked_json_artifact(fpath: Any, secrets: frozenset[str]) -> bytes | None:
+    """Masked bytes of a small JSON artifact that holds a secret; None when it holds none."""
+    from pathlib import Path
+
+    from gym_artifacts.jsonio import canonical_json, json_safe, read_json
+
+    fpath = Path(fpath)
+    if fpath.suffix != ".json" or fpath.stat().st_size > MASKABLE_MAX_BYTES:
+        return None
+    content = read_json(fpath)
+    masked = canonical_json(json_safe(mask_secrets(content, secrets)))
+    return masked if masked != canonical_json(json_safe(content)) else None
+
+
 def count_lines(fpath: Any) -> int:
     """Non-blank lines of a text file, counted in constant memory."""
     count = 0
@@ -135,3 +152,76 @@ def count_lines(fpath: Any) -> int:
             if raw.strip():
                 count += 1
     return count
+
+
+NVML_SUMMARY = "metrics_summary.json"
+NVML_SERIES = "nvml_samples.jsonl"
+
+
+def metric_value(value: Any) -> float | None:
+    """A plottable number from ints, floats, bools and numpy scalars; None for anything else."""
+    if isinstance(value, bool):
+        return float(value)
+    if isinstance(value, numbers.Real):
+        return float(value)
+    item = getattr(value, "item", None)  # numpy scalars, 0-d arrays
+    if callable(item):
+        try:
+            inner = item()
+        except (TypeError, ValueError):
+            return None
+        if isinstance(inner, bool | int | float):
+            return float(inner)
+    return None
+
+
+def nvml_summary(run: RunArtifacts) -> tuple[dict[str, float], str | None]:
+    """The NVML summary's numeric figures, or ``({}, reason)`` when NVML never sampled.
+
+    A summary with ``samples: 0`` carries no data even when its figures are zeros (as
+    reactor-runtime writes them): those zeros are not reported as measurements.
+    """
+    fpath = run.artifacts_dpath / NVML_SUMMARY
+    if not fpath.is_file():
+        return {}, "no NVML summary"
+    from gym_artifacts.jsonio import read_json
+
+    data = read_json(fpath, "NVML summary JSON")
+    if not isinstance(data, dict):
+        raise RunError(f"{fpath}: NVML summary must be a JSON object")
+    samples = data.get("samples")
+    if not samples:
+        reason = data.get("reason") or data.get("error") or "NVML recorded no samples"
+        return {}, str(reason)
+    figures = {}
+    for key, value in flatten(data).items():
+        number = metric_value(value)
+        if number is not None:
+            figures[key] = number
+    return figures, None
+
+
+@dataclass(frozen=True)
+class NvmlSample:
+    """One reading of one GPU from the NVML series."""
+
+    time: float
+    gpu: int
+    metrics: dict[str, float]
+
+
+def iter_nvml_series(run: RunArtifacts) -> Iterator[NvmlSample]:
+    """The NVML series (``{"time", "gpu", "metrics"}`` lines) in file order."""
+    fpath = run.artifacts_dpath / NVML_SERIES
+    if not fpath.is_file():
+        return
+    for lineno, record in iter_jsonl(fpath, "NVML series"):
+        if not isinstance(record, dict) or not isinstance(record.get("metrics"), dict):
+            raise RunError(f"{fpath}:{lineno}: NVML sample must be an object with 'metrics'")
+        when, gpu = record.get("time"), record.get("gpu", 0)
+        if metric_value(when) is None or not isinstance(gpu, int):
+            raise RunError(f"{fpath}:{lineno}: NVML sample needs a numeric 'time' and an integer 'gpu'")
+        values = {
+            k: v for k, v in ((k, metric_value(v)) for k, v in record["metrics"].items()) if v is not None
+        }
+        yield NvmlSample(float(when), gpu, values)

@@ -95,3 +95,23 @@ def reactor_fixture(tmp_path: Path) -> Callable[[str], Path]:
         return dest
 
     return factory
+
+
+@pytest.fixture(scope="session")
+def mlflow_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
+    """One real mlflow server for the whole session."""
+    from tests.mlflow_server import MlflowServer, free_port
+
+    server = MlflowServer(tmp_path_factory.mktemp("mlflow-server"), free_port()).start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def own_mlflow_server(tmp_path: Path) -> Iterator[object]:
+    """A real mlflow server this test may kill and restart."""
+    from tests.mlflow_server import MlflowServer, free_port
+
+    server = MlflowServer(tmp_path / "mlflow-server", free_port())
+    yield server
+    server.stop()

@@ -1,0 +1,250 @@
+"""An MLflow client scoped to one exporter: its own token, timeouts and retries.
+
+MLflow reads the tracking token, request timeout and retry count from process-wide environment
+variables. Live logging must never sit in MLflow's default ~4-minute retry loop, and a token
+must reach this exporter's requests only, so for ``http(s)://`` tracking URIs the client gets a
+REST store whose requests carry this exporter's credentials and limits, and artifacts are
+uploaded with the same. Other stores (SQLite, PostgreSQL, file) use ``MlflowClient`` as is.
+Nothing here changes ``os.environ`` or MLflow's module state. The SDK is imported lazily.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import mimetypes
+import os
+import posixpath
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+IDENTITY_TAG = "gym_artifacts.identity"
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class RequestLimits:
+    """How long one request may take and how often it is retried."""
+
+    timeout: float
+    retries: int
+    backoff: float = 1.0
+
+
+def _is_rest(uri: str) -> bool:
+    return uri.startswith(("http://", "https://"))
+
+
+def _scoped_rest_store(tracking_uri: str, token: str | None, limits: RequestLimits) -> Any:
+    from mlflow.store.tracking.rest_store import RestStore
+    from mlflow.utils.proto_json_utils import parse_dict
+    from mlflow.utils.rest_utils import MlflowHostCreds, http_request, verify_rest_response
+
+    creds = MlflowHostCreds(host=tracking_uri, token=token)
+
+    class ScopedRestStore(RestStore):  # type: ignore[misc]
+        """RestStore whose requests use this exporter's token, timeout and retry count."""
+
+        def _call_endpoint(
+            self,
+            api: Any,
+            json_body: Any = None,
+            endpoint: str | None = None,
+            retry_timeout_seconds: Any = None,
+            response_proto: Any = None,
+        ) -> Any:
+            method_to_info = self._V3_METHOD_TO_INFO if api in self._V3_APIS else self._METHOD_TO_INFO
+            default_endpoint, method = method_to_info[api]
+            endpoint = endpoint or default_endpoint
+            response_proto = response_proto or api.Response()
+            body = json.loads(json_body) if json_body is not None else None
+            payload = {"params": body} if method == "GET" else {"json": body}
+            response = http_request(
+                self.get_host_creds(),
+                endpoint,
+                method,
+                max_retries=limits.retries,
+                backoff_factor=limits.backoff if limits.retries else 0,
+                timeout=limits.timeout,
+                **payload,
+            )
+            response = verify_rest_response(response, endpoint)
+            if response.status_code == 204 or not response.text.strip():
+                return response_proto
+            parse_dict(js_dict=json.loads(response.text), message=response_proto)
+            return response_proto
+
+    return ScopedRestStore(lambda: creds)
+
+
+class ScopedMlflow:
+    """The MLflow operations the exporter needs, on explicit run ids (no fluent active run)."""
+
+    def __init__(self, tracking_uri: str, token: str | None, limits: RequestLimits) -> None:
+        from mlflow.tracking import MlflowClient
+
+        self.tracking_uri = tracking_uri
+        self.token = token
+        self.limits = limits
+        self.client = MlflowClient(tracking_uri=tracking_uri)
+        if _is_rest(tracking_uri):
+            from mlflow.tracking._tracking_service.client import TrackingServiceClient
+
+            store = _scoped_rest_store(tracking_uri, token, limits)
+
+            class ScopedTrackingClient(TrackingServiceClient):  # type: ignore[misc]
+                @property
+                def store(self) -> Any:
+                    return store
+
+                def _log_url(self, run_id: str) -> None:
+                    # MLflow writes the run's URL to stdout; ours must stay machine-readable.
+                    logger.info("mlflow run %s at %s", run_id, tracking_uri)
+
+            self.client._tracking_client = ScopedTrackingClient(tracking_uri)
+
+    # -- experiments and runs ------------------------------------------------------------------
+    def experiment_id(self, name: str, artifact_location: str | None) -> str:
+        """Get or create the experiment; a concurrent creator winning the race is fine."""
+        from mlflow.exceptions import MlflowException
+
+        existing = self.client.get_experiment_by_name(name)
+        if existing is None:
+            try:
+                return str(self.client.create_experiment(name, artifact_location=artifact_location))
+            except MlflowException:
+                existing = self.client.get_experiment_by_name(name)
+                if existing is None:
+                    raise
+        if existing.lifecycle_stage == "deleted":
+            raise ValueError(
+                f"MLflow experiment {name!r} is deleted: restore it (mlflow experiments restore) "
+                "or set exporters.mlflow.experiment_name to another name"
+            )
+        return str(existing.experiment_id)
+
+    def create_run(
+        self, experiment_id: str, run_name: str | None, tags: dict[str, str], start_ms: int
+    ) -> str:
+        run = self.client.create_run(experiment_id, start_time=start_ms, tags=tags, run_name=run_name)
+        return str(run.info.run_id)
+
+    def find_runs(self, experiment_id: str, tag: str, value: str) -> list[Any]:
+        """Runs of the experiment whose ``tag`` equals ``value`` (oldest first)."""
+        from mlflow.entities import ViewType
+
+        runs = self.client.search_runs(
+            [experiment_id],
+            filter_string=f"tags.`{tag}` = '{value}'",
+            run_view_type=ViewType.ACTIVE_ONLY,
+            max_results=50,
+            order_by=["attributes.start_time ASC"],
+        )
+        return list(runs)
+
+    def get_run(self, run_id: str) -> Any:
+        return self.client.get_run(run_id)
+
+    def set_status(self, run_id: str, status: str) -> None:
+        self.client.update_run(run_id, status=status)
+
+    def terminate(self, run_id: str, status: str) -> None:
+        self.client.set_terminated(run_id, status=status, end_time=int(time.time() * 1000))
+
+    def set_tags(self, run_id: str, tags: dict[str, str]) -> None:
+        from mlflow.entities import RunTag
+
+        items = [RunTag(k, v) for k, v in tags.items()]
+        for batch in _batches(items, 100):
+            self.client.log_batch(run_id, tags=batch)
+
+    def log_params(self, run_id: str, params: dict[str, str]) -> list[str]:
+        """Log params in batches; a batch MLflow refuses is retried key by key. Returns refused keys."""
+        from mlflow.entities import Param
+        from mlflow.exceptions import MlflowException
+
+        refused: list[str] = []
+        items = [Param(k, v) for k, v in params.items()]
+        for batch in _batches(items, 100):
+            try:
+                self.client.log_batch(run_id, params=batch)
+            except MlflowException:
+                for param in batch:
+                    try:
+                        self.client.log_batch(run_id, params=[param])
+                    except MlflowException:
+                        refused.append(param.key)
+        return refused
+
+    def log_metrics(self, run_id: str, points: Iterable[tuple[str, float, int, int]]) -> int:
+        """Log ``(key, value, timestamp_ms, step)`` points, 1000 per request; returns the count."""
+        from mlflow.entities import Metric
+
+        count = 0
+        batch: list[Any] = []
+        for key, value, timestamp_ms, step in points:
+            batch.append(Metric(key, value, timestamp_ms, step))
+            if len(batch) == 1000:
+                self.client.log_batch(run_id, metrics=batch)
+                count += len(batch)
+                batch = []
+        if batch:
+            self.client.log_batch(run_id, metrics=batch)
+            count += len(batch)
+        return count
+
+    # -- artifacts ----------------------------------------------------------------------------------
+    def log_artifact(self, run_id: str, local_path: Path, artifact_dir: str | None) -> int:
+        """Upload one file as ``<artifact_dir>/<file name>`` (overwriting); returns its size."""
+        size = local_path.stat().st_size
+        artifact_uri = self.get_run(run_id).info.artifact_uri
+        base = self._http_artifact_base(artifact_uri)
+        if base is None:
+            self.client.log_artifact(run_id, str(local_path), artifact_dir)
+            return size
+        self._put(
+            base, posixpath.join("/", *([artifact_dir] if artifact_dir else []), local_path.name), local_path
+        )
+        return size
+
+    def _http_artifact_base(self, artifact_uri: str) -> str | None:
+        if artifact_uri.startswith("mlflow-artifacts:"):
+            from mlflow.store.artifact.mlflow_artifacts_repo import MlflowArtifactsRepository
+
+            return str(MlflowArtifactsRepository.resolve_uri(artifact_uri, self.tracking_uri))
+        if _is_rest(artifact_uri):
+            return artifact_uri
+        return None
+
+    def _put(self, base: str, endpoint: str, local_path: Path) -> None:
+        from mlflow.utils.request_utils import augmented_raise_for_status
+        from mlflow.utils.rest_utils import MlflowHostCreds, http_request
+
+        creds = MlflowHostCreds(host=base, token=self.token)
+        mime = mimetypes.guess_type(local_path.name)[0] or "application/octet-stream"
+        for attempt in range(self.limits.retries + 1):
+            try:
+                with open(local_path, "rb") as fh:  # reopened per attempt: a retried body is whole
+                    response = http_request(
+                        creds, endpoint, "PUT", data=fh, extra_headers={"Content-Type": mime},
+                        max_retries=0, timeout=self.limits.timeout,
+                    )  # fmt: skip
+                augmented_raise_for_status(response)
+                return
+            except Exception:
+                if attempt == self.limits.retries:
+                    raise
+                time.sleep(self.limits.backoff * (2**attempt))
+
+
+def _batches(items: Sequence[Any], size: int) -> Iterable[Sequence[Any]]:
+    for i in range(0, len(items), size):
+        yield items[i : i + size]
+
+
+def file_mtime_ms(fpath: Path) -> int:
+    """A file's modification time in milliseconds (stable across retries of one export)."""
+    return int(os.stat(fpath).st_mtime_ns // 1_000_000)

@@ -1,0 +1,310 @@
+"""The MLflow backend: live runs and post-run exports on ``MlflowClient`` with explicit run ids.
+
+Mapping: the masked config as params (dotted keys) and as ``config.json``; step metrics with
+their original step and timestamp; every level of the aggregate metrics as metrics named
+``<agent>/<level>/<key>``; the NVML summary as ``system/...`` metrics and its series as metric
+history at the sample times; rollouts at ``rollouts/rollouts.jsonl`` and runtime artifacts at
+``runtime/<name>``, uploaded whole (never appended, so a re-export cannot duplicate rows).
+Runs carry the run's identity as a tag, so a post-run export that died before its receipt finds
+its run again. The SDK is imported only when a run is opened or exported.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import shutil
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from pydantic import Field, SecretStr
+
+from exporters._mlflow_client import IDENTITY_TAG, RequestLimits, ScopedMlflow, file_mtime_ms
+from exporters._mlflow_mapping import config_params, split_metrics, tag_value
+from gym_artifacts.config import ExporterConfig
+from gym_artifacts.exporter import ExportPlan, Sent
+from gym_artifacts.jsonio import canonical_json, json_safe
+from gym_artifacts.live import LiveExporter, RunStatus
+from gym_artifacts.payload import (
+    aggregate_metrics,
+    count_lines,
+    iter_journal,
+    iter_nvml_series,
+    masked_json_artifact,
+    nvml_summary,
+)
+from gym_artifacts.receipts import utc_now_iso
+from gym_artifacts.run import RunArtifacts
+
+logger = logging.getLogger(__name__)
+
+KIND_TAG = "gym_artifacts.kind"
+SOURCE_TAG = "gym_artifacts.source"
+CERTIFIED_TAG = "gym_artifacts.certified"
+SUPERSEDED_TAG = "gym_artifacts.superseded_by"
+
+
+class MlflowSettings(ExporterConfig):
+    """Settings of ``exporters.mlflow``."""
+
+    tracking_uri: str = "sqlite:///mlflow.db"
+    experiment_name: str = "gym-evals"
+    run_name: str | None = None
+    tracking_token: SecretStr | None = None
+    tags: dict[str, str] = Field(default_factory=dict)
+    artifact_location: str | None = None
+    # The live path fails fast and lets the background worker back off; never MLflow's
+    # default minutes-long retry loop.
+    live_request_timeout: float = Field(default=5.0, gt=0, le=600)
+    live_request_retries: int = Field(default=0, ge=0, le=10)
+    export_request_timeout: float = Field(default=120.0, gt=0, le=3600)
+    export_request_retries: int = Field(default=5, ge=0, le=20)
+
+
+class MlflowExporter(LiveExporter):
+    """MLflow tracking: SQLite or another database store, or an ``mlflow server``."""
+
+    name = "mlflow"
+    config_model = MlflowSettings
+    sdk_module = "mlflow"
+    settings: MlflowSettings
+
+    def __init__(self, settings: MlflowSettings) -> None:
+        super().__init__(settings)
+        self._ml: ScopedMlflow | None = None
+        self._status_before_reopen: str | None = None
+        self._spool_dir: tempfile.TemporaryDirectory[str] | None = None
+        self._spool: Any = None
+
+    def expected_errors(self) -> tuple[type[BaseException], ...]:
+        import requests
+        from mlflow.exceptions import MlflowException
+
+        return (*super().expected_errors(), MlflowException, requests.RequestException, ValueError)
+
+    def _client(self, *, live: bool) -> ScopedMlflow:
+        s = self.settings
+        limits = (
+            RequestLimits(s.live_request_timeout, s.live_request_retries, backoff=0.5)
+            if live
+            else RequestLimits(s.export_request_timeout, s.export_request_retries, backoff=1.0)
+        )
+        token = s.tracking_token.get_secret_value() if s.tracking_token else None
+        return ScopedMlflow(s.tracking_uri, token, limits)
+
+    def _base_tags(self, run: RunArtifacts, kind: str) -> dict[str, str]:
+        return {KIND_TAG: kind, SOURCE_TAG: tag_value(str(run.stem)), **self.settings.tags}
+
+    # -- live ----------------------------------------------------------------------------------
+    def _setup(self) -> str:
+        from mlflow.exceptions import MlflowException
+
+        assert self.run is not None
+        self._ml = ml = self._client(live=True)
+        experiment_id = ml.experiment_id(self.settings.experiment_name, self.settings.artifact_location)
+        if self.resume_run_id is not None:
+            try:
+                existing = ml.get_run(self.resume_run_id)
+            except MlflowException:
+                existing = None
+            if existing is not None and existing.info.lifecycle_stage == "active":
+                self._status_before_reopen = existing.info.status
+                ml.set_status(self.resume_run_id, "RUNNING")
+                ml.set_tags(self.resume_run_id, {"gym_artifacts.reopened_at": utc_now_iso()})
+                return self.resume_run_id
+            logger.info("mlflow: run %s cannot be reopened; opening a new one", self.resume_run_id)
+        return ml.create_run(
+            experiment_id,
+            self.settings.run_name or self.run.name,
+            self._base_tags(self.run, "live"),
+            int(time.time() * 1000),
+        )
+
+    def _log_config(self, config: dict[str, Any]) -> None:
+        assert self._ml is not None and self.run_id is not None
+        refused = self._ml.log_params(self.run_id, config_params(config))
+        if refused:
+            self._ml.set_tags(self.run_id, {"gym_artifacts.params_refused": tag_value(", ".join(refused))})
+        self._upload_bytes(self._ml, self.run_id, "config.json", canonical_json(json_safe(config)), None)
+
+    def _log_metrics(self, metrics: dict[str, Any], step: int, timestamp: float) -> None:
+        assert self._ml is not None and self.run_id is not None
+        numbers, texts = split_metrics(metrics)
+        ts = int(timestamp * 1000)
+        self._ml.log_metrics(self.run_id, ((k, v, ts, step) for k, v in numbers.items()))
+        if texts:
+            self._ml.set_tags(self.run_id, texts)
+
+    def _log_rollouts(self, rollouts: list[Any]) -> None:
+        if self._spool is None:
+            self._spool_dir = tempfile.TemporaryDirectory(prefix="gym-artifacts-mlflow-")
+            name = "rollouts.jsonl" if not self.reopened else f"rollouts.resumed-{int(time.time())}.jsonl"
+            self._spool = open(Path(self._spool_dir.name) / name, "ab")  # noqa: SIM115 - closed at teardown
+        self._spool.write(b"".join(canonical_json(r) + b"\n" for r in rollouts))
+
+    def _teardown(self, status: RunStatus) -> None:
+        assert self._ml is not None and self.run_id is not None
+        try:
+            if self._spool is not None:
+                self._spool.close()
+                self._ml.log_artifact(self.run_id, Path(self._spool.name), "rollouts")
+        finally:
+            self._close_spool()
+            self._ml.terminate(self.run_id, status.value)
+
+    def _close_spool(self) -> None:
+        if self._spool is not None:
+            with contextlib.suppress(OSError):
+                self._spool.close()
+            self._spool = None
+        if self._spool_dir is not None:
+            self._spool_dir.cleanup()
+            self._spool_dir = None
+
+    def _release_reopened(self) -> None:
+        assert self._ml is not None and self.run_id is not None
+        self._close_spool()
+        self._ml.set_status(self.run_id, self._status_before_reopen or "KILLED")
+
+    # -- post-run --------------------------------------------------------------------------------
+    def _export_post_run(self, run: RunArtifacts, plan: ExportPlan) -> Sent:
+        ml = self._client(live=False)
+        experiment_id = ml.experiment_id(self.settings.experiment_name, self.settings.artifact_location)
+        found = ml.find_runs(experiment_id, IDENTITY_TAG, plan.run_identity)
+        if found:  # an earlier export died before its receipt: finish that run, never a second one
+            run_id = str(found[0].info.run_id)
+            logger.info("mlflow: completing run %s found by the run's identity", run_id)
+        else:
+            tags = {IDENTITY_TAG: plan.run_identity, **self._base_tags(run, "post-run")}
+            run_id = ml.create_run(
+                experiment_id, self.settings.run_name or run.name, tags, int(time.time() * 1000)
+            )
+        rows, sent = self._send_run(ml, run_id, run, plan)
+        ml.terminate(run_id, "FINISHED")
+        return Sent(backend_run_id=run_id, rows=rows, bytes=sent)
+
+    def _certify(self, run: RunArtifacts, plan: ExportPlan, live_run_id: str) -> Sent:
+        from mlflow.exceptions import MlflowException
+
+        ml = self._client(live=False)
+        try:
+            live = ml.get_run(live_run_id)
+        except MlflowException as exc:
+            raise NotImplementedError(f"live run {live_run_id} is gone") from exc
+        if live.info.lifecycle_stage != "active":
+            raise NotImplementedError(f"live run {live_run_id} is deleted")
+        ml.set_tags(live_run_id, {IDENTITY_TAG: plan.run_identity, CERTIFIED_TAG: "true"})
+        rows, sent = self._send_run(ml, live_run_id, run, plan)
+        ml.terminate(live_run_id, "FINISHED")
+        return Sent(backend_run_id=live_run_id, rows=rows, bytes=sent)
+
+    def _mark_superseded(self, live_run_id: str, new_run_id: str) -> None:
+        self._client(live=False).set_tags(live_run_id, {SUPERSEDED_TAG: new_run_id})
+
+    def _send_run(
+        self, ml: ScopedMlflow, run_id: str, run: RunArtifacts, plan: ExportPlan
+    ) -> tuple[int, int]:
+        """Everything the run has; idempotent (metric points keep their timestamps, files overwrite)."""
+        sent = 0
+        tags: dict[str, str] = {}
+        if plan.config is not None:
+            refused = ml.log_params(run_id, config_params(plan.config))
+            if refused:
+                tags["gym_artifacts.params_refused"] = tag_value(", ".join(refused))
+            sent += self._upload_bytes(
+                ml, run_id, "config.json", canonical_json(json_safe(plan.config)), None
+            )
+        journal_tags: dict[str, str] = {}
+
+        def journal_points() -> Any:
+            for entry in iter_journal(run):
+                numbers, texts = split_metrics(entry.metrics)
+                journal_tags.update(texts)
+                step = entry.step if entry.step is not None else 0
+                for key, value in numbers.items():
+                    yield key, value, int(entry.time * 1000), step
+
+        ml.log_metrics(run_id, journal_points())
+        tags.update(journal_tags)
+        if run.has_rollouts_file and run.aggregate_metrics_fpath.is_file():
+            numbers, texts = split_metrics(aggregate_metrics(run.read_aggregate_metrics()))
+            ts = file_mtime_ms(run.aggregate_metrics_fpath)
+            numbers["omitted_rows"] = float(run.omitted_rows())
+            ml.log_metrics(run_id, ((k, v, ts, 0) for k, v in numbers.items()))
+            tags.update(texts)
+            sent += self._upload_file(ml, run_id, run.aggregate_metrics_fpath, "aggregate_metrics.json", None)
+        acceptance = run.read_acceptance()
+        if acceptance is not None:
+            tags["gym_artifacts.accepted_partial"] = "true"
+            tags["gym_artifacts.acceptance_reason"] = tag_value(acceptance.reason)
+            tags["gym_artifacts.omitted_rows"] = str(acceptance.omitted_rows)
+            tags["gym_artifacts.planned_rows"] = str(acceptance.planned_rows)
+            sent += self._upload_file(ml, run_id, run.acceptance_fpath, "acceptance.json", None)
+        self._send_system_metrics(ml, run_id, run, tags)
+        rows = 0
+        rollouts = run.rollouts_fpath
+        if plan.upload_rollouts and rollouts is not None and rollouts.is_file():
+            rows = count_lines(rollouts)
+            sent += self._upload_file(ml, run_id, rollouts, "rollouts.jsonl", "rollouts")
+        for rel, fpath in run.runtime_artifact_files().items():
+            parts = rel.rsplit("/", 1)
+            artifact_dir = "runtime" if len(parts) == 1 else f"runtime/{parts[0]}"
+            sent += self._upload_artifact(ml, run_id, fpath, artifact_dir, plan.secrets)
+        if tags:
+            ml.set_tags(run_id, tags)
+        return rows, sent
+
+    @staticmethod
+    def _send_system_metrics(ml: ScopedMlflow, run_id: str, run: RunArtifacts, tags: dict[str, str]) -> None:
+        figures, reason = nvml_summary(run)
+        if reason is not None:
+            tags["gym_artifacts.nvml"] = tag_value(reason)
+        if figures:
+            numbers, _ = split_metrics(figures, prefix="system")
+            ts = file_mtime_ms(run.artifacts_dpath / "metrics_summary.json")
+            ml.log_metrics(run_id, ((k, v, ts, 0) for k, v in numbers.items()))
+        steps: dict[int, int] = {}
+
+        def series_points() -> Any:
+            for sample in iter_nvml_series(run):
+                step = steps.get(sample.gpu, 0)
+                steps[sample.gpu] = step + 1
+                numbers, _ = split_metrics(sample.metrics, prefix=f"system/gpu{sample.gpu}")
+                for key, value in numbers.items():
+                    yield key, value, int(sample.time * 1000), step
+
+        ml.log_metrics(run_id, series_points())
+
+    # -- artifact helpers -----------------------------------------------------------------------------
+    @staticmethod
+    def _upload_file(ml: ScopedMlflow, run_id: str, src: Path, name: str, artifact_dir: str | None) -> int:
+        if src.name == name:
+            return ml.log_artifact(run_id, src, artifact_dir)
+        with tempfile.TemporaryDirectory(prefix="gym-artifacts-mlflow-") as tmp:
+            staged = Path(tmp) / name
+            try:
+                staged.hardlink_to(src)
+            except OSError:
+                shutil.copyfile(src, staged)
+            return ml.log_artifact(run_id, staged, artifact_dir)
+
+    @classmethod
+    def _upload_bytes(
+        cls, ml: ScopedMlflow, run_id: str, name: str, data: bytes, artifact_dir: str | None
+    ) -> int:
+        with tempfile.TemporaryDirectory(prefix="gym-artifacts-mlflow-") as tmp:
+            staged = Path(tmp) / name
+            staged.write_bytes(data)
+            return ml.log_artifact(run_id, staged, artifact_dir)
+
+    @classmethod
+    def _upload_artifact(
+        cls, ml: ScopedMlflow, run_id: str, src: Path, artifact_dir: str, secrets: frozenset[str]
+    ) -> int:
+        """A runtime artifact as it is, except a small JSON file holding a secret (masked first)."""
+        masked = masked_json_artifact(src, secrets)
+        if masked is not None:
+            return cls._upload_bytes(ml, run_id, src.name, masked, artifact_dir)
+        return ml.log_artifact(run_id, src, artifact_dir)

@@ -1,0 +1,327 @@
+"""The MLflow backend against the SQLite store and a real ``mlflow server``, read back with MlflowClient."""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from omegaconf import OmegaConf
+
+pytest.importorskip("mlflow")
+
+from mlflow.tracking import MlflowClient
+
+from exporters._mlflow_mapping import config_params, sanitize_key, split_metrics, unique_names
+from gym_artifacts.export import export_run
+from gym_artifacts.exporter import ExportStatus
+from gym_artifacts.live import live_exporters
+from gym_artifacts.run import RunArtifacts
+from tests.mlflow_server import MlflowServer, free_port
+
+REPO = Path(__file__).resolve().parent.parent
+TOKEN = "mlflow-token-canary-5b8e1d"
+API_KEY = "sk-api-key-canary-77c0aa"
+
+
+def mlflow_cfg(uri: str, **extra: Any) -> Any:
+    section = {"enabled": True, "tracking_uri": uri, "experiment_name": "tests", **extra}
+    return OmegaConf.create({"exporters": {"mlflow": section}})
+
+
+@pytest.fixture(params=["sqlite", "server"])
+def tracking_uri(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path / 'mlflow.db'}"
+    return request.getfixturevalue("mlflow_server").uri
+
+
+def download(client: MlflowClient, run_id: str, path: str, dest: Path) -> Path:
+    dest.mkdir(parents=True, exist_ok=True)
+    return Path(client.download_artifacts(run_id, path, str(dest)))
+
+
+def test_post_run_export_reads_back(quickstart_run: Path, tracking_uri: str, tmp_path: Path) -> None:
+    [result] = export_run(quickstart_run, mlflow_cfg(tracking_uri))
+    assert result.status is ExportStatus.EXPORTED, result.reason
+    assert result.rows == 300
+    client = MlflowClient(tracking_uri)
+    run = client.get_run(result.backend_run_id)
+    assert run.info.status == "FINISHED"
+    # params: the masked config, flattened
+    assert run.data.params["policy_model_name"] == "quickstart-policy"
+    assert run.data.params["policy_api_key"] == "***"
+    assert run.data.params["num_repeats"] == "4"
+    # tags: the run's identity
+    identity = run.data.tags["gym_artifacts.identity"]
+    assert identity.startswith("b3:")
+    # aggregate metrics at every level, sanitised names
+    agg = json.loads(quickstart_run.with_name("eval_aggregate_metrics.json").read_text())
+    assert run.data.metrics["weather_agent/key_metrics/pass_at_1"] == pytest.approx(
+        agg[1]["key_metrics"]["pass@1"]
+    )
+    assert run.data.metrics["arithmetic_agent/perf_summary/mean_latency_s"] == pytest.approx(
+        agg[0]["perf_summary"]["mean_latency_s"]
+    )
+    assert "retrieval_agent/group_level_metrics.1/mean/reward" in run.data.metrics
+    assert run.data.metrics["omitted_rows"] == 0
+    # the journal with original steps and timestamps
+    journal = [json.loads(x) for x in quickstart_run.with_name("eval_metrics.jsonl").read_text().splitlines()]
+    history = client.get_metric_history(result.backend_run_id, "train/reward")
+    assert [(m.step, m.timestamp, m.value) for m in history] == [
+        (j["step"], int(j["time"] * 1000), j["metrics"]["train/reward"]) for j in journal
+    ]
+    # the NVML summary said "no samples": a tag with the reason, no zero metrics
+    assert "NVML unavailable" in run.data.tags["gym_artifacts.nvml"]
+    assert not any(k.startswith("system/") for k in run.data.metrics)
+    # artifacts, byte-identical
+    out = tmp_path / "dl"
+    assert (
+        download(client, run.info.run_id, "rollouts/rollouts.jsonl", out / "r").read_bytes()
+        == quickstart_run.read_bytes()
+    )
+    for name in ("recording.mp4", "profile.pt.trace.json.gz", "session_times.json"):
+        local = quickstart_run.with_name("eval_artifacts") / name
+        assert (
+            download(client, run.info.run_id, f"runtime/{name}", out / name).read_bytes()
+            == local.read_bytes()
+        )
+    config_json = json.loads(download(client, run.info.run_id, "config.json", out / "c").read_text())
+    assert config_json["policy_api_key"] == "***"
+
+
+def test_reexport_is_skipped_without_contact(quickstart_run: Path, tmp_path: Path) -> None:
+    uri = f"sqlite:///{tmp_path / 'm.db'}"
+    [first] = export_run(quickstart_run, mlflow_cfg(uri))
+    assert first.status is ExportStatus.EXPORTED
+    closed = f"http://127.0.0.1:{free_port()}"
+    started = time.monotonic()
+    [again] = export_run(quickstart_run, mlflow_cfg(closed))
+    assert again.status is ExportStatus.SKIPPED
+    assert again.backend_run_id == first.backend_run_id
+    assert time.monotonic() - started < 5  # a contact would have waited on connection retries
+
+
+def test_nvml_series_as_system_metrics(quickstart_run: Path, tmp_path: Path) -> None:
+    artifacts = quickstart_run.with_name("eval_artifacts")
+    (artifacts / "metrics_summary.json").write_text(
+        json.dumps({"samples": 2, "gpus": {"0": {"gpu_util_pct": {"avg": 80.0, "peak": 85.0}}}})
+    )
+    samples = [
+        {
+            "time": 1764525600.0 + i,
+            "gpu": 0,
+            "metrics": {"gpu_util_pct": 75 + 10 * i, "memory_used_gb": 40 + 2 * i},
+        }
+        for i in range(2)
+    ]
+    (artifacts / "nvml_samples.jsonl").write_text("".join(json.dumps(s) + "\n" for s in samples))
+    quickstart_run.with_name("eval_aggregate_metrics.json").touch()
+    uri = f"sqlite:///{tmp_path / 'm.db'}"
+    [result] = export_run(quickstart_run, mlflow_cfg(uri))
+    assert result.status is ExportStatus.EXPORTED, result.reason
+    client = MlflowClient(uri)
+    run = client.get_run(result.backend_run_id)
+    assert run.data.metrics["system/gpus/0/gpu_util_pct/peak"] == 85.0
+    history = client.get_metric_history(result.backend_run_id, "system/gpu0/gpu_util_pct")
+    assert [(m.step, m.timestamp, m.value) for m in history] == [
+        (0, 1764525600000, 75.0),
+        (1, 1764525601000, 85.0),
+    ]
+
+
+def test_export_killed_after_run_creation_leaves_one_run(quickstart_run: Path, tmp_path: Path) -> None:
+    uri = f"sqlite:///{tmp_path / 'm.db'}"
+    script = textwrap.dedent(
+        f"""
+        import os, signal, sys
+        from exporters import _mlflow_client
+        original = _mlflow_client.ScopedMlflow.log_artifact
+        def die(self, *a, **k):  # the run exists and its metrics are in: now die
+            os.kill(os.getpid(), signal.SIGKILL)
+        _mlflow_client.ScopedMlflow.log_artifact = die
+        from gym_artifacts.cli import main
+        sys.exit(main(["export", {str(quickstart_run)!r}, "-e", "mlflow",
+                       "exporters.mlflow.tracking_uri={uri}", "exporters.mlflow.experiment_name=tests"]))
+        """
+    )
+    env = dict(os.environ, MLFLOW_DISABLE_TELEMETRY="true")
+    proc = subprocess.run([sys.executable, "-c", script], cwd=REPO, env=env, capture_output=True, timeout=120)
+    assert proc.returncode == -9, proc.stderr.decode()[-2000:]
+    run = RunArtifacts.from_path(quickstart_run)
+    assert not run.export_done_fpath("mlflow").exists()
+    [result] = export_run(run, mlflow_cfg(uri))
+    assert result.status is ExportStatus.EXPORTED, result.reason
+    client = MlflowClient(uri)
+    experiment = client.get_experiment_by_name("tests")
+    runs = client.search_runs([experiment.experiment_id])
+    identity = client.get_run(result.backend_run_id).data.tags["gym_artifacts.identity"]
+    assert [r.info.run_id for r in runs if r.data.tags.get("gym_artifacts.identity") == identity] == [
+        result.backend_run_id
+    ]
+    history = client.get_metric_history(result.backend_run_id, "train/reward")
+    assert len(history) == 20 and len({(m.step, m.timestamp) for m in history}) == 20
+
+
+def test_live_run_then_certify(quickstart_run: Path, tracking_uri: str, tmp_path: Path) -> None:
+    out = tmp_path / "live" / "eval.jsonl"
+    out.parent.mkdir()
+    cfg = {"exporters": {"mlflow": {"enabled": True, "tracking_uri": tracking_uri, "experiment_name": "tests"}},
+           "policy_api_key": API_KEY, "resume": True}  # fmt: skip
+    with live_exporters(cfg, out) as live:
+        for step in range(10):
+            live.export_metrics(
+                {"reward": step / 10, "pass@1": 0.5, "phase": "warmup" if step < 5 else "main"}, step=step
+            )
+        live.export_rollouts([{"id": i} for i in range(3)])
+        out.write_text(quickstart_run.read_text())
+        out.with_name("eval_aggregate_metrics.json").write_text(
+            quickstart_run.with_name("eval_aggregate_metrics.json").read_text()
+        )
+        live.complete()
+    [report] = live.reports
+    assert report.lost == 0, report.describe()
+    client = MlflowClient(tracking_uri)
+    run = client.get_run(report.run_id)
+    assert run.info.status == "FINISHED"
+    assert run.data.params["policy_api_key"] == "***"
+    assert [m.step for m in client.get_metric_history(report.run_id, "reward")] == list(range(10))
+    assert run.data.metrics["pass_at_1"] == 0.5
+    assert run.data.tags["phase"] == "main"
+    [result] = export_run(out, OmegaConf.create(cfg), certify=True)
+    assert result.status is ExportStatus.EXPORTED, result.reason
+    assert result.backend_run_id == report.run_id
+    run = client.get_run(report.run_id)
+    assert run.data.tags["gym_artifacts.certified"] == "true"
+    assert "weather_agent/key_metrics/pass_at_1" in run.data.metrics
+    assert len(client.get_metric_history(report.run_id, "reward")) == 10  # nothing duplicated
+
+
+def test_resume_reopens_the_marker_run(tmp_path: Path) -> None:
+    uri = f"sqlite:///{tmp_path / 'm.db'}"
+    out = tmp_path / "eval.jsonl"
+    cfg = {
+        "exporters": {"mlflow": {"enabled": True, "tracking_uri": uri, "experiment_name": "tests"}},
+        "resume": True,
+    }
+    with pytest.raises(RuntimeError), live_exporters(cfg, out) as live:
+        live.export_metrics({"loss": 1.0}, step=0)
+        raise RuntimeError("preempted")
+    run_id = live.reports[0].run_id
+    client = MlflowClient(uri)
+    assert client.get_run(run_id).info.status == "FAILED"
+    with live_exporters(cfg, out) as live:
+        live.flush(30)
+        assert client.get_run(run_id).info.status == "RUNNING"
+        live.export_metrics({"loss": 0.5}, step=1)
+    assert live.reports[0].run_id == run_id
+    assert client.get_run(run_id).info.status == "FINISHED"
+    assert [m.step for m in client.get_metric_history(run_id, "loss")] == [0, 1]
+
+
+def test_server_killed_mid_run(quickstart_run: Path, own_mlflow_server: MlflowServer, tmp_path: Path) -> None:
+    server = own_mlflow_server.start()
+    out = tmp_path / "eval.jsonl"
+    cfg = {"exporters": {"mlflow": {"enabled": True, "tracking_uri": server.uri, "experiment_name": "tests"}}}
+    before, after = [], []
+    started = time.monotonic()
+    with live_exporters(cfg, out, teardown_timeout=5.0) as live:
+        for step in range(300):
+            t0 = time.perf_counter()
+            live.export_metrics({"reward": step}, step=step)
+            before.append(time.perf_counter() - t0)
+        live.flush(30)
+        server.stop()
+        for step in range(300, 600):
+            t0 = time.perf_counter()
+            live.export_metrics({"reward": step}, step=step)
+            after.append(time.perf_counter() - t0)
+        # the eval goes on: give the worker time to notice the outage
+        time.sleep(1.0)
+        stop_started = time.monotonic()
+    teardown_seconds = time.monotonic() - stop_started
+    assert statistics.median(after) < 100e-6 and statistics.median(before) < 100e-6
+    assert teardown_seconds < 5.0 + 1.0
+    [report] = live.reports
+    assert report.failed + report.undelivered + report.dropped > 0
+    assert time.monotonic() - started < 60
+    # The journal holds every step: after a restart, the post-run export completes the run.
+    for i, name in enumerate(["eval.jsonl", "eval_aggregate_metrics.json"]):
+        (out.parent / name).write_bytes((quickstart_run.parent / name).read_bytes())
+        os.utime(out.parent / name, (1e9 + i, 1e9 + i))
+    server.start()
+    [result] = export_run(out, mlflow_cfg(server.uri))
+    assert result.status is ExportStatus.EXPORTED, result.reason
+    history = MlflowClient(server.uri).get_metric_history(result.backend_run_id, "reward")
+    assert [m.step for m in history] == list(range(600))
+
+
+def test_secrets_appear_nowhere_in_the_server(
+    quickstart_run: Path, own_mlflow_server: MlflowServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    server = own_mlflow_server.start()
+    monkeypatch.setenv("POLICY_API_KEY", API_KEY)
+    config = quickstart_run.with_name("eval_config.yaml")
+    config.write_text(
+        config.read_text()
+        + f"mlflow_tracking_uri: {server.uri}\nmlflow_tracking_token: {TOKEN}\nmlflow_experiment_name: tests\n"
+    )
+    quickstart_run.with_name("eval_aggregate_metrics.json").touch()
+    out = tmp_path / "live.jsonl"
+    live_cfg = OmegaConf.load(config)
+    with live_exporters(live_cfg, out) as live:
+        live.export_metrics({"x": 1}, step=0)
+    assert live.reports[0].lost == 0, live.reports[0].describe()
+    proc = subprocess.run([sys.executable, "-m", "gym_artifacts.cli", "export", str(quickstart_run), "--json", "-e", "mlflow"],
+                          capture_output=True, text=True, env=dict(os.environ), timeout=120)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)[0]["status"] == "EXPORTED"
+    assert TOKEN not in proc.stdout + proc.stderr and API_KEY not in proc.stdout + proc.stderr
+    assert os.environ.get("MLFLOW_TRACKING_TOKEN") is None
+    server.stop()
+    scanned = [server.db, server.log, *[p for p in server.artifacts.rglob("*") if p.is_file()]]
+    assert len(scanned) > 5
+    for path in scanned:
+        data = path.read_bytes()
+        assert TOKEN.encode() not in data, path
+        assert API_KEY.encode() not in data, path
+
+
+def test_key_sanitising() -> None:
+    assert sanitize_key("pass@1") == "pass_at_1"
+    assert sanitize_key("a.b[0].c") == "a.b.0.c"
+    assert sanitize_key("weird key!*?") == "weird key___"
+    assert sanitize_key("/a//b/") == "a/b"
+    assert sanitize_key("../up") == "_../up"
+    long = sanitize_key("k" * 400)
+    assert len(long) <= 250 and long != sanitize_key("k" * 401)
+    names = unique_names(["a!b", "a?b", "a_b"])
+    assert len(set(names.values())) == 3
+    assert config_params({"x": {"y": [1, {"z": "s"}]}, "flag": True}) == {
+        "x.y.0": "1",
+        "x.y.1.z": "s",
+        "flag": "true",
+    }
+    import numpy as np
+
+    metrics, tags = split_metrics(
+        {
+            "np": np.float32(0.5),
+            "i": np.int64(3),
+            "b": np.bool_(True),
+            "t": True,
+            "nan": float("nan"),
+            "s": "text",
+            "n": None,
+        }
+    )
+    assert metrics["np"] == 0.5 and metrics["i"] == 3.0 and metrics["b"] == 1.0 and metrics["t"] == 1.0
+    assert metrics["nan"] != metrics["nan"]
+    assert tags == {"s": "text"}
