@@ -8,7 +8,9 @@ The post-run export sends it with the original steps and times.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
+import threading
 import time
 from pathlib import Path
 from typing import IO, Any
@@ -51,22 +53,52 @@ def set_aside(fpath: Path) -> Path | None:
     return target
 
 
+def last_step(fpath: Path) -> int | None:
+    """The step of the journal's last complete line, read from the file's tail."""
+    try:
+        with open(fpath, "rb") as fh:
+            size = fh.seek(0, os.SEEK_END)
+            fh.seek(max(0, size - 65536))
+            tail = fh.read().splitlines()
+    except FileNotFoundError:
+        return None
+    for raw in reversed(tail):
+        try:
+            step = json.loads(raw).get("step")
+        except (ValueError, AttributeError):
+            continue
+        if isinstance(step, int):
+            return step
+    return None
+
+
 class MetricsJournal:
     """Appends ``{"step", "time", "metrics"}`` lines to a run's journal off the caller's thread."""
 
     def __init__(self, fpath: Path, *, resume: bool, max_queued: int = 1_000_000) -> None:
         self.fpath = fpath
         self._fh: IO[bytes] | None = None
+        self._opened = threading.Event()
+        self._previous_last_step: int | None = None
         self.worker = BackgroundWorker("journal", max_queued=max_queued)
         self.worker.submit(Call(self._open, (resume,), "open"))
 
+    def previous_last_step(self, timeout: float = 10.0) -> int | None:
+        """The last step an earlier process of this (resumed) run journaled, or None."""
+        self._opened.wait(timeout)
+        return self._previous_last_step
+
     def _open(self, resume: bool) -> None:
-        self.fpath.parent.mkdir(parents=True, exist_ok=True)
-        if resume:
-            repair_partial_last_line(self.fpath)
-        else:
-            set_aside(self.fpath)
-        self._fh = open(self.fpath, "ab")  # noqa: SIM115 - kept open for the run, closed in _close
+        try:
+            self.fpath.parent.mkdir(parents=True, exist_ok=True)
+            if resume:
+                repair_partial_last_line(self.fpath)
+                self._previous_last_step = last_step(self.fpath)
+            else:
+                set_aside(self.fpath)
+            self._fh = open(self.fpath, "ab")  # noqa: SIM115 - kept open for the run, closed in _close
+        finally:
+            self._opened.set()
 
     def start_over(self) -> None:
         """A resume found nothing to resume: the journal starts anew (the old one set aside)."""

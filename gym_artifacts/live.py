@@ -100,6 +100,7 @@ class LiveExporter(Exporter):
         self._torn_down = False
         self._skipped = 0
         self._report: LiveReport | None = None
+        self._previous_last_step: Callable[[], int | None] | None = None
 
     @classmethod
     def from_global_config(cls, cfg: Any) -> Self:
@@ -169,10 +170,19 @@ class LiveExporter(Exporter):
 
     # -- wrappers: enqueue only, never raise, never block on the backend -------------------------------
     def setup(
-        self, run: RunArtifacts, *, resume: bool = False, secrets: frozenset[str] = frozenset()
+        self,
+        run: RunArtifacts,
+        *,
+        resume: bool = False,
+        secrets: frozenset[str] = frozenset(),
+        previous_last_step: Callable[[], int | None] | None = None,
     ) -> None:
-        """Start the worker and ask it to open (or, with ``resume``, reopen) the backend run."""
+        """Start the worker and ask it to open (or, with ``resume``, reopen) the backend run.
+
+        ``previous_last_step`` tells a resumed backend the last step an earlier process logged.
+        """
         self._secrets = frozenset(secrets)
+        self._previous_last_step = previous_last_step
         self._worker = BackgroundWorker(self.name, redact=self.redact)
         self._worker.submit(Call(self._do_setup, (run, resume), "setup"))
 
@@ -245,6 +255,10 @@ class LiveExporter(Exporter):
             last_error=stats.last_error,
             dropped_kinds=dict(stats.dropped_kinds),
         )
+
+    def previous_last_step(self) -> int | None:
+        """For a resumed run: the last step an earlier process logged (from the journal)."""
+        return self._previous_last_step() if self._previous_last_step is not None else None
 
     @property
     def stats(self) -> WorkerStats | None:
@@ -401,7 +415,9 @@ class LiveRun:
         self._masked_config = mask_secrets(raw, self._secrets)
         self.journal = MetricsJournal(run.metrics_journal_fpath, resume=resume)
         for exporter in self.exporters:
-            exporter.setup(run, resume=resume, secrets=self._secrets)
+            exporter.setup(
+                run, resume=resume, secrets=self._secrets, previous_last_step=self.journal.previous_last_step
+            )
         _register_atexit(self)
 
     def export_config(self, config: Mapping[str, Any] | None = None) -> None:

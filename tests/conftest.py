@@ -34,7 +34,9 @@ def _isolated(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]
         d = tmp_path / "wandb-home" / var.lower()
         d.mkdir(parents=True)
         monkeypatch.setenv(var, str(d))
-    for var in ("WANDB_API_KEY", "RANK", "LOCAL_RANK", "EXPERIMENT_ID", "POLICY_API_KEY"):
+    # WANDB_SERVICE: wandb.init saves its service address there; a child process that inherits it
+    # would share this process's wandb-core instead of starting its own.
+    for var in ("WANDB_API_KEY", "WANDB_SERVICE", "RANK", "LOCAL_RANK", "EXPERIMENT_ID", "POLICY_API_KEY"):
         monkeypatch.delenv(var, raising=False)
     yield
 

@@ -67,7 +67,8 @@ def test_hostile_backend_never_slows_or_fails_the_eval(tmp_path: Path, hostile: 
     reports = {r.exporter: r for r in live.reports}
     # The caller's cost: microseconds, whatever the backend does (a blocking call would be >= 2 s).
     assert statistics.median(costs) < 100e-6, statistics.median(costs)
-    assert max(costs) < 0.05
+    assert sorted(costs)[int(len(costs) * 0.95)] < 1e-3
+    assert max(costs) < 0.5  # a blocking call would take the backend's 2 s
     assert elapsed < 3.0 + 2.0  # teardown kept its deadline
     # The other backend received everything.
     assert local_steps(store, out) == list(range(200))

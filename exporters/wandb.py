@@ -1,0 +1,332 @@
+"""The W&B backend: live runs and post-run exports, online or offline, on explicit run ids.
+
+The API key is given to this exporter's runs only (``wandb.Settings``), never written to
+``os.environ`` or to wandb's module state. Live runs use the marker's id with
+``resume="allow"``; post-run exports use an id derived from the run's identity, so a retried
+export lands in the same W&B run. Steps only grow: a resumed run continues after the last step
+it (or the journal) holds, and final aggregate metrics go to the summary, not to a fake step.
+Rollouts become ``wandb.Table`` objects within W&B's row limits (real columns when every row
+has the same keys, one JSON column otherwise), and all of them go into a table artifact, so
+none is silently truncated. The SDK is imported only when a run is opened or exported.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import Field, SecretStr
+
+from gym_artifacts.config import ExporterConfig
+from gym_artifacts.exporter import ExportPlan, Sent
+from gym_artifacts.jsonio import iter_jsonl, json_safe
+from gym_artifacts.live import LiveExporter, RunStatus
+from gym_artifacts.payload import (
+    NVML_SERIES,
+    aggregate_metrics,
+    flatten,
+    iter_journal,
+    masked_json_artifact,
+    nvml_summary,
+)
+from gym_artifacts.run import RunArtifacts
+
+logger = logging.getLogger(__name__)
+_SCALARS = (str, int, float, bool, type(None))
+
+
+class WandbSettings(ExporterConfig):
+    """Settings of ``exporters.wandb``."""
+
+    project: str = "gym-evals"
+    entity: str | None = None
+    name: str | None = None
+    group: str | None = None
+    tags: list[str] = Field(default_factory=list)
+    mode: Literal["online", "offline", "disabled"] = "offline"
+    api_key: SecretStr | None = None
+    dir: Path | None = None
+    base_url: str | None = None
+    init_timeout: float = Field(default=60.0, gt=0, le=600)
+    finish_timeout: float = Field(default=60.0, gt=0, le=3600)
+    table_max_rows: int = Field(default=10_000, ge=1, le=200_000)
+    artifact_part_rows: int = Field(default=100_000, ge=1, le=200_000)
+
+
+def post_run_id(run_identity: str) -> str:
+    """A W&B run id derived from the run's identity (the same run always gets the same id)."""
+    return "ga" + run_identity.split(":")[-1][:30]
+
+
+def rollout_table_parts(rows: Iterator[Any], part_rows: int) -> Iterator[tuple[list[str], list[list[Any]]]]:
+    """Rollouts in parts of at most ``part_rows``: real columns when the rows agree, else JSON."""
+    part: list[Any] = []
+    for row in rows:
+        part.append(row)
+        if len(part) == part_rows:
+            yield table_layout(part)
+            part = []
+    if part:
+        yield table_layout(part)
+
+
+def table_layout(rows: list[Any]) -> tuple[list[str], list[list[Any]]]:
+    """Columns and cells for one table."""
+    if rows and all(isinstance(r, dict) for r in rows):
+        keys = list(rows[0].keys())
+        if all(list(r.keys()) == keys for r in rows) and keys:
+            cells = [
+                [v if isinstance(v, _SCALARS) else json.dumps(json_safe(v)) for v in r.values()] for r in rows
+            ]
+            return keys, cells
+    return ["rollout"], [[json.dumps(json_safe(r))] for r in rows]
+
+
+class WandbExporter(LiveExporter):
+    """Weights & Biases, online or offline (synced later with ``wandb sync``)."""
+
+    name = "wandb"
+    config_model = WandbSettings
+    sdk_module = "wandb"
+    settings: WandbSettings
+
+    def __init__(self, settings: WandbSettings) -> None:
+        super().__init__(settings)
+        self._wb_run: Any = None
+        self._last_step = -1
+        self._skipped_steps = 0
+        self._spooled: list[Any] = []
+
+    def expected_errors(self) -> tuple[type[BaseException], ...]:
+        import wandb
+
+        return (*super().expected_errors(), wandb.Error, ValueError, TimeoutError)
+
+    # -- SDK plumbing ---------------------------------------------------------------------------
+    def _init(self, run_id: str, run_name: str, config: dict[str, Any] | None) -> Any:
+        import wandb
+
+        s = self.settings
+        options: dict[str, Any] = {
+            "mode": s.mode,
+            "init_timeout": s.init_timeout,
+            "silent": True,
+            "console": "off",
+            "x_disable_stats": True,
+            "reinit": "create_new",
+        }
+        if s.api_key is not None:
+            options["api_key"] = s.api_key.get_secret_value()
+        if s.base_url:
+            options["base_url"] = s.base_url
+        if s.dir is not None:
+            s.dir.mkdir(parents=True, exist_ok=True)
+        return wandb.init(
+            project=s.project,
+            entity=s.entity,
+            name=s.name or run_name,
+            group=s.group,
+            tags=list(s.tags),
+            id=run_id,
+            resume="allow",
+            dir=str(s.dir) if s.dir is not None else None,
+            config=config,
+            settings=wandb.Settings(**options),
+        )
+
+    def _finish(self, wb_run: Any, exit_code: int) -> None:
+        """``finish()`` with a bounded wait: a hung finish never holds the exporter forever."""
+        done = threading.Event()
+        errors: list[BaseException] = []
+
+        def finish() -> None:
+            try:
+                wb_run.finish(exit_code=exit_code)
+            except BaseException as exc:
+                errors.append(exc)
+            finally:
+                done.set()
+
+        threading.Thread(target=finish, name="wandb-finish", daemon=True).start()
+        if not done.wait(self.settings.finish_timeout):
+            raise TimeoutError(f"wandb finish() did not return within {self.settings.finish_timeout}s")
+        if errors:
+            raise errors[0]
+
+    # -- live ----------------------------------------------------------------------------------
+    def _setup(self) -> str:
+        assert self.run is not None
+        run_id = self.resume_run_id or uuid.uuid4().hex[:12]
+        self._wb_run = self._init(run_id, self.run.name, None)
+        self._last_step = -1
+        if self.resume_run_id is not None:
+            journaled = self.previous_last_step()
+            online_next = int(getattr(self._wb_run, "step", 0) or 0)
+            self._last_step = max(online_next - 1, journaled if journaled is not None else -1)
+        return str(self._wb_run.id)
+
+    def _log_config(self, config: dict[str, Any]) -> None:
+        self._wb_run.config.update(json_safe(config), allow_val_change=True)
+
+    def _log_metrics(self, metrics: dict[str, Any], step: int, timestamp: float) -> None:
+        if step <= self._last_step:
+            self._skipped_steps += 1
+            if self._skipped_steps == 1:
+                logger.warning(
+                    "wandb: step %d is not after %d; W&B steps only grow, skipped", step, self._last_step
+                )
+            return
+        self._wb_run.log(flatten(dict(metrics)), step=step)
+        self._last_step = step
+
+    def _log_rollouts(self, rollouts: list[Any]) -> None:
+        self._spooled.extend(rollouts)
+
+    def _teardown(self, status: RunStatus) -> None:
+        wb_run, self._wb_run = self._wb_run, None
+        try:
+            if self._spooled:
+                self._send_rollouts(wb_run, iter(self._spooled), f"live-rollouts-{wb_run.id}")
+                self._spooled = []
+        finally:
+            self._finish(wb_run, 0 if status is RunStatus.FINISHED else 1)
+
+    def _release_reopened(self) -> None:
+        wb_run, self._wb_run = self._wb_run, None
+        self._spooled = []
+        self._finish(wb_run, 0)
+
+    # -- post-run --------------------------------------------------------------------------------
+    def _export_post_run(self, run: RunArtifacts, plan: ExportPlan) -> Sent:
+        wb_run = self._init(
+            post_run_id(plan.run_identity), run.name, json_safe(plan.config) if plan.config else None
+        )
+        try:
+            first_new_step = int(getattr(wb_run, "step", 0) or 0)
+            rows, sent = self._send_run(wb_run, run, plan, first_new_step)
+            wb_run.summary["gym_artifacts/identity"] = plan.run_identity
+        except BaseException:
+            self._finish(wb_run, 1)
+            raise
+        self._finish(wb_run, 0)
+        return Sent(backend_run_id=str(wb_run.id), rows=rows, bytes=sent)
+
+    def _certify(self, run: RunArtifacts, plan: ExportPlan, live_run_id: str) -> Sent:
+        wb_run = self._init(live_run_id, run.name, None)
+        try:
+            rows, sent = self._send_run(wb_run, run, plan, first_new_step=None)
+            wb_run.summary["gym_artifacts/identity"] = plan.run_identity
+            wb_run.summary["gym_artifacts/certified"] = True
+        except BaseException:
+            self._finish(wb_run, 1)
+            raise
+        self._finish(wb_run, 0)
+        return Sent(backend_run_id=live_run_id, rows=rows, bytes=sent)
+
+    def _mark_superseded(self, live_run_id: str, new_run_id: str) -> None:
+        if self.settings.mode != "online":
+            logger.info(
+                "wandb: offline live run %s cannot be marked superseded by %s", live_run_id, new_run_id
+            )
+            return
+        import wandb
+
+        api = wandb.Api(api_key=self.settings.api_key.get_secret_value() if self.settings.api_key else None)
+        entity = self.settings.entity or api.default_entity
+        live = api.run(f"{entity}/{self.settings.project}/{live_run_id}")
+        live.tags = [*live.tags, f"superseded-by:{new_run_id}"]
+        live.update()
+
+    def _send_run(
+        self, wb_run: Any, run: RunArtifacts, plan: ExportPlan, first_new_step: int | None
+    ) -> tuple[int, int]:
+        """Journal steps (when ``first_new_step`` is given), summary, tables, media and artifacts."""
+        import wandb
+
+        sent = 0
+        if first_new_step is not None:
+            for entry in iter_journal(run):
+                if entry.step is None or entry.step < first_new_step:
+                    continue
+                wb_run.log(flatten(dict(entry.metrics)), step=entry.step)
+        summary: dict[str, Any] = {}
+        if run.has_rollouts_file and run.aggregate_metrics_fpath.is_file():
+            for key, value in aggregate_metrics(run.read_aggregate_metrics()).items():
+                summary[f"aggregate/{key}"] = value
+            summary["aggregate/omitted_rows"] = run.omitted_rows()
+        acceptance = run.read_acceptance()
+        if acceptance is not None:
+            summary["acceptance/planned_rows"] = acceptance.planned_rows
+            summary["acceptance/omitted_rows"] = acceptance.omitted_rows
+            summary["acceptance/reason"] = acceptance.reason
+        figures, reason = nvml_summary(run)
+        for key, value in figures.items():
+            summary[f"system/{key}"] = value
+        if reason is not None:
+            summary["system/nvml"] = reason
+        wb_run.summary.update(summary)
+        rows = 0
+        rollouts = run.rollouts_fpath
+        if plan.upload_rollouts and rollouts is not None and rollouts.is_file():
+            records = (record for _, record in iter_jsonl(rollouts, "rollouts JSONL"))
+            rows = self._send_rollouts(wb_run, records, f"rollouts-{wb_run.id}", raw=rollouts)
+            sent += rollouts.stat().st_size
+        artifacts = run.runtime_artifact_files()
+        recording = artifacts.get("recording.mp4")
+        if recording is not None:
+            wb_run.summary["recording"] = wandb.Video(str(recording), format="mp4")
+        groups = {
+            "profile": [n for n in artifacts if n.startswith("profile")],
+            "nvml": [n for n in artifacts if n in (NVML_SERIES, "metrics_summary.json")],
+            "recording": [n for n in artifacts if n == "recording.mp4"],
+        }
+        grouped = {n for names in groups.values() for n in names}
+        groups["runtime"] = [n for n in artifacts if n not in grouped]
+        for kind, names in groups.items():
+            if not names:
+                continue
+            artifact = wandb.Artifact(f"{kind}-{wb_run.id}", type=kind)
+            for name in names:
+                masked = masked_json_artifact(artifacts[name], plan.secrets)
+                if masked is not None:
+                    with artifact.new_file(name, mode="wb") as fh:
+                        fh.write(masked)
+                    sent += len(masked)
+                else:
+                    artifact.add_file(str(artifacts[name]), name=name)
+                    sent += artifacts[name].stat().st_size
+            wb_run.log_artifact(artifact)
+        return rows, sent
+
+    def _send_rollouts(
+        self, wb_run: Any, records: Iterator[Any], artifact_name: str, raw: Path | None = None
+    ) -> int:
+        """Every rollout: a summary table when they fit W&B's row limit, and a table artifact."""
+        import wandb
+
+        artifact = wandb.Artifact(artifact_name, type="rollouts")
+        if raw is not None:
+            artifact.add_file(str(raw), name="rollouts.jsonl")
+        total = 0
+        parts = 0
+        first: wandb.Table | None = None
+        for columns, cells in rollout_table_parts(records, self.settings.artifact_part_rows):
+            table = wandb.Table(columns=columns, data=cells)
+            artifact.add(table, f"rollouts_part_{parts}")
+            if parts == 0:
+                first = table
+            parts += 1
+            total += len(cells)
+        if parts == 0:
+            return 0
+        if parts == 1 and first is not None and total <= self.settings.table_max_rows:
+            wb_run.summary["rollouts"] = first
+        wb_run.summary["rollouts/rows"] = total
+        wb_run.summary["rollouts/parts"] = parts
+        wb_run.log_artifact(artifact)
+        return total

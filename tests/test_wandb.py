@@ -1,0 +1,274 @@
+"""The W&B backend with the real SDK in offline mode, read back from the runs' ``.wandb`` files."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from omegaconf import OmegaConf
+
+pytest.importorskip("wandb")
+
+from gym_artifacts.export import export_run
+from gym_artifacts.exporter import ExportStatus
+from gym_artifacts.live import live_exporters
+from gym_artifacts.run import RunArtifacts
+from tests.mlflow_server import free_port
+from tests.wandb_records import offline_runs
+
+REPO = Path(__file__).resolve().parent.parent
+API_KEY = "wandb-key-canary-" + "3f" * 16
+
+
+def wandb_section(tmp_path: Path, **extra: Any) -> dict[str, Any]:
+    return {
+        "enabled": True,
+        "project": "tests",
+        "mode": "offline",
+        "dir": str(tmp_path / "wb"),
+        "api_key": API_KEY,
+        **extra,
+    }
+
+
+def test_post_run_export_offline_reads_back(quickstart_run: Path, tmp_path: Path) -> None:
+    cfg = OmegaConf.create({"exporters": {"wandb": wandb_section(tmp_path)}})
+    [result] = export_run(quickstart_run, cfg)
+    assert result.status is ExportStatus.EXPORTED, result.reason
+    assert result.rows == 300
+    [run] = offline_runs(tmp_path / "wb")
+    assert run.run_id == result.backend_run_id
+    assert run.exit_code == 0
+    # config, masked
+    assert run.config["policy_model_name"] == "quickstart-policy"
+    assert run.config["policy_api_key"] == "***"
+    # every journal metric at its step
+    journal = [json.loads(x) for x in quickstart_run.with_name("eval_metrics.jsonl").read_text().splitlines()]
+    assert run.steps == [j["step"] for j in journal]
+    assert [row["train/reward"] for row in run.history] == [j["metrics"]["train/reward"] for j in journal]
+    # aggregate metrics in the summary, not at a step
+    agg = json.loads(quickstart_run.with_name("eval_aggregate_metrics.json").read_text())
+    assert run.summary["aggregate/weather_agent/key_metrics/pass@1"] == pytest.approx(
+        agg[1]["key_metrics"]["pass@1"]
+    )
+    assert run.summary["aggregate/omitted_rows"] == 0
+    assert "NVML unavailable" in run.summary["system/nvml"]
+    assert not any("aggregate" in k for row in run.history for k in row)
+    # the rollout table: real columns, every row
+    table_ref = run.summary["rollouts"]
+    table = json.loads(run.file(table_ref["path"]).read_text())
+    rows = [json.loads(x) for x in quickstart_run.read_text().splitlines()]
+    assert table["columns"] == list(rows[0].keys())
+    assert len(table["data"]) == 300
+    assert table["data"][7][table["columns"].index("reward")] == rows[7]["reward"]
+    assert run.summary["rollouts/rows"] == 300
+    # the video and the artifacts
+    assert run.summary["recording"]["_type"] == "video-file"
+    assert (
+        run.file(run.summary["recording"]["path"]).read_bytes()
+        == (quickstart_run.with_name("eval_artifacts") / "recording.mp4").read_bytes()
+    )
+    types = {a["type"] for a in run.artifacts}
+    assert {"rollouts", "profile", "nvml", "recording", "runtime"} <= types
+
+
+def test_rollouts_with_differing_schemas_use_one_json_column(quickstart_run: Path, tmp_path: Path) -> None:
+    quickstart_run.write_text('{"a": 1}\n{"b": [1, 2]}\n{"a": 2, "c": {"d": 3}}\n')
+    quickstart_run.with_name("eval_aggregate_metrics.json").touch()
+    cfg = OmegaConf.create({"exporters": {"wandb": wandb_section(tmp_path)}})
+    [result] = export_run(quickstart_run, cfg)
+    assert result.status is ExportStatus.EXPORTED, result.reason
+    [run] = offline_runs(tmp_path / "wb")
+    table = json.loads(run.file(run.summary["rollouts"]["path"]).read_text())
+    assert table["columns"] == ["rollout"]
+    assert [json.loads(r[0]) for r in table["data"]] == [{"a": 1}, {"b": [1, 2]}, {"a": 2, "c": {"d": 3}}]
+
+
+def test_large_rollout_sets_are_split_not_truncated(quickstart_run: Path, tmp_path: Path) -> None:
+    quickstart_run.write_text("".join(json.dumps({"i": i}) + "\n" for i in range(25)))
+    quickstart_run.with_name("eval_aggregate_metrics.json").touch()
+    cfg = OmegaConf.create(
+        {"exporters": {"wandb": wandb_section(tmp_path, table_max_rows=10, artifact_part_rows=10)}}
+    )
+    [result] = export_run(quickstart_run, cfg)
+    assert result.status is ExportStatus.EXPORTED and result.rows == 25
+    [run] = offline_runs(tmp_path / "wb")
+    assert "rollouts" not in run.summary  # too many for one table
+    assert run.summary["rollouts/parts"] == 3 and run.summary["rollouts/rows"] == 25
+    [artifact] = [a for a in run.artifacts if a["type"] == "rollouts"]
+    names = {c["path"] for c in artifact["manifest"]["contents"]}
+    assert {
+        "rollouts_part_0.table.json",
+        "rollouts_part_1.table.json",
+        "rollouts_part_2.table.json",
+        "rollouts.jsonl",
+    } <= names
+
+
+def test_retried_export_uses_the_same_run_id_and_reexport_skips_without_wandb(
+    quickstart_run: Path, tmp_path: Path
+) -> None:
+    cfg = OmegaConf.create({"exporters": {"wandb": wandb_section(tmp_path)}})
+    [first] = export_run(quickstart_run, cfg)
+    RunArtifacts.from_path(quickstart_run).export_done_fpath(
+        "wandb"
+    ).unlink()  # as if it died before the receipt
+    [second] = export_run(quickstart_run, cfg)
+    assert second.backend_run_id == first.backend_run_id
+    script = textwrap.dedent(
+        f"""
+        import sys, json
+        from gym_artifacts.cli import main
+        code = main(["export", {str(quickstart_run)!r}, "-e", "wandb", "--json",
+                     "exporters.wandb.dir={tmp_path / "wb"}", "exporters.wandb.mode=offline"])
+        assert "wandb" not in sys.modules, "wandb was imported"
+        sys.exit(code)
+        """
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, timeout=120
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)[0]["status"] == "SKIPPED"
+
+
+def test_live_run_config_metrics_and_rollouts(tmp_path: Path) -> None:
+    out = tmp_path / "eval.jsonl"
+    cfg = {"exporters": {"wandb": wandb_section(tmp_path)}, "judge": {"api_key": API_KEY, "model": "j"}}
+    with live_exporters(cfg, out) as live:
+        for step in range(5):
+            live.export_metrics({"loss": 1 / (step + 1), "nested": {"acc": step / 5}}, step=step)
+        live.export_rollouts([{"id": 1, "reward": 1.0}, {"id": 2, "reward": 0.0}])
+    assert live.reports[0].lost == 0, live.reports[0].describe()
+    [run] = offline_runs(tmp_path / "wb")
+    assert run.steps == [0, 1, 2, 3, 4]
+    assert run.history[2]["nested/acc"] == pytest.approx(0.4)
+    assert run.config["judge"] == {"api_key": "***", "model": "j"}
+    table = json.loads(run.file(run.summary["rollouts"]["path"]).read_text())
+    assert table["data"] == [[1, 1.0], [2, 0.0]]
+
+
+LIVE_SCRIPT = textwrap.dedent(
+    """
+    import sys, time
+    from gym_artifacts.live import live_exporters
+    wbdir, out, first, last, hang = sys.argv[1:6]
+    cfg = {"exporters": {"wandb": {"enabled": True, "project": "tests", "mode": "offline", "dir": wbdir}},
+           "resume": True}
+    with live_exporters(cfg, out) as live:
+        for step in range(int(first), int(last)):
+            live.export_metrics({"value": step}, step=step)
+        assert live.flush(60)
+        print("ready", flush=True)
+        if hang == "hang":
+            time.sleep(120)
+    """
+)
+
+
+def test_killed_live_run_resumes_with_growing_steps(tmp_path: Path) -> None:
+    out = tmp_path / "eval.jsonl"
+
+    def run_steps(first: int, last: int, *, kill: bool) -> None:
+        args = [
+            sys.executable,
+            "-c",
+            LIVE_SCRIPT,
+            str(tmp_path / "wb"),
+            str(out),
+            str(first),
+            str(last),
+            "hang" if kill else "exit",
+        ]
+        proc = subprocess.Popen(args, stdout=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True, cwd=REPO)
+        assert proc.stdout is not None
+        assert proc.stdout.readline().strip() == "ready"
+        if kill:
+            os.kill(proc.pid, signal.SIGKILL)
+        assert proc.wait(120) == (-9 if kill else 0)
+        proc.stdout.close()
+
+    run_steps(0, 10, kill=True)
+    run_steps(5, 15, kill=False)  # restarts from a checkpoint at step 5: 5-9 are not written again
+    first, second = offline_runs(tmp_path / "wb")
+    assert first.run_id == second.run_id
+    assert second.steps == list(range(10, 15))
+    assert min(second.steps) > max(first.steps, default=-1)
+
+
+def test_online_without_network_fails_fast_in_isolation(tmp_path: Path) -> None:
+    out = tmp_path / "eval.jsonl"
+    closed = f"http://127.0.0.1:{free_port()}"
+    cfg = {
+        "exporters": {
+            "wandb": wandb_section(tmp_path, mode="online", base_url=closed, init_timeout=2),
+            "local": {"enabled": True, "root": str(tmp_path / "store")},
+        }
+    }
+    started = time.monotonic()
+    costs = []
+    with live_exporters(cfg, out, teardown_timeout=10) as live:
+        for step in range(100):
+            t0 = time.perf_counter()
+            live.export_metrics({"x": step}, step=step)
+            costs.append(time.perf_counter() - t0)
+    elapsed = time.monotonic() - started
+    reports = {r.exporter: r for r in live.reports}
+    assert reports["wandb"].setup_error is not None
+    assert reports["local"].lost == 0 and reports["local"].delivered >= 100
+    assert sorted(costs)[95] < 1e-3 and max(costs) < 0.5
+    assert elapsed < 15
+
+
+def test_online_without_key_never_prompts(tmp_path: Path) -> None:
+    script = textwrap.dedent(
+        f"""
+        from gym_artifacts.live import live_exporters
+        cfg = {{"exporters": {{"wandb": {{"enabled": True, "project": "t", "mode": "online",
+                "base_url": "http://127.0.0.1:{free_port()}", "init_timeout": 2, "dir": {str(tmp_path / "wb")!r}}}}}}}
+        with live_exporters(cfg, {str(tmp_path / "eval.jsonl")!r}) as live:
+            live.export_metrics({{"x": 1}})
+        print("setup_error:", live.reports[0].setup_error)
+        """
+    )
+    env = {k: v for k, v in os.environ.items() if k != "WANDB_API_KEY"}
+    env["WANDB_MODE"] = "online"
+    proc = subprocess.run(
+        [sys.executable, "-c", script],
+        cwd=REPO,
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "setup_error: " in proc.stdout and "setup_error: None" not in proc.stdout
+
+
+def test_api_key_appears_in_no_wandb_file(quickstart_run: Path, tmp_path: Path) -> None:
+    cfg = OmegaConf.create({"exporters": {"wandb": wandb_section(tmp_path)}})
+    [result] = export_run(quickstart_run, cfg)
+    assert result.status is ExportStatus.EXPORTED
+    with live_exporters({"exporters": {"wandb": wandb_section(tmp_path)}}, tmp_path / "l.jsonl") as live:
+        live.export_metrics({"x": 1}, step=0)
+    assert "WANDB_API_KEY" not in os.environ
+    roots = [
+        tmp_path / "wb",
+        *(
+            Path(os.environ[v])
+            for v in ("WANDB_DIR", "WANDB_DATA_DIR", "WANDB_CACHE_DIR", "WANDB_CONFIG_DIR")
+        ),
+    ]
+    files = [p for root in roots if root.exists() for p in root.rglob("*") if p.is_file()]
+    assert len(files) > 10
+    for p in files:
+        assert API_KEY.encode() not in p.read_bytes(), p
