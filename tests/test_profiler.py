@@ -1,0 +1,98 @@
+"""ChunkRangeProfiler with the real torch profiler on the CPU."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import logging
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from gym_artifacts.runtime.profiler import ChunkRangeProfiler, parse_range  # noqa: E402
+
+
+def work(dim: int = 64) -> None:
+    a = torch.randn(dim, dim)
+    (a @ a).relu().sum()
+
+
+def profiler_open() -> bool:
+    return bool(torch.autograd.profiler._is_profiler_enabled)
+
+
+def test_range_2_to_4_of_8_chunks(tmp_path: Path) -> None:
+    prof = ChunkRangeProfiler(tmp_path, "2,4")
+    for i in range(8):
+        with prof.chunk(i):
+            work()
+        assert prof.running == (2 <= i < 4)
+    assert not profiler_open()
+    trace = json.loads(gzip.decompress((tmp_path / "profile.pt.trace.json.gz").read_bytes()))
+    names = {e.get("name") for e in trace["traceEvents"]}
+    assert {"chunk_2", "chunk_3", "chunk_4"} <= names
+    assert not names & {"chunk_0", "chunk_1", "chunk_5", "chunk_7"}
+    assert "aten::mm" in names
+    summary = (tmp_path / "profile.summary.txt").read_text()
+    assert "chunk_3" in summary and "Self CPU" in summary
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]
+
+
+def test_body_raising_inside_range_leaves_no_open_profiler(tmp_path: Path) -> None:
+    prof = ChunkRangeProfiler(tmp_path, "1,5")
+    with pytest.raises(RuntimeError):
+        for i in range(8):
+            with prof.chunk(i):
+                work()
+                if i == 3:
+                    raise RuntimeError("chunk failed")
+    assert not prof.running and not profiler_open()
+    assert "partial profile: chunk 3 raised" in (tmp_path / "profile.summary.txt").read_text()
+    # A new profiler can start afterwards: nothing was left open.
+    with torch.profiler.profile() as p:
+        work()
+    assert p.key_averages()
+
+
+def test_range_never_finished_is_closed_by_close(tmp_path: Path) -> None:
+    prof = ChunkRangeProfiler(tmp_path, "2,10")
+    for i in range(4):
+        with prof.chunk(i):
+            work()
+    assert prof.running
+    prof.close()
+    assert not prof.running and not profiler_open()
+    assert (tmp_path / "profile.pt.trace.json.gz").is_file()
+
+
+@pytest.mark.parametrize("spec", ["3", "a,b", "5,2", "-1,2", "1,2,3"])
+def test_invalid_ranges_are_warned_and_ignored(
+    tmp_path: Path, spec: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.WARNING)
+    assert parse_range(spec) is None
+    assert "EXPERIMENT_PROFILE_RANGE" in caplog.text
+    out = tmp_path / "artifacts"
+    prof = ChunkRangeProfiler(out, spec)
+    with prof.chunk(2):
+        work()
+    assert not prof.running and not out.exists()
+
+
+def test_other_ranks_do_not_profile(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("RANK", "1")
+    out = tmp_path / "artifacts"
+    prof = ChunkRangeProfiler(out, "0,1")
+    with prof.chunk(0):
+        work()
+    assert not prof.running and not out.exists()
+
+
+def test_range_from_environment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("EXPERIMENT_PROFILE_RANGE", "0,0")
+    prof = ChunkRangeProfiler(tmp_path)
+    with prof.chunk(0):
+        work()
+    assert (tmp_path / "profile.pt.trace.json.gz").is_file()
