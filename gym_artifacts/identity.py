@@ -7,7 +7,11 @@ enter a digest: only artifact names relative to the run are used, as dictionary 
 
 from __future__ import annotations
 
+import contextlib
 import gzip
+import json
+import os
+import time
 import zlib
 from collections.abc import Mapping
 from pathlib import Path
@@ -129,15 +133,90 @@ def identity_of(fpath: Path) -> str:
     return hash_bytes_file(fpath)
 
 
-def content_identities(run: RunArtifacts) -> dict[str, str]:
-    """``{artifact name: digest}`` for every file of the run that is present."""
+def content_identities(run: RunArtifacts, *, use_cache: bool = True) -> dict[str, str]:
+    """``{artifact name: digest}`` for every file of the run that is present.
+
+    A file whose device, inode, size, modification and change times all equal those recorded
+    when it was last hashed is not read again (see ``IdentityCache``); any other file is.
+    """
+    cache = IdentityCache(run.identity_cache_fpath) if use_cache else None
     identities: dict[str, str] = {}
     for name, fpath in run.artifact_files().items():
         try:
+            before = os.stat(fpath)
+            cached = cache.lookup(name, before) if cache is not None else None
+            if cached is not None:
+                identities[name] = cached
+                continue
             identities[name] = identity_of(fpath)
+            if cache is not None:
+                cache.store(name, before, os.stat(fpath), identities[name])
         except OSError as exc:
             raise RunError(f"{fpath}: cannot read: {exc.strerror or exc}") from exc
+    if cache is not None:
+        cache.save()
     return identities
+
+
+def _stat_key(st: os.stat_result) -> list[int]:
+    return [st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns]
+
+
+class IdentityCache:
+    """Identities of a run's files keyed on (device, inode, size, mtime_ns, ctime_ns).
+
+    ``ctime`` cannot be set by a writer, so a file rewritten with its old size and mtime still
+    misses. A file modified within the last ``RACY_NS`` (its timestamps may not yet tell two
+    writes apart) or that changed while it was hashed is never cached. The cache is a hidden
+    file beside the run; failing to write it only costs a rehash next time.
+    """
+
+    VERSION = 1
+    RACY_NS = 1_000_000_000
+
+    def __init__(self, fpath: Path) -> None:
+        self.fpath = fpath
+        self.entries: dict[str, dict[str, object]] = {}
+        self.dirty = False
+        try:
+            data = json.loads(fpath.read_bytes())
+            if (
+                isinstance(data, dict)
+                and data.get("version") == self.VERSION
+                and isinstance(data.get("entries"), dict)
+            ):
+                self.entries = data["entries"]
+        except (OSError, ValueError):
+            pass
+
+    def lookup(self, name: str, st: os.stat_result) -> str | None:
+        entry = self.entries.get(name)
+        if (
+            isinstance(entry, dict)
+            and entry.get("key") == _stat_key(st)
+            and isinstance(entry.get("identity"), str)
+        ):
+            return entry["identity"]  # type: ignore[return-value]
+        return None
+
+    def store(self, name: str, before: os.stat_result, after: os.stat_result, identity: str) -> None:
+        key = _stat_key(before)
+        if key != _stat_key(after) or time.time_ns() - before.st_mtime_ns < self.RACY_NS:
+            self.entries.pop(name, None)
+            self.dirty = True
+            return
+        self.entries[name] = {"key": key, "identity": identity}
+        self.dirty = True
+
+    def save(self) -> None:
+        if not self.dirty:
+            return
+        from gym_artifacts.atomic import atomic_write_bytes
+
+        with contextlib.suppress(OSError):
+            atomic_write_bytes(
+                self.fpath, json.dumps({"version": self.VERSION, "entries": self.entries}).encode()
+            )
 
 
 def run_identity(identities: Mapping[str, str]) -> str:

@@ -183,6 +183,7 @@ class LiveExporter(Exporter):
         """
         self._secrets = frozenset(secrets)
         self._previous_last_step = previous_last_step
+        self._metrics_hook = self._guarded(self._log_metrics)
         self._worker = BackgroundWorker(self.name, redact=self.redact)
         self._worker.submit(Call(self._do_setup, (run, resume), "setup"))
 
@@ -202,9 +203,13 @@ class LiveExporter(Exporter):
     ) -> None:
         """Log step metrics (dropped first when the queue is full)."""
         when = time.time() if timestamp is None else timestamp
-        self._submit(
-            Call(self._guarded(self._log_metrics), (dict(metrics), step, when), "metrics", droppable=True)
-        )
+        self._enqueue_metrics(dict(metrics), step, when)
+
+    def _enqueue_metrics(self, metrics: dict[str, Any], step: int | None, when: float) -> None:
+        """The fan-out's fast path: ``metrics`` is already a private snapshot."""
+        worker = self._worker
+        if worker is not None:
+            worker.submit(Call(self._metrics_hook, (metrics, step, when), "metrics", True))
 
     def export_rollouts(self, rollouts: list[Any]) -> None:
         """Log finished rollouts (never dropped)."""
@@ -435,7 +440,7 @@ class LiveRun:
         snapshot = dict(metrics)
         self.journal.append(step, when, snapshot)
         for exporter in self.exporters:
-            exporter.export_metrics(snapshot, step, timestamp=when)
+            exporter._enqueue_metrics(snapshot, step, when)
 
     def export_rollouts(self, rollouts: list[Any]) -> None:
         """Hand finished rollouts to every backend (the eval writes OUT.jsonl itself)."""

@@ -110,6 +110,11 @@ class RunArtifacts(BaseModel):
         """The marker naming the backend run a live run opened."""
         return self._sibling(f"_{check_exporter_name(exporter)}_run_id")
 
+    @property
+    def identity_cache_fpath(self) -> Path:
+        """A hidden file beside the run remembering its files' identities (never part of the run)."""
+        return self.stem.with_name(f".{self.stem.name}.gymart-identities.json")
+
     def export_lock_fpath(self, exporter: str) -> Path:
         """The lock held while one process exports this run to ``exporter``."""
         return self._sibling(f"_{check_exporter_name(exporter)}_export.lock")

@@ -18,7 +18,7 @@ import weakref
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 logger = logging.getLogger(__name__)
 
@@ -36,9 +36,11 @@ class WorkerStats:
     dropped_kinds: dict[str, int] = field(default_factory=dict)
 
 
-@dataclass(frozen=True)
-class Call:
-    """One request for the worker: ``fn(*args)``, droppable or not, with a kind for reports."""
+class Call(NamedTuple):
+    """One request for the worker: ``fn(*args)``, droppable or not, with a kind for reports.
+
+    A tuple, not a dataclass: building one is on the caller's path, so it must be cheap.
+    """
 
     fn: Callable[..., Any]
     args: tuple[Any, ...]
@@ -74,6 +76,9 @@ if hasattr(os, "register_at_fork"):
 class BackgroundWorker:
     """Applies calls on a daemon thread, in the order they were submitted."""
 
+    LINGER = 0.05
+    POLL = 0.002
+
     def __init__(
         self,
         name: str,
@@ -97,6 +102,8 @@ class BackgroundWorker:
         self._burst = 0
         self._backoff_until = 0.0
         self._pid = os.getpid()
+        self._accepting = True  # a plain flag: cheaper on the caller's path than Event.is_set()
+        self._last_busy = 0.0
         self._thread = threading.Thread(target=self._run, name=f"gym-artifacts-{name}", daemon=True)
         self._thread.start()
         _live_workers.add(self)
@@ -104,7 +111,7 @@ class BackgroundWorker:
     # -- caller side: enqueue only ------------------------------------------------------------
     def submit(self, call: Call) -> bool:
         """Hand a call to the worker; False when it was dropped (queue full, stopped, forked)."""
-        if self._pid != os.getpid() or self._stopping.is_set():
+        if not self._accepting:
             self._count_drop(call.kind)
             return False
         if call.droppable and len(self._queue) >= self.max_queued:
@@ -136,6 +143,7 @@ class BackgroundWorker:
         self._deadline = deadline
         marker = _Stop()
         self._queue.append(marker)
+        self._accepting = False
         self._stopping.set()
         self._wake.set()
         finished = marker.done.wait(max(0.0, deadline - time.monotonic()))
@@ -149,6 +157,7 @@ class BackgroundWorker:
 
     def _forget_after_fork(self) -> None:
         """In a forked child the thread is gone: drop further calls rather than hang."""
+        self._accepting = False
         self._queue = deque()
         self._wake = threading.Event()
         self._stopping = threading.Event()
@@ -159,6 +168,11 @@ class BackgroundWorker:
             try:
                 item = self._queue.popleft()
             except IndexError:
+                # Right after work, poll briefly instead of sleeping on the event: a caller that
+                # logs again soon then pays no wake-up (Event.set takes a lock).
+                if time.monotonic() - self._last_busy < self.LINGER:
+                    time.sleep(self.POLL)
+                    continue
                 self._idle = True
                 if self._queue:
                     self._idle = False
@@ -167,6 +181,7 @@ class BackgroundWorker:
                 self._wake.clear()
                 self._idle = False
                 continue
+            self._last_busy = time.monotonic()
             if isinstance(item, _Stop):
                 item.done.set()
                 return

@@ -141,3 +141,48 @@ def test_symlink_leaving_the_run_is_refused(quickstart_run: Path, tmp_path: Path
     (quickstart_run.with_name("eval_artifacts") / "leak.txt").symlink_to(secret)
     with pytest.raises(RunError, match="symlink leads outside the run folder"):
         identities(quickstart_run)
+
+
+def test_unchanged_files_are_not_read_again(quickstart_run: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import os
+
+    from gym_artifacts import identity
+
+    old = time.time() - 60
+    for p in [quickstart_run, *quickstart_run.parent.rglob("*")]:
+        if p.is_file():
+            os.utime(p, (old, old))
+    first = identities(quickstart_run)
+    assert RunArtifacts.from_path(quickstart_run).identity_cache_fpath.is_file()
+    calls: list[Path] = []
+    real = identity.identity_of
+    monkeypatch.setattr(identity, "identity_of", lambda p: calls.append(p) or real(p))
+    assert identities(quickstart_run) == first
+    assert calls == []
+
+
+def test_a_changed_file_is_always_rehashed(quickstart_run: Path) -> None:
+    import os
+
+    old = time.time() - 60
+    rec = quickstart_run.with_name("eval_artifacts") / "recording.mp4"
+    for p in [quickstart_run, *quickstart_run.parent.rglob("*")]:
+        if p.is_file():
+            os.utime(p, (old, old))
+    first = identities(quickstart_run)
+    # Same size, same mtime restored: only ctime tells the rewrite apart.
+    st = rec.stat()
+    data = bytearray(rec.read_bytes())
+    data[100] ^= 0xFF
+    rec.write_bytes(bytes(data))
+    os.utime(rec, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert rec.stat().st_size == st.st_size and rec.stat().st_mtime_ns == st.st_mtime_ns
+    second = identities(quickstart_run)
+    assert second["artifacts/recording.mp4"] != first["artifacts/recording.mp4"]
+    assert {k for k in first if first[k] != second[k]} == {"artifacts/recording.mp4"}
+
+
+def test_a_freshly_written_file_is_not_cached(quickstart_run: Path) -> None:
+    identities(quickstart_run)  # the copies were just written: within the racy window
+    cache = json.loads(RunArtifacts.from_path(quickstart_run).identity_cache_fpath.read_text())
+    assert "rollouts.jsonl" not in cache["entries"]
