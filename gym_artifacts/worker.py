@@ -128,8 +128,11 @@ class BackgroundWorker:
 
     def flush(self, timeout: float) -> bool:
         """Wait until every call submitted before this one was applied (or ``timeout``)."""
-        if self._pid != os.getpid() or not self._thread.is_alive():
+        if self._pid != os.getpid():
             return False
+        if not self._accepting:  # stopping: its drain is the flush
+            self._thread.join(timeout)
+            return not self._thread.is_alive()
         marker = _Marker()
         self._queue.append(marker)
         self._wake.set()

@@ -192,3 +192,13 @@ def test_teardown_status_killed_on_interrupt(tmp_path: Path) -> None:
     with pytest.raises(KeyboardInterrupt), live_exporters(config(tmp_path / "s", "recording"), out):
         raise KeyboardInterrupt
     assert ("teardown", RunStatus.KILLED) in RecordingLive.received
+
+
+def test_flush_of_a_stopping_worker_waits_for_its_drain_not_its_timeout() -> None:
+    worker = BackgroundWorker("t")
+    done: list[int] = []
+    worker.submit(Call(lambda: (time.sleep(0.2), done.append(1)), (), "slow"))
+    worker.stop(0)  # asks to stop and returns at once
+    started = time.monotonic()
+    assert worker.flush(5.0)
+    assert done == [1] and time.monotonic() - started < 2.0
