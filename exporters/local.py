@@ -92,8 +92,22 @@ class LocalExporter(LiveExporter):
         atomic_write_json(dpath / "run.json", run_json)
         rows, sent_bytes = self._write_run_content(run, plan, dpath)
         run_json.update(self._finished_fields(run, plan, rows))
+        run_json.update(self._write_report(run, dpath))
         atomic_write_json(dpath / "run.json", run_json)
         return Sent(backend_run_id=run_id, rows=rows, bytes=sent_bytes)
+
+    @staticmethod
+    def _write_report(run: RunArtifacts, dpath: Path) -> dict[str, Any]:
+        """``report.html`` in the run folder; a report that fails never fails the export."""
+        from gym_artifacts.report import build_report
+
+        try:
+            href = "artifacts/recording.mp4" if (dpath / "artifacts" / "recording.mp4").is_file() else None
+            build_report(run, dpath / "report.html", recording_href=href)
+        except Exception as exc:
+            logger.warning("local: report not written: %s", exc)
+            return {"report_error": f"{type(exc).__name__}: {exc}"}
+        return {"report": "report.html"}
 
     def _certify(self, run: RunArtifacts, plan: ExportPlan, live_run_id: str) -> Sent:
         dpath = self.run_dpath(live_run_id)
@@ -103,6 +117,7 @@ class LocalExporter(LiveExporter):
         rows, sent_bytes = self._write_run_content(run, plan, dpath)
         run_json = read_json(run_json_fpath)
         run_json.update(self._finished_fields(run, plan, rows), certified=True)
+        run_json.update(self._write_report(run, dpath))
         atomic_write_json(run_json_fpath, run_json)
         return Sent(backend_run_id=live_run_id, rows=rows, bytes=sent_bytes)
 
@@ -205,6 +220,12 @@ class LocalExporter(LiveExporter):
         assert self._metrics_fh is not None
         line = canonical_json({"step": step, "time": timestamp, "metrics": metrics})
         self._metrics_fh.write(line + b"\n")
+        self._metrics_fh.flush()
+
+    def _log_metrics_batch(self, entries: list[tuple[dict[str, Any], int, float]]) -> None:
+        assert self._metrics_fh is not None
+        lines = [canonical_json({"step": step, "time": ts, "metrics": m}) for m, step, ts in entries]
+        self._metrics_fh.write(b"\n".join(lines) + b"\n")
         self._metrics_fh.flush()
 
     def _log_rollouts(self, rollouts: list[Any]) -> None:

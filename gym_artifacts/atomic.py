@@ -34,8 +34,11 @@ def _fsync_dir(dpath: Path) -> None:
 
 
 @contextlib.contextmanager
-def atomic_writer(fpath: Path | str, mode: str = "wb") -> Iterator[IO[Any]]:
-    """Open a temporary sibling of ``fpath``; publish it under ``fpath`` only if the block succeeds."""
+def atomic_writer(fpath: Path | str, mode: str = "wb", *, durable: bool = True) -> Iterator[IO[Any]]:
+    """Open a temporary sibling of ``fpath``; publish it under ``fpath`` only if the block succeeds.
+
+    ``durable`` fsyncs the data before the rename (survives a power loss, not only a kill).
+    """
     fpath = Path(fpath)
     fpath.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp_name = tempfile.mkstemp(prefix=TEMP_PREFIX, suffix="-" + fpath.name[:60], dir=fpath.parent)
@@ -44,7 +47,8 @@ def atomic_writer(fpath: Path | str, mode: str = "wb") -> Iterator[IO[Any]]:
         with os.fdopen(fd, mode) as fh:
             yield fh
             fh.flush()
-            os.fsync(fh.fileno())
+            if durable:
+                os.fsync(fh.fileno())
         os.chmod(tmp_fpath, 0o644)
         os.replace(tmp_fpath, fpath)
     except BaseException:

@@ -64,6 +64,10 @@ def build_parser() -> argparse.ArgumentParser:
     st.add_argument("run", metavar="OUT.jsonl")
     st.add_argument("--json", action="store_true")
 
+    rp = sub.add_parser("report", help="write a self-contained HTML report of a run")
+    rp.add_argument("run", metavar="OUT.jsonl")
+    rp.add_argument("-o", "--output", type=Path, help="where to write it (default: STEM_report.html)")
+
     ls = sub.add_parser("exporters", help="registered backends and whether their SDK is installed")
     ls.add_argument("-c", "--config", type=Path, help="config whose enabled flags to show")
     ls.add_argument("--json", action="store_true")
@@ -83,11 +87,12 @@ def _split_items(items: Sequence[str]) -> tuple[list[str], list[str]]:
 
 def _export_runs_worker(args: dict[str, Any]) -> list[dict[str, Any]]:
     """Export one run; returns JSON results (picklable, for ``--jobs``)."""
-    from gym_artifacts.config import build_export_config
+    from gym_artifacts.config import build_export_config, normalize
     from gym_artifacts.errors import GymArtifactsError, RunError
-    from gym_artifacts.export import export_run
+    from gym_artifacts.export import export_run, select_exporters, validate_exporter_settings
     from gym_artifacts.exporter import ExportResult, ExportStatus
     from gym_artifacts.payload import load_run_config
+    from gym_artifacts.progress import Progress
     from gym_artifacts.run import RunArtifacts
 
     source = args["run"]
@@ -101,13 +106,21 @@ def _export_runs_worker(args: dict[str, Any]) -> list[dict[str, Any]]:
             logging.getLogger(__name__).warning("%s", exc)
             run_config = None
         cfg, _ = build_export_config(args["config"], run_config, args["overrides"])
-        results = export_run(
-            run,
-            cfg,
-            exporters=args["exporters"] or None,
-            upload_rollouts=args["upload_rollouts"],
-            certify=args["certify"],
+        validate_exporter_settings(
+            normalize(cfg), select_exporters(normalize(cfg), args["exporters"] or None)
         )
+        progress = Progress(enabled=None if args.get("progress") else False)
+        try:
+            results = export_run(
+                run,
+                cfg,
+                exporters=args["exporters"] or None,
+                upload_rollouts=args["upload_rollouts"],
+                certify=args["certify"],
+                progress=progress.update if progress.enabled else None,
+            )
+        finally:
+            progress.close()
     except RunError as exc:
         names = args["exporters"] or ["*"]
         results = [ExportResult(n, ExportStatus.FAILED, reason=str(exc)) for n in names]
@@ -155,6 +168,8 @@ def cmd_export(ns: argparse.Namespace) -> int:
             "exporters": ns.exporter,
             "upload_rollouts": upload,
             "certify": ns.certify,
+            # a progress line on a terminal, one process at a time, never with --json or --quiet
+            "progress": not (ns.json or ns.quiet) and (ns.jobs == 1 or len(runs) == 1),
         }
         for run in runs
     ]
@@ -229,11 +244,10 @@ def format_results_table(results: Sequence[dict[str, Any]]) -> str:
 
 
 def cmd_status(ns: argparse.Namespace) -> int:
-    from gym_artifacts.errors import GymArtifactsError, ReceiptError
+    from gym_artifacts.errors import GymArtifactsError
     from gym_artifacts.identity import content_identities, run_identity
-    from gym_artifacts.receipts import identity_differences, read_marker, read_receipt
-    from gym_artifacts.registry import discover
     from gym_artifacts.run import RunArtifacts
+    from gym_artifacts.status import exporter_states
 
     try:
         run = RunArtifacts.from_path(ns.run)
@@ -242,40 +256,7 @@ def cmd_status(ns: argparse.Namespace) -> int:
     except GymArtifactsError as exc:
         print(f"gym-artifacts: error: {exc}", file=sys.stderr)
         return EXIT_FAILED
-    names = set(discover())
-    parent = run.stem.parent
-    prefix = run.stem.name + "_"
-    if parent.is_dir():
-        for p in parent.iterdir():
-            for suffix in ("_export_done.json", "_run_id"):
-                if p.name.startswith(prefix) and p.name.endswith(suffix):
-                    names.add(p.name[len(prefix) : -len(suffix)])
-    exporters: dict[str, dict[str, Any]] = {}
-    for name in sorted(names):
-        try:
-            receipt_fpath = run.export_done_fpath(name)
-        except GymArtifactsError:
-            continue
-        info: dict[str, Any] = {"receipt": "none"}
-        try:
-            receipt = read_receipt(receipt_fpath)
-            if receipt is not None:
-                diffs = identity_differences(receipt.identities, identities)
-                info = {
-                    "receipt": "differs" if diffs else "matches",
-                    "backend_run_id": receipt.backend_run_id,
-                    "exported_at": receipt.exported_at,
-                    "differences": diffs,
-                }
-        except ReceiptError as exc:
-            info = {"receipt": "invalid", "error": str(exc)}
-        try:
-            marker = read_marker(run.run_id_marker_fpath(name))
-            if marker is not None:
-                info["live_run"] = {"run_id": marker.run_id, "state": marker.state}
-        except ReceiptError as exc:
-            info["live_run"] = {"error": str(exc)}
-        exporters[name] = info
+    exporters = exporter_states(run, identities)
     report = {
         "run": ns.run,
         "missing_for_export": missing,
@@ -306,6 +287,19 @@ def cmd_status(ns: argparse.Namespace) -> int:
             ]
         )
     print(format_table(["exporter", "receipt", "backend run", "live run"], rows))
+    return EXIT_OK
+
+
+def cmd_report(ns: argparse.Namespace) -> int:
+    from gym_artifacts.errors import GymArtifactsError
+    from gym_artifacts.report import build_report
+
+    try:
+        dest = build_report(ns.run, ns.output)
+    except GymArtifactsError as exc:
+        print(f"gym-artifacts: error: {exc}", file=sys.stderr)
+        return EXIT_FAILED
+    print(dest)
     return EXIT_OK
 
 
@@ -365,7 +359,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         format="gym-artifacts: %(levelname)s: %(message)s",
         stream=sys.stderr,
     )
-    handlers = {"export": cmd_export, "status": cmd_status, "exporters": cmd_exporters}
+    handlers = {"export": cmd_export, "status": cmd_status, "exporters": cmd_exporters, "report": cmd_report}
     return handlers[ns.command](ns)
 
 

@@ -18,8 +18,10 @@ from typing import Any
 from gym_artifacts.config import (
     enabled_exporters,
     exporter_names,
+    exporter_section,
     normalize,
     resolve_upload_rollouts,
+    validate_settings,
 )
 from gym_artifacts.errors import ConfigError, GymArtifactsError, ReceiptError, RunError
 from gym_artifacts.exporter import ExportPlan, ExportResult, ExportStatus
@@ -56,6 +58,20 @@ def select_exporters(cfg: Any, names: Sequence[str] | None) -> list[str]:
         if name in enabled:
             get_entry(name, entries)
     return enabled
+
+
+def validate_exporter_settings(cfg: Any, names: Sequence[str]) -> None:
+    """Refuse invalid backend settings up front (ConfigError naming the key), without building
+    any backend. A section that cannot be resolved now (an environment variable that is gone)
+    is left to the send, so that an already exported run still skips."""
+    entries = discover()
+    for name in names:
+        cls = get_entry(name, entries).load()
+        try:
+            section = exporter_section(cfg, name)
+        except ConfigError:
+            continue
+        validate_settings(cls.config_model, section, name)
 
 
 def file_signatures(run: RunArtifacts) -> Signatures:
@@ -193,6 +209,7 @@ def export_run(
     upload_rollouts: bool | None = None,
     certify: bool = False,
     on_result: Callable[[ExportResult], None] | None = None,
+    progress: Callable[[str, int, int], None] | None = None,
 ) -> list[ExportResult]:
     """Export one finished run to the selected (else every enabled) backend; a result each.
 
@@ -222,7 +239,7 @@ def export_run(
         return finish([_failed(n, f"not exportable: {missing}", start) for n in names])
     try:
         signatures = file_signatures(run)
-        identities = content_identities(run)
+        identities = content_identities(run, progress=progress)
         config_for_backends, secrets = backend_config(run_config)
     except (GymArtifactsError, OSError) as exc:
         return finish([_failed(n, str(exc), start) for n in names])
@@ -235,7 +252,9 @@ def export_run(
         secrets=secrets,
     )
     results = []
-    for name in names:
+    for i, name in enumerate(names):
+        if progress is not None:
+            progress(f"exporting to {name}", i, len(names))
         result = _export_one(run, name, cfg, plan, signatures)
         results.append(result)
         if on_result is not None:

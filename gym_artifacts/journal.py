@@ -75,7 +75,7 @@ def last_step(fpath: Path) -> int | None:
 class MetricsJournal:
     """Appends ``{"step", "time", "metrics"}`` lines to a run's journal off the caller's thread."""
 
-    def __init__(self, fpath: Path, *, resume: bool, max_queued: int = 1_000_000) -> None:
+    def __init__(self, fpath: Path, *, resume: bool, max_queued: int = 100_000) -> None:
         self.fpath = fpath
         self._fh: IO[bytes] | None = None
         self._opened = threading.Event()
@@ -110,7 +110,7 @@ class MetricsJournal:
 
     def append(self, step: int | None, when: float, metrics: dict[str, Any]) -> None:
         """Enqueue one line; never blocks, never raises."""
-        self.worker.submit(Call(self._write, (step, when, metrics), "metrics", droppable=True))
+        self.worker.submit(Call(self._write, (step, when, metrics), "metrics", True, self._write_batch))
 
     def _write(self, step: int | None, when: float, metrics: dict[str, Any]) -> None:
         if self._fh is None:
@@ -118,6 +118,13 @@ class MetricsJournal:
         line = canonical_json({"step": step, "time": when, "metrics": metrics})
         self._fh.write(line + b"\n")
         self._fh.flush()  # one complete line reaches the OS per call: a kill loses none of them
+
+    def _write_batch(self, entries: list[tuple[int | None, float, dict[str, Any]]]) -> None:
+        if self._fh is None:
+            raise RuntimeError(f"journal {self.fpath} is not open")
+        lines = [canonical_json({"step": step, "time": when, "metrics": m}) for step, when, m in entries]
+        self._fh.write(b"\n".join(lines) + b"\n")
+        self._fh.flush()  # complete lines only, one write per batch
 
     def flush(self, timeout: float) -> bool:
         return self.worker.flush(timeout)

@@ -43,6 +43,19 @@ def read_json(fpath: Path | str, what: str = "JSON") -> Any:
         raise RunError(f"{fpath}:{exc.lineno}:{exc.colno}: invalid {what}: {exc.msg}") from exc
 
 
+MAX_LINE_BYTES = 256 << 20
+
+
+def read_line(fh: Any, fpath: Path | str, lineno: int) -> bytes:
+    """The next line, refusing (with file and line) one too long to hold in memory."""
+    raw: bytes = fh.readline(MAX_LINE_BYTES + 1)
+    if len(raw) > MAX_LINE_BYTES:
+        raise RunError(
+            f"{fpath}:{lineno}: line is longer than {MAX_LINE_BYTES >> 20} MiB; refusing to load it"
+        )
+    return raw
+
+
 def iter_jsonl(fpath: Path | str, what: str = "JSONL") -> Iterator[tuple[int, Any]]:
     """Stream ``(line number, record)`` pairs; blank lines are skipped; bad lines raise RunError."""
     fpath = Path(fpath)
@@ -51,7 +64,9 @@ def iter_jsonl(fpath: Path | str, what: str = "JSONL") -> Iterator[tuple[int, An
     except OSError as exc:
         raise RunError(f"{fpath}: cannot read {what}: {exc.strerror or exc}") from exc
     with fh:
-        for lineno, raw in enumerate(fh, start=1):
+        lineno = 0
+        while raw := read_line(fh, fpath, lineno + 1):
+            lineno += 1
             if not raw.strip():
                 continue
             yield lineno, parse_jsonl_line(raw, fpath, lineno, what)

@@ -119,6 +119,11 @@ class LiveExporter(Exporter):
     def _log_metrics(self, metrics: dict[str, Any], step: int, timestamp: float) -> None:
         raise NotImplementedError
 
+    def _log_metrics_batch(self, entries: list[tuple[dict[str, Any], int, float]]) -> None:
+        """Several queued metric calls at once; a backend with a batch API overrides this."""
+        for metrics, step, timestamp in entries:
+            self._log_metrics(metrics, step, timestamp)
+
     def _log_rollouts(self, rollouts: list[Any]) -> None:
         raise NotImplementedError
 
@@ -184,6 +189,7 @@ class LiveExporter(Exporter):
         self._secrets = frozenset(secrets)
         self._previous_last_step = previous_last_step
         self._metrics_hook = self._guarded(self._log_metrics)
+        self._metrics_batch_hook = self._guarded_batch(self._log_metrics_batch)
         self._worker = BackgroundWorker(self.name, redact=self.redact)
         self._worker.submit(Call(self._do_setup, (run, resume), "setup"))
 
@@ -209,7 +215,9 @@ class LiveExporter(Exporter):
         """The fan-out's fast path: ``metrics`` is already a private snapshot."""
         worker = self._worker
         if worker is not None:
-            worker.submit(Call(self._metrics_hook, (metrics, step, when), "metrics", True))
+            worker.submit(
+                Call(self._metrics_hook, (metrics, step, when), "metrics", True, self._metrics_batch_hook)
+            )
 
     def export_rollouts(self, rollouts: list[Any]) -> None:
         """Log finished rollouts (never dropped)."""
@@ -285,6 +293,15 @@ class LiveExporter(Exporter):
                 self._skipped += 1  # counted as undelivered, without backing off
                 return
             hook(*args)
+
+        return apply
+
+    def _guarded_batch(self, hook: Callable[[list[Any]], None]) -> Callable[[list[Any]], None]:
+        def apply(entries: list[Any]) -> None:
+            if self._setup_error is not None or self.run_id is None:
+                self._skipped += len(entries)
+                return
+            hook(entries)
 
         return apply
 
@@ -413,6 +430,7 @@ class LiveRun:
         self.config = config
         self.resume = resume
         self.reports: list[LiveReport] = []
+        self.journal_lost = 0
         self._last_step: int | None = None
         self._closed = False
         raw = resolve_tolerant(config) if config is not None else {}
@@ -486,7 +504,14 @@ class LiveRun:
         threads = [threading.Thread(target=end, args=(e,), daemon=True) for e in self.exporters]
         for t in threads:
             t.start()
-        self.journal.close(max(0.0, deadline - time.monotonic()))
+        journal_closed = self.journal.close(max(0.0, deadline - time.monotonic()))
+        journal_stats = self.journal.worker.stats
+        self.journal_lost = journal_stats.dropped + journal_stats.undelivered + journal_stats.failed
+        if self.journal_lost or not journal_closed:
+            logger.warning(
+                "live logging: the journal %s lost %d metric call(s) (queue full or disk failing: %s)",
+                self.journal.fpath, self.journal_lost, journal_stats.last_error,
+            )  # fmt: skip
         for t in threads:
             # Each exporter's teardown keeps the deadline itself; the grace covers the hand-back.
             t.join(max(0.0, deadline - time.monotonic()) + 0.5)

@@ -145,13 +145,18 @@ def masked_json_artifact(fpath: Any, secrets: frozenset[str]) -> bytes | None:
 
 
 def count_lines(fpath: Any) -> int:
-    """Non-blank lines of a text file, counted in constant memory."""
+    """Non-blank lines of a text file, counted in constant memory (however long a line is)."""
     count = 0
+    tail_has_text = False
     with open(fpath, "rb") as fh:
-        for raw in fh:
-            if raw.strip():
-                count += 1
-    return count
+        while chunk := fh.read(1 << 20):
+            pieces = chunk.split(b"\n")
+            for piece in pieces[:-1]:
+                if tail_has_text or piece.strip():
+                    count += 1
+                tail_has_text = False
+            tail_has_text = tail_has_text or bool(pieces[-1].strip())
+    return count + (1 if tail_has_text else 0)
 
 
 NVML_SUMMARY = "metrics_summary.json"

@@ -227,6 +227,8 @@ class RunArtifacts(BaseModel):
         aggregate = self.aggregate_metrics_fpath
         if rollouts_required and not rollouts.is_file():
             problems.append(f"rollouts file {rollouts} is missing")
+        elif rollouts_required and _blank(rollouts):
+            problems.append(f"rollouts file {rollouts} holds no rollouts")
         if not aggregate.is_file():
             problems.append(f"aggregate metrics file {aggregate} is missing")
         else:
@@ -256,6 +258,16 @@ class RunArtifacts(BaseModel):
         except RunError as exc:
             problems.append(str(exc))
         return "; ".join(problems) or None
+
+
+def _blank(fpath: Path) -> bool:
+    """Whether a file holds nothing but white space (only small files are read to tell)."""
+    size = fpath.stat().st_size
+    if size == 0:
+        return True
+    if size > 1 << 16:
+        return False
+    return not fpath.read_bytes().strip()
 
 
 def agent_label(agent_ref: Any) -> str:

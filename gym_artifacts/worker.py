@@ -28,7 +28,8 @@ class WorkerStats:
     """What happened to the calls handed to one worker."""
 
     delivered: int = 0
-    failed: int = 0
+    failed: int = 0  # calls lost to backend errors
+    failed_attempts: int = 0  # backend calls that raised (a batch is one attempt)
     dropped: int = 0
     undelivered: int = 0
     failure_bursts: int = 0
@@ -46,6 +47,8 @@ class Call(NamedTuple):
     args: tuple[Any, ...]
     kind: str
     droppable: bool = False
+    # Consecutive calls with the same ``batch`` function are applied as one ``batch(list of args)``.
+    batch: Callable[[list[tuple[Any, ...]]], Any] | None = None
 
 
 class _Marker:
@@ -78,6 +81,7 @@ class BackgroundWorker:
 
     LINGER = 0.05
     POLL = 0.002
+    MAX_BATCH = 1000
 
     def __init__(
         self,
@@ -191,14 +195,25 @@ class BackgroundWorker:
             if isinstance(item, _Marker):
                 item.done.set()
                 continue
-            self._apply(item)
+            if item.batch is not None:
+                group = [item]
+                queue = self._queue
+                while queue and len(group) < self.MAX_BATCH:
+                    following = queue[0]
+                    if not isinstance(following, Call) or following.batch is not item.batch:
+                        break
+                    group.append(queue.popleft())
+                self._apply(item, group)
+            else:
+                self._apply(item)
 
     def _past_deadline(self) -> bool:
         return self._deadline is not None and time.monotonic() >= self._deadline
 
-    def _apply(self, call: Call) -> None:
+    def _apply(self, call: Call, group: list[Call] | None = None) -> None:
+        count = 1 if group is None else len(group)
         if call.droppable and self._past_deadline():
-            self.stats.undelivered += 1
+            self.stats.undelivered += count
             return
         wait = self._backoff_until - time.monotonic()
         if wait > 0:
@@ -209,21 +224,26 @@ class BackgroundWorker:
             else:
                 time.sleep(wait)
             if call.droppable and self._past_deadline():
-                self.stats.undelivered += 1
+                self.stats.undelivered += count
                 return
         try:
-            call.fn(*call.args)
+            if group is None:
+                call.fn(*call.args)
+            else:
+                assert call.batch is not None
+                call.batch([c.args for c in group])
         except Exception as exc:
-            self._on_failure(call, exc)
+            self._on_failure(call, exc, count)
         else:
-            self.stats.delivered += 1
+            self.stats.delivered += count
             if self._burst:
                 logger.warning("%s: backend recovered after %d failed call(s)", self.name, self._burst)
                 self._burst = 0
                 self._backoff_until = 0.0
 
-    def _on_failure(self, call: Call, exc: Exception) -> None:
-        self.stats.failed += 1
+    def _on_failure(self, call: Call, exc: Exception, count: int = 1) -> None:
+        self.stats.failed += count
+        self.stats.failed_attempts += 1
         self.stats.last_error = self.redact(f"{type(exc).__name__}: {exc}".splitlines()[0][:500])
         self._burst += 1
         if self._burst == 1:

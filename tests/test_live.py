@@ -202,3 +202,26 @@ def test_flush_of_a_stopping_worker_waits_for_its_drain_not_its_timeout() -> Non
     started = time.monotonic()
     assert worker.flush(5.0)
     assert done == [1] and time.monotonic() - started < 2.0
+
+
+def test_queued_metric_calls_are_applied_as_batches_in_order() -> None:
+    applied: list[list[int]] = []
+    gate = __import__("threading").Event()
+
+    def single(value: int) -> None:
+        applied.append([value])
+
+    def batch(args: list[tuple[int]]) -> None:
+        applied.append([a[0] for a in args])
+
+    worker = BackgroundWorker("t")
+    worker.submit(Call(gate.wait, (5,), "block"))
+    for i in range(10):
+        worker.submit(Call(single, (i,), "metrics", True, batch))
+    worker.submit(Call(single, (99,), "config"))
+    for i in range(10, 13):
+        worker.submit(Call(single, (i,), "metrics", True, batch))
+    gate.set()
+    assert worker.stop(5)
+    assert applied == [list(range(10)), [99], [10, 11, 12]]
+    assert worker.stats.delivered == 1 + 10 + 1 + 3

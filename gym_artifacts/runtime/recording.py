@@ -83,8 +83,11 @@ def _copy_fd(src_fd: int, dst_fd: int, size: int, method: list[str]) -> int:
     return copied
 
 
-def assemble_recording(session_dir: Path | str, dest: Path | str) -> RecordingReport:
-    """Concatenate the session's init segment and chunks into ``dest`` (atomically)."""
+def assemble_recording(session_dir: Path | str, dest: Path | str, *, durable: bool = True) -> RecordingReport:
+    """Concatenate the session's init segment and chunks into ``dest`` (atomically).
+
+    ``durable`` (the default) fsyncs before publishing, so the file also survives a power loss.
+    """
     session_dir, dest = Path(session_dir), Path(dest)
     init = session_dir / "init.mp4"
     if not init.is_file():
@@ -94,7 +97,7 @@ def assemble_recording(session_dir: Path | str, dest: Path | str) -> RecordingRe
     missing = sorted(set(range(indexes[0], indexes[-1] + 1)) - set(indexes)) if indexes else []
     method = [_initial_method()]
     total = 0
-    with atomic_writer(dest) as out:
+    with atomic_writer(dest, durable=durable) as out:
         out.flush()
         dst_fd = out.fileno()
         for fpath in [init, *(p for _, p in chunks)]:

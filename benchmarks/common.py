@@ -1,0 +1,144 @@
+"""Shared pieces of the benchmarks: result rows, timing, peak memory, test data."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import resource
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+@dataclass
+class Row:
+    """One measured figure, its same-run baseline, and the target it is held to."""
+
+    name: str
+    figure: str
+    baseline: str
+    ratio: float | None
+    target: str
+    met: bool | None
+    peak_mb: float | None = None
+    note: str = ""
+
+
+def median(values: list[float]) -> float:
+    ordered = sorted(values)
+    return ordered[len(ordered) // 2]
+
+
+def quantile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(len(ordered) * q))]
+
+
+def timed(fn: Callable[[], object]) -> float:
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
+def best_of(fn: Callable[[], object], repeat: int = 3) -> float:
+    return min(timed(fn) for _ in range(repeat))
+
+
+def run_measured(code: str, env: dict[str, str] | None = None, cwd: Path | None = None) -> dict[str, float]:
+    """Run Python ``code`` in a fresh process; it prints a JSON dict; adds peak RSS (MB)."""
+    wrapper = (
+        "import json, sys\n"
+        f"sys.path.insert(0, {str(REPO)!r})\n"
+        "from benchmarks.common import peak_rss_mb\n"
+        "__result = {}\n"
+        f"{code}\n"
+        "__result['peak_rss_mb'] = peak_rss_mb()\n"
+        "print(json.dumps(__result))\n"
+    )
+    full_env = dict(os.environ, MLFLOW_DISABLE_TELEMETRY="true", **(env or {}))
+    full_env.pop("WANDB_SERVICE", None)
+    proc = subprocess.run(
+        [sys.executable, "-c", wrapper], capture_output=True, text=True, env=full_env, cwd=cwd, timeout=3600
+    )
+    if proc.returncode != 0:
+        raise RuntimeError(f"benchmark subprocess failed: {proc.stderr[-3000:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def peak_rss_mb() -> float:
+    """This process's peak resident set (VmHWM). Unlike ru_maxrss it starts anew at exec, so a
+    child does not inherit the high-water mark of the process that spawned it."""
+    with open("/proc/self/status") as fh:
+        for line in fh:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def write_rollouts(fpath: Path, rows: int, row_bytes: int = 2000, seed: int = 0) -> int:
+    """``rows`` NeMo Gym-like rollouts of about ``row_bytes`` each; returns the file size."""
+    rng = random.Random(seed)
+    pad = max(0, row_bytes - 260)
+    with open(fpath, "w") as fh:
+        for i in range(rows):
+            row = {
+                "task_index": i,
+                "agent_ref": {"name": "agent"},
+                "responses_create_params": {"input": [{"role": "user", "content": "q" * (pad // 3)}]},
+                "response": {
+                    "output_text": "a" * (pad - pad // 3),
+                    "usage": {"output_tokens": rng.randint(1, 999)},
+                },
+                "reward": rng.random(),
+            }
+            fh.write(json.dumps(row) + "\n")
+    return fpath.stat().st_size
+
+
+def write_random(fpath: Path, size: int, block: int = 1 << 22) -> None:
+    with open(fpath, "wb") as fh:
+        left = size
+        while left > 0:
+            n = min(block, left)
+            fh.write(os.urandom(n))
+            left -= n
+
+
+def make_run(dpath: Path, rollouts_bytes: int, recording_bytes: int) -> Path:
+    """A run of about the given sizes: rollouts, aggregate metrics, a recording."""
+    dpath.mkdir(parents=True, exist_ok=True)
+    out = dpath / "run.jsonl"
+    write_rollouts(out, max(1, rollouts_bytes // 2000))
+    artifacts = dpath / "run_artifacts"
+    artifacts.mkdir(exist_ok=True)
+    write_random(artifacts / "recording.mp4", recording_bytes)
+    (artifacts / "session_times.json").write_text('{"start": "a", "end": "b"}')
+    agg = [
+        {
+            "agent_ref": {"name": "agent"},
+            "agent_metrics": {"mean/reward": 0.5},
+            "key_metrics": {"pass@1": 0.5},
+        }
+    ]
+    (dpath / "run_aggregate_metrics.json").write_text(json.dumps(agg))
+    old = time.time() - 120  # outside the identity cache's racy window, as a finished run is
+    for p in [out, dpath / "run_aggregate_metrics.json", *artifacts.iterdir()]:
+        os.utime(p, (old, old))
+    os.utime(dpath / "run_aggregate_metrics.json", (old + 1, old + 1))
+    return out
+
+
+def sha256sum_seconds(*files: Path) -> float:
+    return best_of(
+        lambda: subprocess.run(["sha256sum", *map(str, files)], check=True, capture_output=True), 2
+    )
+
+
+def mb(n: float) -> str:
+    return f"{n / 1e6:.0f} MB"

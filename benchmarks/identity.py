@@ -1,0 +1,91 @@
+"""Content identity over a run (rollouts JSONL + recording) against sha256sum on the same files,
+memory in a fresh process; then the re-export check (SKIPPED) against rehashing."""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+
+from benchmarks.common import Row, best_of, make_run, mb, run_measured, sha256sum_seconds
+
+
+def run(tiny: bool) -> list[Row]:
+    size = 5_000_000 if tiny else 500_000_000
+    rows: list[Row] = []
+    with tempfile.TemporaryDirectory(prefix="gymart-bench-id-") as tmp_name:
+        tmp = Path(tmp_name)
+        out = make_run(tmp / "run", size, size)
+        rollouts = out
+        recording = tmp / "run" / "run_artifacts" / "recording.mp4"
+        from gym_artifacts.identity import hash_bytes_file, hash_jsonl_file
+
+        sha_rec = sha256sum_seconds(recording)
+        ours_rec = best_of(lambda: hash_bytes_file(recording), 2)
+        rows.append(
+            Row(
+                f"identity: bytes ({mb(recording.stat().st_size)} recording)",
+                f"{recording.stat().st_size / ours_rec / 1e6:,.0f} MB/s",
+                f"sha256sum {recording.stat().st_size / sha_rec / 1e6:,.0f} MB/s",
+                sha_rec / ours_rec,
+                ">= 1.5x sha256sum",
+                sha_rec / ours_rec >= 1.5,
+            )
+        )
+        sha_jl = sha256sum_seconds(rollouts)
+        ours_jl = best_of(lambda: hash_jsonl_file(rollouts), 2)
+        rows.append(
+            Row(
+                f"identity: JSONL ({mb(rollouts.stat().st_size)} rollouts)",
+                f"{rollouts.stat().st_size / ours_jl / 1e6:,.0f} MB/s",
+                f"sha256sum {rollouts.stat().st_size / sha_jl / 1e6:,.0f} MB/s",
+                sha_jl / ours_jl,
+                ">= 0.5x sha256sum",
+                sha_jl / ours_jl >= 0.5,
+            )
+        )
+        base = run_measured("import gym_artifacts.identity")
+        used = run_measured(
+            "from gym_artifacts.identity import content_identities\n"
+            "from gym_artifacts.run import RunArtifacts\n"
+            f"content_identities(RunArtifacts.from_path({str(out)!r}), use_cache=False)"
+        )
+        delta = used["peak_rss_mb"] - base["peak_rss_mb"]
+        rows.append(
+            Row(
+                "identity: peak memory over import",
+                f"+{delta:.0f} MB",
+                f"import {base['peak_rss_mb']:.0f} MB",
+                None,
+                "constant in file size",
+                delta < 64,
+                used["peak_rss_mb"],
+            )
+        )
+        rows.extend(_reexport(tmp, out))
+    return rows
+
+
+def _reexport(tmp: Path, out: Path) -> list[Row]:
+    from omegaconf import OmegaConf
+
+    from gym_artifacts.export import export_run
+    from gym_artifacts.identity import content_identities
+    from gym_artifacts.run import RunArtifacts
+
+    cfg = OmegaConf.create({"exporters": {"local": {"enabled": True, "root": str(tmp / "store")}}})
+    [first] = export_run(out, cfg)
+    assert first.status.value == "EXPORTED", first.reason
+    skip = best_of(lambda: export_run(out, cfg), 5)
+    [again] = export_run(out, cfg)
+    assert again.status.value == "SKIPPED", again.reason
+    rehash = best_of(lambda: content_identities(RunArtifacts.from_path(out), use_cache=False), 2)
+    return [
+        Row(
+            "re-export: SKIPPED check",
+            f"{skip * 1000:.1f} ms",
+            f"rehash {rehash * 1000:.0f} ms",
+            rehash / skip,
+            "<= 50 ms, >= 20x",
+            skip <= 0.05 and rehash / skip >= 20,
+        )
+    ]

@@ -1,0 +1,48 @@
+"""Start-up: ``gym-artifacts exporters`` and the export of an already exported run, wall time."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from benchmarks.common import Row, best_of, make_run
+
+
+def _cli(*args: str) -> None:
+    env = dict(os.environ, MLFLOW_DISABLE_TELEMETRY="true")
+    subprocess.run(
+        [sys.executable, "-m", "gym_artifacts.cli", *args], check=True, capture_output=True, env=env
+    )
+
+
+def run(tiny: bool) -> list[Row]:
+    python = best_of(lambda: subprocess.run([sys.executable, "-c", "pass"], check=True), 5)
+    listing = best_of(lambda: _cli("exporters"), 5)
+    with tempfile.TemporaryDirectory(prefix="gymart-bench-start-") as tmp_name:
+        tmp = Path(tmp_name)
+        out = make_run(tmp / "run", 2_000_000, 1_000_000)
+        _cli("export", str(out), "-e", "local", f"exporters.local.root={tmp / 'store'}")
+        skipped = best_of(
+            lambda: _cli("export", str(out), "-e", "local", f"exporters.local.root={tmp / 'store'}"), 5
+        )
+    return [
+        Row(
+            "start-up: gym-artifacts exporters",
+            f"{listing:.2f} s",
+            f"python -c pass {python:.2f} s",
+            listing / python,
+            "< 0.5 s",
+            listing < 0.5,
+        ),
+        Row(
+            "start-up: export of an exported run",
+            f"{skipped:.2f} s",
+            f"python -c pass {python:.2f} s",
+            skipped / python,
+            "< 0.5 s",
+            skipped < 0.5,
+        ),
+    ]

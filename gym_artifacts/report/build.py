@@ -1,0 +1,259 @@
+"""Gathers a run's content and renders the report page (see ``page.py`` for the markup)."""
+
+from __future__ import annotations
+
+import base64
+import html
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from gym_artifacts.atomic import atomic_write_bytes
+from gym_artifacts.identity import content_identities
+from gym_artifacts.jsonio import iter_jsonl, json_safe, read_json
+from gym_artifacts.payload import (
+    aggregate_metrics,
+    backend_config,
+    iter_journal,
+    iter_nvml_series,
+    load_run_config,
+    metric_value,
+    nvml_summary,
+)
+from gym_artifacts.report import charts
+from gym_artifacts.report.page import render_page
+from gym_artifacts.run import RunArtifacts
+from gym_artifacts.status import exporter_states
+
+EMBED_VIDEO_MAX = 5 << 20
+PREVIEW_CHARS = 160
+MAX_STEP_CHARTS = 12
+MAX_COLUMNS = 5
+GPU_METRICS = {
+    "gpu_util_pct": ("GPU utilisation", "%"),
+    "memory_used_gb": ("memory used", "GB"),
+    "power_w": ("power", "W"),
+}
+
+
+def _e(text: Any) -> str:
+    return html.escape(str(text))
+
+
+def _missing(message: str) -> str:
+    return f'<p class="missing">{_e(message)}</p>'
+
+
+def _table(headers: list[str], rows: list[list[Any]], cls: str = "") -> str:
+    head = "".join(f"<th>{_e(h)}</th>" for h in headers)
+    body = "".join("<tr>" + "".join(f"<td>{_e(c)}</td>" for c in row) + "</tr>" for row in rows)
+    return f'<table class="{cls}"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>'
+
+
+def _summary(run: RunArtifacts, identities: dict[str, str]) -> str:
+    parts = [f"<p>Run <code>{_e(run.source)}</code></p>"]
+    times_fpath = run.artifacts_dpath / "session_times.json"
+    if times_fpath.is_file():
+        times = read_json(times_fpath)
+        if isinstance(times, dict):
+            parts.append(_table(["session", "value"], [[k, v] for k, v in times.items()], "kv"))
+    else:
+        parts.append(_missing("No session times were recorded."))
+    states = exporter_states(run, identities)
+    rows = [
+        [name, s["receipt"], s.get("backend_run_id") or "-", ", ".join(s.get("differences") or []) or s.get("error", ""),
+         (s.get("live_run") or {}).get("run_id", "-")]
+        for name, s in states.items()
+    ]  # fmt: skip
+    parts.append(
+        "<h3>Exports</h3>" + _table(["exporter", "receipt", "backend run", "detail", "live run"], rows)
+    )
+    parts.append(
+        "<h3>Content identities</h3>"
+        + _table(["artifact", "identity"], [[k, v] for k, v in identities.items()])
+    )
+    config, _ = backend_config(load_run_config(run))
+    if config is not None:
+        text = json.dumps(json_safe(config), indent=2, sort_keys=True)
+        parts.append(f'<h3>Config (secrets masked)</h3><pre class="config">{_e(text)}</pre>')
+    else:
+        parts.append(_missing("The run has no saved config."))
+    return "".join(parts)
+
+
+def _aggregate(run: RunArtifacts) -> str:
+    if not run.has_rollouts_file or not run.aggregate_metrics_fpath.is_file():
+        return _missing("No aggregate metrics: the run has no aggregate metrics file.")
+    entries = run.read_aggregate_metrics()
+    rows = []
+    for key, value in aggregate_metrics(entries).items():
+        agent, _, rest = key.partition("/")
+        level, _, name = rest.partition("/")
+        rows.append([agent, level, name, f"{value:.6g}" if isinstance(value, float) else value])
+    failed = [e for e in entries if e.get("aggregation_error")]
+    note = (
+        _missing(f"{len(failed)} agent(s) failed to aggregate: {failed[0]['aggregation_error']}")
+        if failed
+        else ""
+    )
+    return note + _table(["agent", "level", "metric", "value"], rows, "aggregate")
+
+
+def _steps(run: RunArtifacts) -> str:
+    series: dict[str, list[tuple[float, float]]] = {}
+    for entry in iter_journal(run):
+        if entry.step is None:
+            continue
+        for key, value in _flat_numbers(entry.metrics).items():
+            series.setdefault(key, []).append((float(entry.step), value))
+    if not series:
+        return _missing("No step metrics were logged live (the run has no metrics journal).")
+    charts_html = [
+        charts.line_chart({key: pts}, title=key, x_label="step", y_label=key)
+        for key, pts in list(series.items())[:MAX_STEP_CHARTS]
+    ]
+    more = len(series) - MAX_STEP_CHARTS
+    tail = f"<p>{more} more metric(s) not drawn.</p>" if more > 0 else ""
+    return '<div class="charts">' + "".join(charts_html) + "</div>" + tail
+
+
+def _flat_numbers(values: dict[str, Any], prefix: str = "") -> dict[str, float]:
+    out: dict[str, float] = {}
+    for key, value in values.items():
+        name = f"{prefix}/{key}" if prefix else str(key)
+        if isinstance(value, dict):
+            out.update(_flat_numbers(value, name))
+        else:
+            number = metric_value(value)
+            if number is not None:
+                out[name] = number
+    return out
+
+
+def _gpu(run: RunArtifacts) -> str:
+    figures, reason = nvml_summary(run)
+    if reason is not None:
+        return _missing(f"No GPU samples were recorded: {reason}.")
+    per_gpu: dict[int, dict[str, list[tuple[float, float]]]] = {}
+    t0: float | None = None
+    for sample in iter_nvml_series(run):
+        t0 = sample.time if t0 is None else t0
+        for name in GPU_METRICS:
+            if name in sample.metrics:
+                per_gpu.setdefault(sample.gpu, {}).setdefault(name, []).append(
+                    (sample.time - t0, sample.metrics[name])
+                )
+    parts = [_table(["figure", "value"], [[k, f"{v:.4g}"] for k, v in figures.items()], "kv gpu-summary")]
+    if not per_gpu:
+        parts.append(
+            _missing("The NVML summary has figures but no sample series (nvml_samples.jsonl) to draw.")
+        )
+    for gpu, metrics in sorted(per_gpu.items()):
+        parts.append(f'<h3>GPU {gpu}</h3><div class="charts">')
+        for name, pts in metrics.items():
+            label, unit = GPU_METRICS[name]
+            parts.append(
+                charts.line_chart(
+                    {name: pts}, title=f"GPU {gpu} {label}", x_label="time (s)", y_label=f"{label} ({unit})"
+                )
+            )
+        parts.append("</div>")
+    return "".join(parts)
+
+
+def _rollouts(run: RunArtifacts) -> tuple[str, str]:
+    """(section HTML, the rows as JSON for the table script)."""
+    rollouts = run.rollouts_fpath
+    if rollouts is None or not rollouts.is_file():
+        return _missing("No rollouts: the run has no rollouts file."), "null"
+    columns: list[str] | None = None
+    rows: list[list[Any]] = []
+    rewards: list[float] = []
+    for lineno, record in iter_jsonl(rollouts, "rollouts JSONL"):
+        if columns is None:
+            columns = [
+                k for k, v in (record.items() if isinstance(record, dict) else [])
+                if isinstance(v, str | int | float | bool) and k != "reward"
+            ][:MAX_COLUMNS]  # fmt: skip
+        reward = metric_value(record.get("reward")) if isinstance(record, dict) else None
+        if reward is not None:
+            rewards.append(reward)
+        cells = [record.get(c) if isinstance(record, dict) else None for c in columns or []]
+        preview = json.dumps(json_safe(record), ensure_ascii=False)[:PREVIEW_CHARS]
+        rows.append([lineno, reward, *cells, preview])
+    if not rows:
+        return _missing("No rollouts: the rollouts file is empty."), "null"
+    header = ["line", "reward", *(columns or []), "rollout (start)"]
+    hist = (
+        charts.histogram(rewards, title="reward distribution", x_label="reward", y_label="rollouts")
+        if rewards
+        else ""
+    )
+    data = json.dumps({"columns": header, "rows": rows}, ensure_ascii=False, allow_nan=False, default=str)
+    section = (
+        (hist or _missing("No rollout has a numeric 'reward'."))
+        + f"<p>{len(rows):,} rollouts. Search and sort the table; rows are drawn a page at a time.</p>"
+        + '<div class="table-controls"><input id="rollout-search" type="search" placeholder="search rollouts" '
+        + 'aria-label="search rollouts"> <button id="prev-page">previous</button> <span id="page-info"></span> '
+        + '<button id="next-page">next</button></div><table id="rollout-table"><thead></thead><tbody></tbody></table>'
+    )
+    return section, data.replace("</", "<\\/")
+
+
+def _recording(run: RunArtifacts, dest: Path, href: str | None) -> str:
+    fpath = run.artifacts_dpath / "recording.mp4"
+    if not fpath.is_file():
+        return _missing("No recording in this run.")
+    if fpath.stat().st_size <= EMBED_VIDEO_MAX and href is None:
+        src = "data:video/mp4;base64," + base64.b64encode(fpath.read_bytes()).decode()
+    else:
+        src = href or os.path.relpath(fpath, dest.parent)
+    return f'<video id="recording-video" controls preload="metadata" src="{_e(src)}"></video>'
+
+
+def _profile(run: RunArtifacts) -> str:
+    fpath = run.artifacts_dpath / "profile.summary.txt"
+    if not fpath.is_file():
+        return _missing("No profiler summary in this run.")
+    lines = fpath.read_text(errors="replace").splitlines()
+    rows: list[list[str]] = []
+    header: list[str] | None = None
+    for line in lines:
+        if line.strip().startswith("Name") and header is None:
+            header = [h for h in (c.strip() for c in line.split("  ")) if h]
+            continue
+        if header and line.strip() and not line.strip().startswith("-") and not line.startswith("Self "):
+            cells = [c for c in (c.strip() for c in line.split("  ")) if c]
+            if len(cells) == len(header):
+                rows.append(cells)
+    if not header or not rows:
+        return f"<pre>{_e(chr(10).join(lines[:40]))}</pre>"
+    return _table(header, rows[:15], "profile")
+
+
+def build_report(
+    run: RunArtifacts | str | os.PathLike[str],
+    dest: Path | str | None = None,
+    *,
+    recording_href: str | None = None,
+) -> Path:
+    """Write the run's report (default ``STEM_report.html`` beside the run); returns its path."""
+    run = run if isinstance(run, RunArtifacts) else RunArtifacts.from_path(run)
+    dest = Path(dest) if dest is not None else run.stem.with_name(run.stem.name + "_report.html")
+    identities = content_identities(run)
+    rollouts_html, rollouts_json = _rollouts(run)
+    sections = [
+        ("summary", "Run summary", _summary(run, identities)),
+        ("aggregate", "Aggregate metrics", _aggregate(run)),
+        ("steps", "Step metrics", _steps(run)),
+        ("gpu", "GPU (NVML)", _gpu(run)),
+        ("rollouts", "Rollouts", rollouts_html),
+        ("recording", "Recording", _recording(run, dest, recording_href)),
+        ("profile", "Profiler: top operations", _profile(run)),
+    ]
+    page = render_page(
+        title=f"gym-artifacts report: {run.name}", sections=sections, rollouts_json=rollouts_json
+    )
+    atomic_write_bytes(dest, page.encode("utf-8"))
+    return dest

@@ -1,0 +1,122 @@
+"""The report's markup: one HTML file with its styles and its one small script inline."""
+
+from __future__ import annotations
+
+import html
+
+STYLE = """
+body { font: 14px/1.45 system-ui, -apple-system, "Segoe UI", sans-serif; margin: 0; color: #111827; background: #f9fafb; }
+header { background: #111827; color: #f9fafb; padding: 12px 24px; }
+header h1 { font-size: 18px; margin: 0; }
+nav a { color: #93c5fd; margin-right: 14px; text-decoration: none; font-size: 13px; }
+main { padding: 8px 24px 48px; max-width: 1400px; }
+section { background: #fff; border: 1px solid #e5e7eb; border-radius: 8px; padding: 12px 18px; margin: 16px 0; }
+h2 { font-size: 16px; margin: 4px 0 10px; } h3 { font-size: 14px; margin: 14px 0 6px; }
+table { border-collapse: collapse; font-size: 12.5px; margin: 6px 0; }
+th, td { border-bottom: 1px solid #e5e7eb; padding: 4px 8px; text-align: left; vertical-align: top; }
+th { background: #f3f4f6; position: sticky; top: 0; }
+#rollout-table th { cursor: pointer; user-select: none; }
+#rollout-table td:last-child { font-family: ui-monospace, monospace; font-size: 11.5px; max-width: 640px; overflow: hidden; text-overflow: ellipsis; white-space: nowrap; }
+code, pre { font-family: ui-monospace, SFMono-Regular, Menlo, monospace; font-size: 12px; }
+pre.config { background: #f3f4f6; padding: 8px; max-height: 360px; overflow: auto; }
+.missing { color: #92400e; background: #fffbeb; border: 1px solid #fde68a; padding: 6px 10px; border-radius: 6px; }
+.charts { display: flex; flex-wrap: wrap; gap: 12px; }
+svg.chart { background: #fff; border: 1px solid #e5e7eb; border-radius: 6px; }
+svg .grid { stroke: #f1f5f9; } svg .frame { fill: none; stroke: #9ca3af; }
+svg .tick { font-size: 10px; fill: #6b7280; } svg .axis-label { font-size: 11px; fill: #374151; }
+svg .chart-title { font-size: 12px; font-weight: 600; fill: #111827; } svg .legend { font-size: 10px; }
+svg .bar { fill: #2563eb; opacity: 0.8; }
+.table-controls { margin: 8px 0; } .table-controls input { padding: 4px 8px; width: 320px; }
+video { max-width: 100%; background: #000; border-radius: 6px; }
+"""
+
+SCRIPT = r"""
+(function () {
+  "use strict";
+  var PAGE = 50;
+  var source = document.getElementById("rollout-data");
+  var data = source ? JSON.parse(source.textContent) : null;
+  var table = document.getElementById("rollout-table");
+  if (data && table) {
+    var rows = data.rows, columns = data.columns, order = rows.map(function (_, i) { return i; });
+    var view = order, page = 0, sortColumn = -1, ascending = true, haystack = null;
+    var thead = table.tHead, tbody = table.tBodies[0];
+    var headRow = thead.insertRow();
+    columns.forEach(function (name, c) {
+      var th = document.createElement("th");
+      th.textContent = name;
+      th.addEventListener("click", function () { sortBy(c); });
+      headRow.appendChild(th);
+    });
+    function cellText(value) { return value === null || value === undefined ? "" : String(value); }
+    function render() {
+      var pages = Math.max(1, Math.ceil(view.length / PAGE));
+      page = Math.min(page, pages - 1);
+      var fragment = document.createDocumentFragment();
+      view.slice(page * PAGE, page * PAGE + PAGE).forEach(function (index) {
+        var tr = document.createElement("tr");
+        rows[index].forEach(function (value) {
+          var td = document.createElement("td");
+          td.textContent = cellText(value);
+          tr.appendChild(td);
+        });
+        fragment.appendChild(tr);
+      });
+      tbody.replaceChildren(fragment);
+      document.getElementById("page-info").textContent =
+        "page " + (page + 1) + " of " + pages + " (" + view.length.toLocaleString() + " rows)";
+    }
+    function compare(a, b) {
+      var x = rows[a][sortColumn], y = rows[b][sortColumn];
+      if (x === y) return a - b;
+      if (x === null || x === undefined) return 1;
+      if (y === null || y === undefined) return -1;
+      var r = (typeof x === "number" && typeof y === "number") ? x - y : String(x).localeCompare(String(y));
+      return ascending ? r : -r;
+    }
+    function sortBy(c) {
+      ascending = sortColumn === c ? !ascending : true;
+      sortColumn = c;
+      view = view.slice().sort(compare);
+      page = 0;
+      render();
+    }
+    document.getElementById("rollout-search").addEventListener("input", function (event) {
+      var needle = event.target.value.trim().toLowerCase();
+      if (!haystack) haystack = rows.map(function (r) { return r.map(cellText).join("\u0001").toLowerCase(); });
+      view = needle ? order.filter(function (i) { return haystack[i].indexOf(needle) >= 0; }) : order;
+      if (sortColumn >= 0) view = view.slice().sort(compare);
+      page = 0;
+      render();
+    });
+    document.getElementById("prev-page").addEventListener("click", function () { if (page > 0) { page--; render(); } });
+    document.getElementById("next-page").addEventListener("click", function () { page++; render(); });
+    render();
+  }
+  window.__reportReadyMs = performance.now();
+  document.body.dataset.ready = "1";
+})();
+"""
+
+
+def render_page(*, title: str, sections: list[tuple[str, str, str]], rollouts_json: str) -> str:
+    """The whole page: no external resource of any kind."""
+    nav = "".join(f'<a href="#{sid}">{html.escape(name)}</a>' for sid, name, _ in sections)
+    body = "".join(
+        f'<section id="{sid}"><h2>{html.escape(name)}</h2>{content}</section>'
+        for sid, name, content in sections
+    )
+    data = (
+        f'<script type="application/json" id="rollout-data">{rollouts_json}</script>'
+        if rollouts_json != "null"
+        else ""
+    )
+    return (
+        '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
+        '<meta name="viewport" content="width=device-width, initial-scale=1">'
+        "<meta http-equiv=\"Content-Security-Policy\" content=\"default-src 'none'; style-src 'unsafe-inline'; "
+        "script-src 'unsafe-inline'; img-src data:; media-src data: file: 'self'\">"
+        f"<title>{html.escape(title)}</title><style>{STYLE}</style></head>"
+        f"<body><header><h1>{html.escape(title)}</h1><nav>{nav}</nav></header><main>{body}</main>"
+        f"{data}<script>{SCRIPT}</script></body></html>\n"
+    )

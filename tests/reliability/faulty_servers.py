@@ -1,0 +1,112 @@
+"""Misbehaving servers on 127.0.0.1 for fault injection: a TCP black hole, an HTTP server that
+answers errors (500, 429 with Retry-After), and one that answers slowly. Each runs on a daemon
+thread, counts the requests it saw and stops by itself when closed."""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+
+@dataclass
+class BlackHole:
+    """Accepts connections and never answers (nor closes them) until stopped."""
+
+    sock: socket.socket
+    held: list[socket.socket] = field(default_factory=list)
+    stopped: threading.Event = field(default_factory=threading.Event)
+
+    @property
+    def uri(self) -> str:
+        return f"http://127.0.0.1:{self.sock.getsockname()[1]}"
+
+    def serve(self) -> None:
+        self.sock.settimeout(0.2)
+        while not self.stopped.is_set():
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                continue
+            self.held.append(conn)
+
+    def close(self) -> None:
+        self.stopped.set()
+        for conn in self.held:
+            with contextlib.suppress(OSError):
+                conn.close()
+        self.sock.close()
+
+
+@contextlib.contextmanager
+def black_hole() -> Iterator[BlackHole]:
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(64)
+    hole = BlackHole(sock)
+    thread = threading.Thread(target=hole.serve, daemon=True)
+    thread.start()
+    try:
+        yield hole
+    finally:
+        hole.close()
+        thread.join(2)
+
+
+@dataclass
+class HttpFault:
+    """What the HTTP server does with every request."""
+
+    status: int = 500
+    retry_after: int | None = None
+    delay: float = 0.0
+    body: bytes = b'{"error_code": "INTERNAL_ERROR", "message": "injected fault"}'
+    requests: int = 0
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+    fault: HttpFault
+
+
+class _Handler(BaseHTTPRequestHandler):
+    server: _Server
+
+    def _answer(self) -> None:
+        fault = self.server.fault
+        fault.requests += 1
+        length = int(self.headers.get("Content-Length") or 0)
+        if length:
+            self.rfile.read(min(length, 1 << 20))
+        if fault.delay:
+            time.sleep(fault.delay)
+        self.send_response(fault.status)
+        if fault.retry_after is not None:
+            self.send_header("Retry-After", str(fault.retry_after))
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(fault.body)))
+        self.end_headers()
+        with contextlib.suppress(OSError):
+            self.wfile.write(fault.body)
+
+    do_GET = do_POST = do_PUT = do_PATCH = do_DELETE = _answer
+
+    def log_message(self, format: str, *args: object) -> None:
+        return
+
+
+@contextlib.contextmanager
+def http_fault(fault: HttpFault) -> Iterator[tuple[str, HttpFault]]:
+    server = _Server(("127.0.0.1", 0), _Handler)
+    server.fault = fault
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.1}, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}", fault
+    finally:
+        server.shutdown()
+        server.server_close()

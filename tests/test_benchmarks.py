@@ -1,0 +1,30 @@
+"""The benchmark harness runs end to end on tiny sizes (figures are not asserted: see BENCHMARKS.md)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+@pytest.mark.slow
+def test_harness_runs_on_tiny_sizes() -> None:
+    env = {k: v for k, v in os.environ.items() if k != "WANDB_SERVICE"}
+    proc = subprocess.run(
+        [sys.executable, "-m", "benchmarks", "--tiny"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=900,
+        env=env,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    for name in ("live: export_metrics median", "identity: JSONL", "re-export: SKIPPED check", "export: ",
+                 "recording: ", "nvml: 10 Hz", "start-up: gym-artifacts exporters"):  # fmt: skip
+        assert name in proc.stdout, name
+    assert "harness peak RSS" in proc.stdout

@@ -1,0 +1,158 @@
+"""The HTML report, in real headless Chromium (Debian's chromium driven by Playwright)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from omegaconf import OmegaConf
+
+from benchmarks.common import write_rollouts
+from gym_artifacts.cli import main
+from gym_artifacts.export import export_run
+from gym_artifacts.report import build_report
+
+REPO = Path(__file__).resolve().parent.parent
+CHROMIUM = os.environ.get("GYM_ARTIFACTS_CHROMIUM", "/usr/bin/chromium")
+SCREENSHOTS = REPO / "test-artifacts"
+ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
+        "--disable-component-update", "--disable-sync", "--autoplay-policy=no-user-gesture-required"]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Any]:
+    playwright = pytest.importorskip("playwright.sync_api")
+    if not Path(CHROMIUM).exists():
+        pytest.skip(f"{CHROMIUM} is not installed (.ci/run installs Debian's chromium)")
+    with playwright.sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+        yield browser
+        browser.close()
+
+
+class Opened:
+    def __init__(self, page: Any, errors: list[str], requests: list[str], seconds: float) -> None:
+        self.page, self.errors, self.requests, self.seconds = page, errors, requests, seconds
+
+
+def open_report(browser: Any, report: Path) -> Opened:
+    page = browser.new_page(viewport={"width": 1300, "height": 900})
+    errors: list[str] = []
+    requests: list[str] = []
+    page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    page.on("request", lambda r: requests.append(r.url))
+    started = time.monotonic()
+    page.goto(report.as_uri())
+    page.wait_for_function("document.body.dataset.ready === '1'", timeout=60_000)
+    return Opened(page, errors, requests, time.monotonic() - started)
+
+
+def test_quickstart_report(browser: Any, quickstart_run: Path, tmp_path: Path) -> None:
+    report = build_report(quickstart_run, tmp_path / "report.html")
+    opened = open_report(browser, report)
+    page = opened.page
+    assert opened.errors == []
+    assert [r for r in opened.requests if not r.startswith(("file://", "data:"))] == []  # no network
+    assert opened.requests[0] == report.as_uri()
+    # every chart has drawn data
+    charts = page.eval_on_selector_all(
+        "svg.chart",
+        "els => els.map(e => ({n: +e.dataset.points, drawn: e.querySelectorAll('polyline[points]:not([points=\"\"]), rect.bar').length}))",
+    )
+    assert len(charts) >= 3 and all(c["n"] > 0 and c["drawn"] > 0 for c in charts), charts
+    # the recording's metadata loads
+    duration = page.evaluate(
+        """() => new Promise(resolve => {
+            const v = document.getElementById('recording-video');
+            if (v.error) resolve(-v.error.code);
+            if (v.readyState >= 1) resolve(v.duration);
+            v.addEventListener('loadedmetadata', () => resolve(v.duration));
+            v.addEventListener('error', () => resolve(-(v.error ? v.error.code : 99)));
+            setTimeout(() => resolve(-100), 15000);
+        })"""
+    )
+    assert duration > 0
+    # searching the rollout table filters rows
+    assert page.locator("#rollout-table tbody tr").count() == 50
+    page.fill("#rollout-search", "weather_agent")
+    info = page.inner_text("#page-info")
+    assert "(100 rows)" in info, info
+    assert all("weather_agent" in t for t in page.locator("#rollout-table tbody tr").all_inner_texts())
+    page.fill("#rollout-search", "no-such-rollout-anywhere")
+    assert page.locator("#rollout-table tbody tr").count() == 0
+    page.fill("#rollout-search", "")
+    page.click("#rollout-table th:nth-child(2)")  # sort by reward
+    page.click("#rollout-table th:nth-child(2)")
+    first_reward = page.locator("#rollout-table tbody tr").first.locator("td").nth(1).inner_text()
+    assert float(first_reward) == 1.0
+    # the summary masks secrets, names exports and identities
+    text = page.inner_text("#summary")
+    assert '"policy_api_key": "***"' in text and "rollouts.jsonl" in text
+    assert "No GPU samples were recorded" in page.inner_text("#gpu")
+    SCREENSHOTS.mkdir(exist_ok=True)
+    page.screenshot(path=str(SCREENSHOTS / "report-quickstart.png"), full_page=True)
+    page.close()
+
+
+def test_large_report_becomes_interactive(browser: Any, quickstart_run: Path, tmp_path: Path, record_property: Any) -> None:
+    write_rollouts(quickstart_run, 100_000, row_bytes=400)
+    quickstart_run.with_name("eval_aggregate_metrics.json").touch()
+    started = time.monotonic()
+    report = build_report(quickstart_run, tmp_path / "big.html")
+    built = time.monotonic() - started
+    opened = open_report(browser, report)
+    ready_ms = opened.page.evaluate("window.__reportReadyMs")
+    print(f"100,000-rollout report: built in {built:.2f} s, {report.stat().st_size / 1e6:.1f} MB, "
+          f"interactive after {opened.seconds:.2f} s (page script ready at {ready_ms:.0f} ms)")  # fmt: skip
+    record_property("report_100k_interactive_s", round(opened.seconds, 3))
+    assert opened.errors == []
+    assert "(100,000 rows)" in opened.page.inner_text("#page-info")
+    opened.page.fill("#rollout-search", '"task_index": 99999,')
+    assert opened.page.locator("#rollout-table tbody tr").count() == 1
+    opened.page.close()
+
+
+def test_missing_pieces_are_said_plainly(browser: Any, quickstart_run: Path, tmp_path: Path) -> None:
+    quickstart_run.unlink()
+    shutil.rmtree(quickstart_run.with_name("eval_artifacts"))
+    quickstart_run.with_name("eval_metrics.jsonl").unlink()
+    report = build_report(quickstart_run, tmp_path / "sparse.html")
+    opened = open_report(browser, report)
+    page = opened.page
+    assert opened.errors == []
+    assert "No rollouts: the run has no rollouts file." in page.inner_text("#rollouts")
+    assert "No recording in this run." in page.inner_text("#recording")
+    assert "No GPU samples were recorded" in page.inner_text("#gpu")
+    assert "No step metrics were logged live" in page.inner_text("#steps")
+    assert page.locator("svg.chart").count() == 0  # no empty charts
+    page.close()
+
+
+def test_gpu_series_are_drawn(browser: Any, quickstart_run: Path, tmp_path: Path) -> None:
+    artifacts = quickstart_run.with_name("eval_artifacts")
+    (artifacts / "metrics_summary.json").write_text(json.dumps({"samples": 3, "avg_vram_gb": 41.0, "peak_vram_gb": 42.0}))
+    samples = [{"time": 100.0 + i, "gpu": g, "metrics": {"gpu_util_pct": 70 + i, "memory_used_gb": 40 + g, "power_w": 300}}
+               for i in range(3) for g in (0, 1)]  # fmt: skip
+    (artifacts / "nvml_samples.jsonl").write_text("".join(json.dumps(s) + "\n" for s in samples))
+    opened = open_report(browser, build_report(quickstart_run, tmp_path / "gpu.html"))
+    gpu = opened.page.inner_text("#gpu")
+    assert "GPU 0" in gpu and "GPU 1" in gpu and "peak_vram_gb" in gpu
+    assert opened.page.locator("#gpu svg.chart").count() == 6
+    opened.page.close()
+
+
+def test_local_backend_writes_the_report_and_cli_report(quickstart_run: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    store = tmp_path / "store"
+    [result] = export_run(quickstart_run, OmegaConf.create({"exporters": {"local": {"enabled": True, "root": str(store)}}}))
+    page = (store / "default" / result.backend_run_id / "report.html").read_text()
+    assert 'src="artifacts/recording.mp4"' in page and "<script" in page
+    assert "http://" not in page.replace("http://127.0.0.1:8000", "") and "https://" not in page
+    assert main(["report", str(quickstart_run), "-o", str(tmp_path / "r.html")]) == 0
+    assert Path(capsys.readouterr().out.strip()) == tmp_path / "r.html"
