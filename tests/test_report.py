@@ -101,7 +101,9 @@ def test_quickstart_report(browser: Any, quickstart_run: Path, tmp_path: Path) -
     page.close()
 
 
-def test_large_report_becomes_interactive(browser: Any, quickstart_run: Path, tmp_path: Path, record_property: Any) -> None:
+def test_large_report_becomes_interactive(
+    browser: Any, quickstart_run: Path, tmp_path: Path, record_property: Any
+) -> None:
     write_rollouts(quickstart_run, 100_000, row_bytes=400)
     quickstart_run.with_name("eval_aggregate_metrics.json").touch()
     started = time.monotonic()
@@ -137,7 +139,9 @@ def test_missing_pieces_are_said_plainly(browser: Any, quickstart_run: Path, tmp
 
 def test_gpu_series_are_drawn(browser: Any, quickstart_run: Path, tmp_path: Path) -> None:
     artifacts = quickstart_run.with_name("eval_artifacts")
-    (artifacts / "metrics_summary.json").write_text(json.dumps({"samples": 3, "avg_vram_gb": 41.0, "peak_vram_gb": 42.0}))
+    (artifacts / "metrics_summary.json").write_text(
+        json.dumps({"samples": 3, "avg_vram_gb": 41.0, "peak_vram_gb": 42.0})
+    )
     samples = [{"time": 100.0 + i, "gpu": g, "metrics": {"gpu_util_pct": 70 + i, "memory_used_gb": 40 + g, "power_w": 300}}
                for i in range(3) for g in (0, 1)]  # fmt: skip
     (artifacts / "nvml_samples.jsonl").write_text("".join(json.dumps(s) + "\n" for s in samples))
@@ -148,9 +152,13 @@ def test_gpu_series_are_drawn(browser: Any, quickstart_run: Path, tmp_path: Path
     opened.page.close()
 
 
-def test_local_backend_writes_the_report_and_cli_report(quickstart_run: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_local_backend_writes_the_report_and_cli_report(
+    quickstart_run: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     store = tmp_path / "store"
-    [result] = export_run(quickstart_run, OmegaConf.create({"exporters": {"local": {"enabled": True, "root": str(store)}}}))
+    [result] = export_run(
+        quickstart_run, OmegaConf.create({"exporters": {"local": {"enabled": True, "root": str(store)}}})
+    )
     page = (store / "default" / result.backend_run_id / "report.html").read_text()
     assert 'src="artifacts/recording.mp4"' in page and "<script" in page
     assert "http://" not in page.replace("http://127.0.0.1:8000", "") and "https://" not in page

@@ -11,6 +11,7 @@ from __future__ import annotations
 import errno
 import os
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -44,33 +45,33 @@ def chunk_files(session_dir: Path) -> list[tuple[int, Path]]:
 
 
 def _copy_fd(src_fd: int, dst_fd: int, size: int, method: list[str]) -> int:
-    """Copy ``size`` bytes at the current offsets, in the kernel when the system allows."""
+    """Copy ``size`` bytes at the current offsets, in the kernel when the system allows.
+
+    ``method`` holds the way that works here; it falls back (and remembers) when the kernel or
+    the filesystem refuses one.
+    """
+    start = os.lseek(src_fd, 0, os.SEEK_CUR)
+    kernel_copies: dict[str, Callable[[int], int]] = {
+        "copy_file_range": lambda done: os.copy_file_range(src_fd, dst_fd, size - done),
+        "sendfile": lambda done: os.sendfile(dst_fd, src_fd, start + done, size - done),
+    }
+    for name, fallback in (("copy_file_range", "sendfile"), ("sendfile", "buffered")):
+        if method[0] != name:
+            continue
+        copied = 0
+        try:
+            while copied < size and (n := kernel_copies[name](copied)):
+                copied += n
+            return copied
+        except OSError as exc:
+            if exc.errno not in _FALLBACK_ERRNOS or copied:
+                raise
+            method[0] = fallback
+    return _buffered_copy(src_fd, dst_fd, size)
+
+
+def _buffered_copy(src_fd: int, dst_fd: int, size: int) -> int:
     copied = 0
-    if method[0] == "copy_file_range":
-        try:
-            while copied < size:
-                n = os.copy_file_range(src_fd, dst_fd, size - copied)
-                if n == 0:
-                    break
-                copied += n
-            return copied
-        except OSError as exc:
-            if exc.errno not in _FALLBACK_ERRNOS or copied:
-                raise
-            method[0] = "sendfile"
-    if method[0] == "sendfile":
-        try:
-            offset = os.lseek(src_fd, 0, os.SEEK_CUR)
-            while copied < size:
-                n = os.sendfile(dst_fd, src_fd, offset + copied, size - copied)
-                if n == 0:
-                    break
-                copied += n
-            return copied
-        except OSError as exc:
-            if exc.errno not in _FALLBACK_ERRNOS or copied:
-                raise
-            method[0] = "buffered"
     while copied < size:
         block = os.read(src_fd, min(1 << 20, size - copied))
         if not block:
