@@ -272,3 +272,31 @@ def test_api_key_appears_in_no_wandb_file(quickstart_run: Path, tmp_path: Path) 
     assert len(files) > 10
     for p in files:
         assert API_KEY.encode() not in p.read_bytes(), p
+
+
+def test_interpreter_exit_tears_down_before_wandb_exit_hook(tmp_path: Path) -> None:
+    """A script that never tears down: our atexit hook (registered after wandb's) ends the runs."""
+    script = textwrap.dedent(
+        f"""
+        from omegaconf import OmegaConf
+        from gym_artifacts.config import normalize
+        from gym_artifacts.live import LiveRun, build_live_exporters
+        from gym_artifacts.run import RunArtifacts
+        cfg = normalize(OmegaConf.create({{"exporters": {{
+            "wandb": {{"enabled": True, "mode": "offline", "project": "t", "dir": {str(tmp_path / "wb")!r}}},
+            "local": {{"enabled": True, "root": {str(tmp_path / "local")!r}}}}}}}))
+        live = LiveRun(RunArtifacts.from_path({str(tmp_path / "eval.jsonl")!r}), build_live_exporters(cfg), cfg, resume=False)
+        for step in range(20):
+            live.export_metrics({{"x": step}}, step=step)
+        live.flush(60)
+        # the script ends here without teardown
+        """
+    )
+    env = {k: v for k, v in os.environ.items() if k != "WANDB_SERVICE"}
+    proc = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, timeout=120, env=env)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    [run] = offline_runs(tmp_path / "wb")
+    assert run.steps == list(range(20))
+    assert run.exit_code == 1  # ended by our hook as KILLED, not left to wandb's own exit hook
+    [local] = list((tmp_path / "local" / "default").iterdir())
+    assert json.loads((local / "run.json").read_text())["status"] == "KILLED"
