@@ -87,7 +87,7 @@ def _split_items(items: Sequence[str]) -> tuple[list[str], list[str]]:
 
 def _export_runs_worker(args: dict[str, Any]) -> list[dict[str, Any]]:
     """Export one run; returns JSON results (picklable, for ``--jobs``)."""
-    from gym_artifacts.config import build_export_config, normalize
+    from gym_artifacts.config import build_export_config
     from gym_artifacts.errors import GymArtifactsError, RunError
     from gym_artifacts.export import export_run, select_exporters, validate_exporter_settings
     from gym_artifacts.exporter import ExportResult, ExportStatus
@@ -106,9 +106,7 @@ def _export_runs_worker(args: dict[str, Any]) -> list[dict[str, Any]]:
             logging.getLogger(__name__).warning("%s", exc)
             run_config = None
         cfg, _ = build_export_config(args["config"], run_config, args["overrides"])
-        validate_exporter_settings(
-            normalize(cfg), select_exporters(normalize(cfg), args["exporters"] or None)
-        )
+        validate_exporter_settings(cfg, select_exporters(cfg, args["exporters"] or None))
         progress = Progress(enabled=None if args.get("progress") else False)
         try:
             results = export_run(
@@ -122,7 +120,7 @@ def _export_runs_worker(args: dict[str, Any]) -> list[dict[str, Any]]:
         finally:
             progress.close()
     except RunError as exc:
-        names = args["exporters"] or ["*"]
+        names = args["exporters"] or ["all"]  # the run's config could not say which
         results = [ExportResult(n, ExportStatus.FAILED, reason=str(exc)) for n in names]
     except GymArtifactsError as exc:
         return [{"run": source, "config_error": str(exc)}]

@@ -293,7 +293,9 @@ def test_interpreter_exit_tears_down_before_wandb_exit_hook(tmp_path: Path) -> N
         """
     )
     env = {k: v for k, v in os.environ.items() if k != "WANDB_SERVICE"}
-    proc = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, timeout=120, env=env)
+    proc = subprocess.run(
+        [sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, timeout=120, env=env
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     [run] = offline_runs(tmp_path / "wb")
     assert run.steps == list(range(20))

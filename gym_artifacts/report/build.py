@@ -5,13 +5,15 @@ from __future__ import annotations
 import base64
 import html
 import json
+import math
 import os
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from gym_artifacts.atomic import atomic_write_bytes
 from gym_artifacts.identity import content_identities
-from gym_artifacts.jsonio import iter_jsonl, json_safe, read_json
+from gym_artifacts.jsonio import json_safe, parse_jsonl_line, read_json, read_line
 from gym_artifacts.payload import (
     aggregate_metrics,
     backend_config,
@@ -170,17 +172,20 @@ def _rollouts(run: RunArtifacts) -> tuple[str, str]:
     columns: list[str] | None = None
     rows: list[list[Any]] = []
     rewards: list[float] = []
-    for lineno, record in iter_jsonl(rollouts, "rollouts JSONL"):
+    for lineno, raw, record in _rollout_lines(rollouts):
         if columns is None:
             columns = [
                 k for k, v in (record.items() if isinstance(record, dict) else [])
                 if isinstance(v, str | int | float | bool) and k != "reward"
             ][:MAX_COLUMNS]  # fmt: skip
         reward = metric_value(record.get("reward")) if isinstance(record, dict) else None
-        if reward is not None:
+        if reward is not None and math.isfinite(reward):
             rewards.append(reward)
-        cells = [record.get(c) if isinstance(record, dict) else None for c in columns or []]
-        preview = json.dumps(json_safe(record), ensure_ascii=False)[:PREVIEW_CHARS]
+        else:
+            reward = None
+        cells = [_cell(record.get(c)) if isinstance(record, dict) else None for c in columns or []]
+        # the line as written, cut short: no re-serialising of 100,000 records
+        preview = raw[: PREVIEW_CHARS * 2].decode("utf-8", errors="replace").strip()[:PREVIEW_CHARS]
         rows.append([lineno, reward, *cells, preview])
     if not rows:
         return _missing("No rollouts: the rollouts file is empty."), "null"
@@ -199,6 +204,23 @@ def _rollouts(run: RunArtifacts) -> tuple[str, str]:
         + '<button id="next-page">next</button></div><table id="rollout-table"><thead></thead><tbody></tbody></table>'
     )
     return section, data.replace("</", "<\\/")
+
+
+def _rollout_lines(fpath: Path) -> Iterator[tuple[int, bytes, Any]]:
+    """``(line number, raw line, record)`` for every non-blank line."""
+    with open(fpath, "rb") as fh:
+        lineno = 0
+        while raw := read_line(fh, fpath, lineno + 1):
+            lineno += 1
+            if raw.strip():
+                yield lineno, raw, parse_jsonl_line(raw, fpath, lineno, "rollouts JSONL")
+
+
+def _cell(value: Any) -> Any:
+    """A table cell JSON can carry (no NaN or infinity)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    return value
 
 
 def _recording(run: RunArtifacts, dest: Path, href: str | None) -> str:
