@@ -23,69 +23,56 @@ __result['above_mb'] = peak_rss_mb() - __base
 """
 
 
-def _ours(out: Path, section: dict) -> dict:
-    code = (
+def _timed(setup: str, measured: str) -> dict:
+    """Run ``measured`` (after ``setup``) in a fresh process: wall time and RSS above imports."""
+    return run_measured(
         PRELUDE
-        + (
-            f"cfg = OmegaConf.create({{'exporters': {section!r}}})\n"
-            "t = time.perf_counter()\n"
-            f"[r] = export_run({str(out)!r}, cfg)\n"
-            "__result['wall'] = time.perf_counter() - t\n"
-            "assert r.status.value == 'EXPORTED', r.reason\n"
-        )
+        + setup
+        + "t = time.perf_counter()\n"
+        + measured
+        + "__result['wall'] = time.perf_counter() - t\n"
         + EPILOGUE
     )
-    return run_measured(code)
+
+
+def _ours(out: Path, section: dict) -> dict:
+    # Each measured export starts cold: no identity cache or receipt left by an earlier one.
+    out.with_name(f".{out.stem}.gymart-identities.json").unlink(missing_ok=True)
+    for receipt in out.parent.glob(f"{out.stem}_*_export_done.json"):
+        receipt.unlink()
+    return _timed(
+        f"cfg = OmegaConf.create({{'exporters': {section!r}}})\n",
+        f"[r] = export_run({str(out)!r}, cfg)\nassert r.status.value == 'EXPORTED', r.reason\n",
+    )
+
+
+def _mlflow_run(uri: str, experiment: str) -> str:
+    return (
+        f"c = mlflow.tracking.MlflowClient({uri!r})\n"
+        f"exp = c.get_experiment_by_name({experiment!r})\n"
+        f"run = c.create_run(exp.experiment_id if exp else c.create_experiment({experiment!r}))\n"
+    )
 
 
 def _copy_baseline(out: Path, dest: Path) -> dict:
-    code = (
-        PRELUDE
-        + (
-            f"t = time.perf_counter(); shutil.copyfile({str(out)!r}, {str(dest)!r}); "
-            "__result['wall'] = time.perf_counter() - t\n"
-        )
-        + EPILOGUE
-    )
-    return run_measured(code)
+    return _timed("", f"shutil.copyfile({str(out)!r}, {str(dest)!r})\n")
 
 
 def _sdk_artifact_baseline(out: Path, uri: str) -> dict:
-    code = (
-        PRELUDE
-        + (
-            f"c = mlflow.tracking.MlflowClient({uri!r})\n"
-            "exp = c.get_experiment_by_name('baseline') or None\n"
-            "eid = exp.experiment_id if exp else c.create_experiment('baseline')\n"
-            "run = c.create_run(eid)\n"
-            "t = time.perf_counter()\n"
-            f"c.log_artifact(run.info.run_id, {str(out)!r}, 'rollouts')\n"
-            "__result['wall'] = time.perf_counter() - t\n"
-        )
-        + EPILOGUE
+    return _timed(
+        _mlflow_run(uri, "baseline"), f"c.log_artifact(run.info.run_id, {str(out)!r}, 'rollouts')\n"
     )
-    return run_measured(code)
 
 
 def _nemo_gym_baseline(out: Path, uri: str) -> dict:
-    code = (
-        PRELUDE
-        + (
-            "import json\n"
-            f"c = mlflow.tracking.MlflowClient({uri!r})\n"
-            "exp = c.get_experiment_by_name('nemo') or None\n"
-            "eid = exp.experiment_id if exp else c.create_experiment('nemo')\n"
-            "run = c.create_run(eid)\n"
-            "t = time.perf_counter()\n"
-            f"rows = [json.loads(line) for line in open({str(out)!r})]\n"
-            "def cell(v): return json.dumps(v) if isinstance(v, (dict, list)) else v\n"
-            "data = {k: [cell(r.get(k)) for r in rows] for k in rows[0]}\n"
-            "c.log_table(run.info.run_id, data=data, artifact_file='rollouts.json')\n"
-            "__result['wall'] = time.perf_counter() - t\n"
-        )
-        + EPILOGUE
+    """NeMo Gym's way: every rollout in memory, sent as one ``log_table`` document."""
+    return _timed(
+        "import json\n" + _mlflow_run(uri, "nemo"),
+        f"rows = [json.loads(line) for line in open({str(out)!r})]\n"
+        "def cell(v): return json.dumps(v) if isinstance(v, (dict, list)) else v\n"
+        "data = {k: [cell(r.get(k)) for r in rows] for k in rows[0]}\n"
+        "c.log_table(run.info.run_id, data=data, artifact_file='rollouts.json')\n",
     )
-    return run_measured(code)
 
 
 def run(tiny: bool) -> list[Row]:

@@ -147,6 +147,11 @@ def test_live_run_config_metrics_and_rollouts(tmp_path: Path) -> None:
         for step in range(5):
             live.export_metrics({"loss": 1 / (step + 1), "nested": {"acc": step / 5}}, step=step)
         live.export_rollouts([{"id": 1, "reward": 1.0}, {"id": 2, "reward": 0.0}])
+        live.flush(60)
+        import wandb
+
+        assert wandb.run is None  # our run never becomes the process's global run
+        assert "WANDB_API_KEY" not in os.environ
     assert live.reports[0].lost == 0, live.reports[0].describe()
     [run] = offline_runs(tmp_path / "wb")
     assert run.steps == [0, 1, 2, 3, 4]
