@@ -89,6 +89,7 @@ class ScopedMlflow:
         self.tracking_uri = tracking_uri
         self.token = token
         self.limits = limits
+        self._artifact_uris: dict[str, str] = {}
         self.client = MlflowClient(tracking_uri=tracking_uri)
         if _is_rest(tracking_uri):
             from mlflow.tracking._tracking_service.client import TrackingServiceClient
@@ -200,7 +201,9 @@ class ScopedMlflow:
     def log_artifact(self, run_id: str, local_path: Path, artifact_dir: str | None) -> int:
         """Upload one file as ``<artifact_dir>/<file name>`` (overwriting); returns its size."""
         size = local_path.stat().st_size
-        artifact_uri = self.get_run(run_id).info.artifact_uri
+        artifact_uri = self._artifact_uris.get(run_id)
+        if artifact_uri is None:  # a run's artifact root never changes: ask once
+            artifact_uri = self._artifact_uris[run_id] = self.get_run(run_id).info.artifact_uri
         base = self._http_artifact_base(artifact_uri)
         if base is None:
             self.client.log_artifact(run_id, str(local_path), artifact_dir)

@@ -158,7 +158,7 @@ class LocalExporter(LiveExporter):
         rows = 0
         rollouts = run.rollouts_fpath
         if plan.upload_rollouts and rollouts is not None and rollouts.is_file():
-            rows = count_lines(rollouts)
+            rows = plan.rollout_rows if plan.rollout_rows is not None else count_lines(rollouts)
             sent_bytes += link_or_copy(rollouts, dpath / "rollouts.jsonl")
         for rel, fpath in run.runtime_artifact_files().items():
             sent_bytes += publish_artifact(fpath, dpath / "artifacts" / rel, plan.secrets)

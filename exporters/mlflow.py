@@ -260,7 +260,7 @@ class MlflowExporter(LiveExporter):
         rows = 0
         rollouts = run.rollouts_fpath
         if plan.upload_rollouts and rollouts is not None and rollouts.is_file():
-            rows = count_lines(rollouts)
+            rows = plan.rollout_rows if plan.rollout_rows is not None else count_lines(rollouts)
             sent += self._upload_file(ml, run_id, rollouts, "rollouts.jsonl", "rollouts")
         for rel, fpath in run.runtime_artifact_files().items():
             parts = rel.rsplit("/", 1)

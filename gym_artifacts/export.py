@@ -36,7 +36,7 @@ from gym_artifacts.receipts import (
     utc_now_iso,
 )
 from gym_artifacts.registry import discover, get_entry
-from gym_artifacts.run import RunArtifacts
+from gym_artifacts.run import ROLLOUTS, RunArtifacts
 from gym_artifacts.secrets import redact_text
 
 logger = logging.getLogger(__name__)
@@ -239,7 +239,8 @@ def export_run(
         return finish([_failed(n, f"not exportable: {missing}", start) for n in names])
     try:
         signatures = file_signatures(run)
-        identities = content_identities(run, progress=progress)
+        record_counts: dict[str, int] = {}
+        identities = content_identities(run, progress=progress, record_counts=record_counts)
         config_for_backends, secrets = backend_config(run_config)
     except (GymArtifactsError, OSError) as exc:
         return finish([_failed(n, str(exc), start) for n in names])
@@ -250,6 +251,7 @@ def export_run(
         certify=certify,
         config=config_for_backends,
         secrets=secrets,
+        rollout_rows=record_counts.get(ROLLOUTS),
     )
     results = []
     for i, name in enumerate(names):

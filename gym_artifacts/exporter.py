@@ -72,6 +72,8 @@ class ExportPlan:
     certify: bool = False
     config: dict[str, Any] | None = None
     secrets: frozenset[str] = field(default_factory=frozenset)
+    # Records in the rollouts file, when hashing counted them (saves a second read).
+    rollout_rows: int | None = None
 
 
 @dataclass(frozen=True)

@@ -133,7 +133,12 @@ def _digest_range_job(job: tuple[str, int, int]) -> tuple[int, int]:
 
 
 def hash_jsonl_file(fpath: Path, workers: int | None = None) -> str:
-    """Order-independent digest of the file's records (formatting does not count).
+    """Order-independent digest of the file's records (formatting does not count)."""
+    return jsonl_digest(fpath, workers).hexdigest()
+
+
+def jsonl_digest(fpath: Path, workers: int | None = None) -> JsonlDigest:
+    """The file's multiset digest (its record count included).
 
     A large file is split at line boundaries and its parts hashed in parallel processes; the
     multiset sums merge. A malformed line is reported with its line number either way.
@@ -141,7 +146,7 @@ def hash_jsonl_file(fpath: Path, workers: int | None = None) -> str:
     size = fpath.stat().st_size
     workers = workers or min(os.cpu_count() or 1, 8)
     if size < PARALLEL_MIN_BYTES or workers < 2:
-        return digest_jsonl_range(fpath).hexdigest()
+        return digest_jsonl_range(fpath)
     import multiprocessing
     import threading
     from concurrent.futures import ProcessPoolExecutor
@@ -154,11 +159,11 @@ def hash_jsonl_file(fpath: Path, workers: int | None = None) -> str:
         with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context(method)) as pool:
             parts = list(pool.map(_digest_range_job, jobs))
     except RunError:
-        return digest_jsonl_range(fpath).hexdigest()  # again in order, for the exact line number
+        return digest_jsonl_range(fpath)  # again in order, for the exact line number
     total = JsonlDigest()
     for count, part_sum in parts:
         total.merge(JsonlDigest(count, part_sum))
-    return total.hexdigest()
+    return total
 
 
 def identity_of(fpath: Path) -> str:
@@ -180,11 +185,13 @@ def content_identities(
     *,
     use_cache: bool = True,
     progress: Callable[[str, int, int], None] | None = None,
+    record_counts: dict[str, int] | None = None,
 ) -> dict[str, str]:
     """``{artifact name: digest}`` for every file of the run that is present.
 
     A file whose device, inode, size, modification and change times all equal those recorded
     when it was last hashed is not read again (see ``IdentityCache``); any other file is.
+    ``record_counts``, when given, receives the number of records of each JSONL file known.
     """
     cache = IdentityCache(run.identity_cache_fpath) if use_cache else None
     identities: dict[str, str] = {}
@@ -199,11 +206,16 @@ def content_identities(
                 done += before.st_size
             cached = cache.lookup(name, before) if cache is not None else None
             if cached is not None:
-                identities[name] = cached
-                continue
-            identities[name] = identity_of(fpath)
-            if cache is not None:
-                cache.store(name, before, os.stat(fpath), identities[name])
+                identities[name], records = cached
+            elif name.endswith(".jsonl"):
+                digest = jsonl_digest(fpath)
+                identities[name], records = digest.hexdigest(), digest.count
+            else:
+                identities[name], records = identity_of(fpath), None
+            if records is not None and record_counts is not None:
+                record_counts[name] = records
+            if cached is None and cache is not None:
+                cache.store(name, before, os.stat(fpath), identities[name], records)
         except OSError as exc:
             raise RunError(f"{fpath}: cannot read: {exc.strerror or exc}") from exc
     if cache is not None:
@@ -244,23 +256,30 @@ class IdentityCache:
         except (OSError, ValueError):
             pass
 
-    def lookup(self, name: str, st: os.stat_result) -> str | None:
+    def lookup(self, name: str, st: os.stat_result) -> tuple[str, int | None] | None:
+        """(identity, record count or None) when the file is unchanged since it was hashed."""
         entry = self.entries.get(name)
-        if (
-            isinstance(entry, dict)
-            and entry.get("key") == _stat_key(st)
-            and isinstance(entry.get("identity"), str)
-        ):
-            return entry["identity"]  # type: ignore[return-value]
-        return None
+        if not isinstance(entry, dict) or entry.get("key") != _stat_key(st):
+            return None
+        identity, records = entry.get("identity"), entry.get("records")
+        if not isinstance(identity, str):
+            return None
+        return identity, records if isinstance(records, int) else None
 
-    def store(self, name: str, before: os.stat_result, after: os.stat_result, identity: str) -> None:
+    def store(
+        self,
+        name: str,
+        before: os.stat_result,
+        after: os.stat_result,
+        identity: str,
+        records: int | None = None,
+    ) -> None:
         key = _stat_key(before)
         if key != _stat_key(after) or time.time_ns() - before.st_mtime_ns < self.RACY_NS:
             self.entries.pop(name, None)
             self.dirty = True
             return
-        self.entries[name] = {"key": key, "identity": identity}
+        self.entries[name] = {"key": key, "identity": identity, "records": records}
         self.dirty = True
 
     def save(self) -> None:

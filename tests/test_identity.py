@@ -155,10 +155,14 @@ def test_unchanged_files_are_not_read_again(quickstart_run: Path, monkeypatch: p
     first = identities(quickstart_run)
     assert RunArtifacts.from_path(quickstart_run).identity_cache_fpath.is_file()
     calls: list[Path] = []
-    real = identity.identity_of
+    real, real_jsonl = identity.identity_of, identity.jsonl_digest
     monkeypatch.setattr(identity, "identity_of", lambda p: calls.append(p) or real(p))
+    monkeypatch.setattr(identity, "jsonl_digest", lambda p: calls.append(p) or real_jsonl(p))
     assert identities(quickstart_run) == first
     assert calls == []
+    (quickstart_run.with_name("eval_artifacts") / "session_times.json").write_text('{"start": "changed"}')
+    identities(quickstart_run)
+    assert [p.name for p in calls] == ["session_times.json"]  # only the changed file is read
 
 
 def test_a_changed_file_is_always_rehashed(quickstart_run: Path) -> None:
