@@ -89,7 +89,7 @@ LOCAL_POINTS = [
     ("exporters.local:atomic_write_json", 1, "after"),  # the run folder exists, nothing in it
     ("gym_artifacts.atomic:shutil.copyfileobj", 2, "during-copy"),  # mid-rollouts
     ("gym_artifacts.atomic:shutil.copyfileobj", 5, "during-copy"),  # mid-artifact (the recording)
-    ("exporters.local:count_lines", 1, "before"),  # config, metrics, aggregate sent; rollouts not
+    ("exporters.local:link_or_copy", 2, "before"),  # config, metrics, aggregate sent; rollouts not
     ("gym_artifacts.export:publish_receipt", 1, "before"),
     ("gym_artifacts.export:publish_receipt", 1, "after"),
 ]
