@@ -44,10 +44,6 @@ class ExportResult:
     bytes: int = 0
     seconds: float = 0.0
 
-    @property
-    def ok(self) -> bool:
-        return self.status is not ExportStatus.FAILED
-
     def to_json(self, run: str) -> dict[str, Any]:
         """The CLI's ``--json`` object for this result."""
         return {

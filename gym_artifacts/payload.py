@@ -76,11 +76,6 @@ def is_number(value: Any) -> bool:
     return isinstance(value, numbers.Real)
 
 
-def as_float(value: Any) -> float:
-    """A metric value as float (bools as 0/1)."""
-    return float(value)
-
-
 def aggregate_metrics(entries: list[dict[str, Any]]) -> dict[str, Scalar]:
     """Every level of NeMo Gym's aggregate metrics as ``<agent>/<level>/<key...>`` leaves."""
     out: dict[str, Scalar] = {}
@@ -94,11 +89,6 @@ def aggregate_metrics(entries: list[dict[str, Any]]) -> dict[str, Scalar]:
             if level in entry and entry[level] is not None:
                 out.update(flatten(entry[level], f"{label}/{level}"))
     return out
-
-
-def numeric_items(values: dict[str, Scalar]) -> dict[str, float]:
-    """The numeric leaves of a flat mapping (strings and None left out)."""
-    return {k: as_float(v) for k, v in values.items() if is_number(v)}
 
 
 @dataclass(frozen=True)

@@ -203,7 +203,8 @@ class BackgroundWorker:
                     if not isinstance(following, Call) or following.batch is not item.batch:
                         break
                     group.append(queue.popleft())
-                self._apply(item, group)
+                # a lone call goes through its own function; only a run of them through ``batch``
+                self._apply(item, group if len(group) > 1 else None)
             else:
                 self._apply(item)
 
