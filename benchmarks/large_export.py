@@ -14,7 +14,8 @@ PRELUDE = """
 import time, shutil
 from omegaconf import OmegaConf
 from gym_artifacts.export import export_run
-import gym_artifacts.identity, exporters.local, exporters.mlflow, mlflow, mlflow.tracking
+import gym_artifacts.identity, mlflow, mlflow.tracking
+import gym_artifacts._builtin_exporters.local, gym_artifacts._builtin_exporters.mlflow
 __base = peak_rss_mb()
 """
 EPILOGUE = """

@@ -21,8 +21,6 @@ from typing import Any
 
 from pydantic import Field, SecretStr
 
-from exporters._mlflow_client import IDENTITY_TAG, RequestLimits, ScopedMlflow, file_mtime_ms
-from exporters._mlflow_mapping import config_params, split_metrics, tag_value
 from gym_artifacts.config import ExporterConfig
 from gym_artifacts.exporter import ExportPlan, Sent
 from gym_artifacts.jsonio import canonical_json, json_safe
@@ -37,6 +35,9 @@ from gym_artifacts.payload import (
 )
 from gym_artifacts.receipts import utc_now_iso
 from gym_artifacts.run import RunArtifacts
+
+from ._mlflow_client import IDENTITY_TAG, RequestLimits, ScopedMlflow, file_mtime_ms
+from ._mlflow_mapping import config_params, split_metrics, tag_value
 
 logger = logging.getLogger(__name__)
 

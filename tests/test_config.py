@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
-from exporters.local import LocalSettings
+from gym_artifacts._builtin_exporters.local import LocalSettings
 from gym_artifacts.config import (
     build_export_config,
     enabled_exporters,

@@ -19,7 +19,12 @@ pytest.importorskip("mlflow")
 
 from mlflow.tracking import MlflowClient
 
-from exporters._mlflow_mapping import config_params, sanitize_key, split_metrics, unique_names
+from gym_artifacts._builtin_exporters._mlflow_mapping import (
+    config_params,
+    sanitize_key,
+    split_metrics,
+    unique_names,
+)
 from gym_artifacts.export import export_run
 from gym_artifacts.exporter import ExportStatus
 from gym_artifacts.live import live_exporters
@@ -142,7 +147,7 @@ def test_export_killed_after_run_creation_leaves_one_run(quickstart_run: Path, t
     script = textwrap.dedent(
         f"""
         import os, signal, sys
-        from exporters import _mlflow_client
+        from gym_artifacts._builtin_exporters import _mlflow_client
         original = _mlflow_client.ScopedMlflow.log_artifact
         def die(self, *a, **k):  # the run exists and its metrics are in: now die
             os.kill(os.getpid(), signal.SIGKILL)

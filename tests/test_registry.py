@@ -11,7 +11,7 @@ from gym_artifacts.exporter import Exporter, ExportPlan, Sent
 
 def test_builtin_local_is_registered_by_entry_point() -> None:
     entry = registry.discover()["local"]
-    assert entry.target == "exporters.local:LocalExporter"
+    assert entry.target == "gym_artifacts._builtin_exporters.local:LocalExporter"
     assert entry.provider == "gym-artifacts"
     assert entry.sdk_installed()
 
@@ -25,7 +25,7 @@ def test_duplicate_name_names_both() -> None:
 
     with pytest.raises(
         ConfigError,
-        match=r"'local' is registered twice: exporters\.local:LocalExporter .*OtherLocal",
+        match=r"'local' is registered twice: gym_artifacts\._builtin_exporters\.local:LocalExporter .*OtherLocal",
     ):
         registry.register(OtherLocal, provider="some-plugin")
 

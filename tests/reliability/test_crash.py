@@ -86,19 +86,19 @@ def killed(target: str, nth: int, when: str, argv: list[str], env: dict[str, str
 
 
 LOCAL_POINTS = [
-    ("exporters.local:atomic_write_json", 1, "after"),  # the run folder exists, nothing in it
+    ("gym_artifacts._builtin_exporters.local:atomic_write_json", 1, "after"),  # the run folder exists, nothing in it
     ("gym_artifacts.atomic:shutil.copyfileobj", 2, "during-copy"),  # mid-rollouts
     ("gym_artifacts.atomic:shutil.copyfileobj", 5, "during-copy"),  # mid-artifact (the recording)
-    ("exporters.local:link_or_copy", 2, "before"),  # config, metrics, aggregate sent; rollouts not
+    ("gym_artifacts._builtin_exporters.local:link_or_copy", 2, "before"),  # config, metrics, aggregate sent; rollouts not
     ("gym_artifacts.export:publish_receipt", 1, "before"),
     ("gym_artifacts.export:publish_receipt", 1, "after"),
 ]
 MLFLOW_POINTS = [
-    ("exporters._mlflow_client:ScopedMlflow.create_run", 1, "after"),
-    ("exporters._mlflow_client:ScopedMlflow.log_metrics", 1, "after"),  # the journal is in
-    ("exporters._mlflow_client:ScopedMlflow.log_artifact", 3, "during-artifact"),  # mid-rollouts
-    ("exporters._mlflow_client:ScopedMlflow.log_artifact", 6, "during-artifact"),  # mid-artifact
-    ("exporters._mlflow_client:ScopedMlflow.terminate", 1, "before"),
+    ("gym_artifacts._builtin_exporters._mlflow_client:ScopedMlflow.create_run", 1, "after"),
+    ("gym_artifacts._builtin_exporters._mlflow_client:ScopedMlflow.log_metrics", 1, "after"),  # the journal is in
+    ("gym_artifacts._builtin_exporters._mlflow_client:ScopedMlflow.log_artifact", 3, "during-artifact"),  # mid-rollouts
+    ("gym_artifacts._builtin_exporters._mlflow_client:ScopedMlflow.log_artifact", 6, "during-artifact"),  # mid-artifact
+    ("gym_artifacts._builtin_exporters._mlflow_client:ScopedMlflow.terminate", 1, "before"),
     ("gym_artifacts.export:publish_receipt", 1, "before"),
     ("gym_artifacts.export:publish_receipt", 1, "after"),
 ]
