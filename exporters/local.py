@@ -21,6 +21,7 @@ from typing import IO, Any
 from pydantic import field_validator
 
 from gym_artifacts.atomic import atomic_write_bytes, atomic_write_json, atomic_writer, link_or_copy
+from gym_artifacts.backend import CannotCertify
 from gym_artifacts.config import ExporterConfig
 from gym_artifacts.exporter import ExportPlan, Sent
 from gym_artifacts.journal import repair_partial_last_line
@@ -113,7 +114,7 @@ class LocalExporter(LiveExporter):
         dpath = self.run_dpath(live_run_id)
         run_json_fpath = dpath / "run.json"
         if not run_json_fpath.is_file():
-            raise NotImplementedError(f"live run folder {dpath} is gone")
+            raise CannotCertify(f"live run folder {dpath} is gone")
         rows, sent_bytes = self._write_run_content(run, plan, dpath)
         run_json = read_json(run_json_fpath)
         run_json.update(self._finished_fields(run, plan, rows), certified=True)

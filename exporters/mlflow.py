@@ -21,6 +21,7 @@ from typing import Any
 
 from pydantic import Field, SecretStr
 
+from gym_artifacts.backend import CannotCertify
 from gym_artifacts.config import ExporterConfig
 from gym_artifacts.exporter import ExportPlan, Sent
 from gym_artifacts.jsonio import canonical_json, json_safe
@@ -207,9 +208,9 @@ class MlflowExporter(LiveExporter):
         try:
             live = ml.get_run(live_run_id)
         except MlflowException as exc:
-            raise NotImplementedError(f"live run {live_run_id} is gone") from exc
+            raise CannotCertify(f"live run {live_run_id} is gone") from exc
         if live.info.lifecycle_stage != "active":
-            raise NotImplementedError(f"live run {live_run_id} is deleted")
+            raise CannotCertify(f"live run {live_run_id} is deleted")
         ml.set_tags(live_run_id, {IDENTITY_TAG: plan.run_identity, CERTIFIED_TAG: "true"})
         rows, sent = self._send_run(ml, live_run_id, run, plan)
         ml.terminate(live_run_id, "FINISHED")

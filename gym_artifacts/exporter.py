@@ -1,14 +1,15 @@
-"""The post-run Exporter interface: a tiny contract that reports expected failures as results."""
+"""The Exporter base: builds a backend from its config section and turns expected failures into results.
+
+The hooks and the types a backend deals in are declared in ``gym_artifacts.backend``.
+"""
 
 from __future__ import annotations
 
-import enum
 import logging
 import time
-from abc import ABC, abstractmethod
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from gym_artifacts.backend import ExportPlan, ExportResult, ExportStatus, PostRunHooks, Sent
 from gym_artifacts.config import ExporterConfig, exporter_section, validate_settings
 from gym_artifacts.errors import GymArtifactsError
 from gym_artifacts.secrets import redact_text
@@ -18,71 +19,13 @@ if TYPE_CHECKING:
 
     from gym_artifacts.run import RunArtifacts
 
+# The result types live in the contract module; importing them from here keeps working.
+__all__ = ["ExportPlan", "ExportResult", "ExportStatus", "Exporter", "Sent"]
+
 logger = logging.getLogger(__name__)
 
 
-class ExportStatus(str, enum.Enum):
-    """How an export of one run to one backend ended."""
-
-    EXPORTED = "EXPORTED"
-    SKIPPED = "SKIPPED"
-    FAILED = "FAILED"
-
-    def __str__(self) -> str:
-        return self.value
-
-
-@dataclass(frozen=True)
-class ExportResult:
-    """One run's export to one backend: what happened, where it went, how much was sent."""
-
-    exporter: str
-    status: ExportStatus
-    backend_run_id: str | None = None
-    reason: str | None = None
-    rows: int = 0
-    bytes: int = 0
-    seconds: float = 0.0
-
-    def to_json(self, run: str) -> dict[str, Any]:
-        """The CLI's ``--json`` object for this result."""
-        return {
-            "run": run,
-            "exporter": self.exporter,
-            "status": self.status.value,
-            "backend_run_id": self.backend_run_id,
-            "reason": self.reason,
-            "rows": self.rows,
-            "bytes": self.bytes,
-            "seconds": round(self.seconds, 6),
-        }
-
-
-@dataclass(frozen=True)
-class ExportPlan:
-    """What a send needs beyond the run's paths, computed once for every backend."""
-
-    identities: dict[str, str]
-    run_identity: str
-    upload_rollouts: bool
-    certify: bool = False
-    config: dict[str, Any] | None = None
-    secrets: frozenset[str] = field(default_factory=frozenset)
-    # Records in the rollouts file, when hashing counted them (saves a second read).
-    rollout_rows: int | None = None
-
-
-@dataclass(frozen=True)
-class Sent:
-    """What a backend's send reports back: the backend run and the amount sent."""
-
-    backend_run_id: str | None
-    rows: int = 0
-    bytes: int = 0
-    note: str | None = None
-
-
-class Exporter(ABC):
+class Exporter(PostRunHooks):
     """A backend that can receive a finished run.
 
     Subclasses set ``name`` and ``config_model`` and implement ``_export``, which may raise;
@@ -128,6 +71,3 @@ class Exporter(ABC):
             seconds=time.monotonic() - start,
         )
 
-    @abstractmethod
-    def _export(self, run: RunArtifacts, plan: ExportPlan) -> Sent:
-        """Send everything the run has to the backend; idempotent for the same run identity."""

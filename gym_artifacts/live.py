@@ -1,16 +1,15 @@
 """Live logging that never slows or fails the eval: LiveExporter, its wrappers, and the fan-out.
 
-Backends implement the unwrapped hooks (``_setup``, ``_log_config``, ``_log_metrics``,
-``_log_rollouts``, ``_teardown``) and may raise freely. Call sites use the wrappers, which only
-enqueue onto the exporter's background worker: lifecycle requests (setup, start over, complete,
-teardown) travel through the same queue, so only the worker thread touches a backend's run.
+Backends implement the hooks declared in ``gym_artifacts.backend.LiveHooks`` and may raise freely.
+Call sites use the wrappers, which only enqueue onto the exporter's background worker: lifecycle
+requests (setup, start over, complete, teardown) travel through the same queue, so only the
+worker thread touches a backend's run.
 """
 
 from __future__ import annotations
 
 import atexit
 import contextlib
-import enum
 import logging
 import threading
 import time
@@ -18,6 +17,7 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from gym_artifacts.backend import CannotCertify, LiveHooks, RunStatus
 from gym_artifacts.config import enabled_exporters, is_resume, normalize, resolve_tolerant
 from gym_artifacts.errors import GymArtifactsError, ReceiptError
 from gym_artifacts.exporter import Exporter, ExportPlan, Sent
@@ -35,14 +35,6 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 DEFAULT_TEARDOWN_TIMEOUT = 10.0
-
-
-class RunStatus(str, enum.Enum):
-    """How the eval ended, as backends record it."""
-
-    FINISHED = "FINISHED"
-    FAILED = "FAILED"
-    KILLED = "KILLED"
 
 
 @dataclass
@@ -80,7 +72,7 @@ class LiveReport:
         return ", ".join(parts)
 
 
-class LiveExporter(Exporter):
+class LiveExporter(LiveHooks, Exporter):
     """An exporter that can also follow a running eval.
 
     Worker-thread state: ``run`` (the eval's output), ``resume_run_id`` (the marker's run when
@@ -108,43 +100,6 @@ class LiveExporter(Exporter):
         exporter._global_config = cfg
         return exporter
 
-    # -- hooks a backend implements (worker thread only; may raise) -------------------------------
-    def _setup(self) -> str:
-        """Open a backend run (reopen ``resume_run_id`` when set and possible); return its id."""
-        raise NotImplementedError
-
-    def _log_config(self, config: dict[str, Any]) -> None:
-        raise NotImplementedError
-
-    def _log_metrics(self, metrics: dict[str, Any], step: int, timestamp: float) -> None:
-        raise NotImplementedError
-
-    def _log_metrics_batch(self, entries: list[tuple[dict[str, Any], int, float]]) -> None:
-        """Several queued metric calls at once; a backend with a batch API overrides this."""
-        for metrics, step, timestamp in entries:
-            self._log_metrics(metrics, step, timestamp)
-
-    def _log_rollouts(self, rollouts: list[Any]) -> None:
-        raise NotImplementedError
-
-    def _teardown(self, status: RunStatus) -> None:
-        raise NotImplementedError
-
-    def _release_reopened(self) -> None:
-        """Let go of a reopened run without marking it ended (undo the reopen mark)."""
-        self._teardown(RunStatus.KILLED)
-
-    def _certify(self, run: RunArtifacts, plan: ExportPlan, live_run_id: str) -> Sent:
-        """Send what the completed live run lacks into it; raise NotImplementedError if unable."""
-        raise NotImplementedError
-
-    def _mark_superseded(self, live_run_id: str, new_run_id: str) -> None:
-        """Note on the live run that a post-run export replaced it (best effort, data untouched)."""
-
-    def _export_post_run(self, run: RunArtifacts, plan: ExportPlan) -> Sent:
-        """A post-run export into a new backend run."""
-        raise NotImplementedError
-
     # -- post-run export with certify / supersede ---------------------------------------------------
     def _export(self, run: RunArtifacts, plan: ExportPlan) -> Sent:
         marker_fpath = run.run_id_marker_fpath(self.name)
@@ -157,8 +112,8 @@ class LiveExporter(Exporter):
             if marker.state == "completed" and marker.identities == plan.identities:
                 try:
                     sent = self._certify(run, plan, marker.run_id)
-                except NotImplementedError:
-                    pass
+                except CannotCertify as exc:
+                    logger.info("%s: live run %s not certified: %s", self.name, marker.run_id, exc)
                 else:
                     return Sent(sent.backend_run_id, sent.rows, sent.bytes, "certified the live run")
             else:

@@ -29,15 +29,13 @@ class ExporterEntry:
     provider: str
 
     def load(self) -> type[Exporter]:
-        from gym_artifacts.exporter import Exporter
 
         module_name, _, attr = self.target.partition(":")
         try:
             obj = getattr(importlib.import_module(module_name), attr)
         except (ImportError, AttributeError) as exc:
             raise ConfigError(f"exporter {self.name!r}: cannot load {self.target}: {exc}") from exc
-        if not (isinstance(obj, type) and issubclass(obj, Exporter)):
-            raise ConfigError(f"exporter {self.name!r}: {self.target} is not an Exporter class")
+        check_backend_class(obj, self.name, self.target)
         return obj
 
     def sdk_installed(self) -> bool:
@@ -46,12 +44,42 @@ class ExporterEntry:
         return sdk is None or importlib.util.find_spec(sdk) is not None
 
 
+def check_backend_class(obj: object, name: str, target: str) -> None:
+    """Refuse, naming what is wrong, a class that does not keep the backend contract.
+
+    Checked when the class is loaded, so a hook left out fails before any run is opened.
+    """
+    from gym_artifacts.backend import missing_hooks
+    from gym_artifacts.config import ExporterConfig
+    from gym_artifacts.exporter import Exporter
+    from gym_artifacts.run import EXPORTER_NAME_RE
+
+    where = f"exporter {name!r}: {target}"
+    if not (isinstance(obj, type) and issubclass(obj, Exporter)):
+        raise ConfigError(f"{where} is not an Exporter class")
+    missing = missing_hooks(obj)
+    if missing:
+        raise ConfigError(
+            f"{where} does not implement the required hook(s) {', '.join(missing)} "
+            "(see gym_artifacts.backend)"
+        )
+    declared = getattr(obj, "name", None)
+    if declared != name:
+        raise ConfigError(f"{where} has name = {declared!r}; it must equal its registered name {name!r}")
+    if not EXPORTER_NAME_RE.match(name):
+        raise ConfigError(f"{where}: use lower-case letters, digits, '_' or '-' (at most 64) in its name")
+    model = getattr(obj, "config_model", None)
+    if not (isinstance(model, type) and issubclass(model, ExporterConfig)):
+        raise ConfigError(f"{where}: config_model must be an ExporterConfig subclass, not {model!r}")
+
+
 _extra: dict[str, ExporterEntry] = {}
 
 
 def register(cls: type[Exporter], provider: str = "in-process") -> None:
     """Register an exporter class at run time (tests, notebooks); a duplicate name is an error."""
     entry = ExporterEntry(cls.name, f"{cls.__module__}:{cls.__qualname__}", provider)
+    check_backend_class(cls, cls.name, entry.target)
     existing = discover().get(cls.name)
     if existing is not None and existing.target != entry.target:
         raise ConfigError(_duplicate_message(existing, entry))

@@ -33,3 +33,54 @@ def test_duplicate_name_names_both() -> None:
 def test_unknown_name_lists_known() -> None:
     with pytest.raises(ConfigError, match=r"unknown exporter 'nope' \(known: .*local"):
         registry.get_entry("nope")
+
+
+# -- the backend contract, checked when a class is loaded -----------------------------------------
+from gym_artifacts.backend import CannotCertify  # noqa: E402
+from gym_artifacts.live import LiveExporter  # noqa: E402
+from tests.backends import RecordingLive  # noqa: E402
+
+
+class NoRolloutsLive(LiveExporter):
+    """A live backend that forgot ``_log_rollouts`` and ``_teardown``."""
+
+    name = "norollouts"
+
+    def _setup(self) -> str:
+        return "r"
+
+    def _log_config(self, config: dict) -> None: ...
+    def _log_metrics(self, metrics: dict, step: int, timestamp: float) -> None: ...
+    def _export_post_run(self, run: object, plan: ExportPlan) -> Sent:
+        return Sent("r")
+
+
+class NoExport(Exporter):
+    name = "noexport"
+
+
+def test_missing_live_hook_fails_at_load_naming_the_hooks(monkeypatch: pytest.MonkeyPatch) -> None:
+    # As an installed plugin would be: an entry point naming the class.
+    entry = registry.ExporterEntry("norollouts", f"{__name__}:NoRolloutsLive", "some-plugin")
+    monkeypatch.setattr(registry, "discover", lambda: {"norollouts": entry})
+    with pytest.raises(ConfigError, match=r"does not implement the required hook\(s\) _log_rollouts, _teardown"):
+        registry.get_entry("norollouts").load()
+
+
+def test_missing_post_run_hook_fails_at_register() -> None:
+    with pytest.raises(ConfigError, match=r"NoExport does not implement the required hook\(s\) _export"):
+        registry.register(NoExport)
+    assert "noexport" not in registry.discover()
+
+
+def test_name_must_match_the_registered_name() -> None:
+    entry = registry.ExporterEntry("other", "tests.backends:RecordingLive", "some-plugin")
+    with pytest.raises(ConfigError, match=r"has name = 'recording'; it must equal its registered name 'other'"):
+        entry.load()
+
+
+def test_default_certify_says_cannot_certify_not_a_bug() -> None:
+    exporter = RecordingLive(RecordingLive.config_model())
+    with pytest.raises(CannotCertify):
+        exporter._certify(None, None, "x")  # type: ignore[arg-type]
+    assert not issubclass(CannotCertify, NotImplementedError)

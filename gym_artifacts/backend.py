@@ -1,0 +1,165 @@
+"""The backend contract: every hook a backend implements, what it receives and what it returns.
+
+A *post-run* backend subclasses ``gym_artifacts.exporter.Exporter`` and implements ``_export``.
+A *live* backend subclasses ``gym_artifacts.live.LiveExporter`` and implements the six
+``LiveHooks`` below (it then gets the post-run export, certify and supersede for free). Both set
+the class attributes ``name`` (lower-case letters, digits, ``_``, ``-``; the entry-point name),
+``config_model`` (an ``ExporterConfig`` subclass: the settings under ``exporters.<name>``, extra
+keys refused) and ``sdk_module`` (the SDK's top-level module, checked without importing it).
+
+Hooks run on one thread per backend (the worker for live hooks), may block and may raise: an
+exception listed in ``expected_errors()`` becomes a FAILED result or a counted live failure;
+anything else is a bug and propagates. A class that leaves a required hook out is refused when
+the registry loads it, naming the hook. ``docs/plugins.md`` walks through a whole backend.
+"""
+
+from __future__ import annotations
+
+import enum
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from gym_artifacts.run import RunArtifacts
+
+
+class RunStatus(str, enum.Enum):
+    """How the eval ended, as backends record it."""
+
+    FINISHED = "FINISHED"
+    FAILED = "FAILED"
+    KILLED = "KILLED"
+
+
+class ExportStatus(str, enum.Enum):
+    """How an export of one run to one backend ended."""
+
+    EXPORTED = "EXPORTED"
+    SKIPPED = "SKIPPED"
+    FAILED = "FAILED"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+@dataclass(frozen=True)
+class ExportResult:
+    """One run's export to one backend: what happened, where it went, how much was sent."""
+
+    exporter: str
+    status: ExportStatus
+    backend_run_id: str | None = None
+    reason: str | None = None
+    rows: int = 0
+    bytes: int = 0
+    seconds: float = 0.0
+
+    def to_json(self, run: str) -> dict[str, Any]:
+        """The CLI's ``--json`` object for this result."""
+        return {
+            "run": run,
+            "exporter": self.exporter,
+            "status": self.status.value,
+            "backend_run_id": self.backend_run_id,
+            "reason": self.reason,
+            "rows": self.rows,
+            "bytes": self.bytes,
+            "seconds": round(self.seconds, 6),
+        }
+
+
+@dataclass(frozen=True)
+class ExportPlan:
+    """What a send needs beyond the run's paths, computed once for every backend."""
+
+    identities: dict[str, str]
+    run_identity: str
+    upload_rollouts: bool
+    certify: bool = False
+    config: dict[str, Any] | None = None
+    secrets: frozenset[str] = field(default_factory=frozenset)
+    # Records in the rollouts file, when hashing counted them (saves a second read).
+    rollout_rows: int | None = None
+
+
+@dataclass(frozen=True)
+class Sent:
+    """What a backend's send reports back: the backend run and the amount sent."""
+
+    backend_run_id: str | None
+    rows: int = 0
+    bytes: int = 0
+    note: str | None = None
+
+
+class CannotCertify(Exception):
+    """Raised by ``_certify``: this live run cannot be completed now (gone, deleted, unsupported).
+
+    Not an error: the export then sends the run into a new backend run, as without a live run.
+    (``NotImplementedError`` stays what it means in Python: a bug, a hook left out.)
+    """
+
+
+class PostRunHooks(ABC):
+    """The one hook every backend implements."""
+
+    @abstractmethod
+    def _export(self, run: RunArtifacts, plan: ExportPlan) -> Sent:
+        """Send everything the run has into one backend run; idempotent for ``plan.run_identity``."""
+
+
+class LiveHooks(ABC):
+    """What a live backend implements; all run on its worker thread and may raise.
+
+    Available while they run: ``self.run`` (the eval's ``RunArtifacts``), ``self.resume_run_id``
+    (the earlier process's backend run when resuming, else None), ``self.run_id`` (the open run,
+    set from ``_setup``'s return), ``self.reopened`` and ``self.previous_last_step()``.
+    """
+
+    @abstractmethod
+    def _setup(self) -> str:
+        """Open a backend run (reopen ``self.resume_run_id`` when set and possible); return its id."""
+
+    @abstractmethod
+    def _log_config(self, config: dict[str, Any]) -> None:
+        """Record the eval's config (already masked: secrets replaced)."""
+
+    @abstractmethod
+    def _log_metrics(self, metrics: dict[str, Any], step: int, timestamp: float) -> None:
+        """Record one step's metrics at ``step`` and wall-clock ``timestamp`` (seconds since the epoch)."""
+
+    @abstractmethod
+    def _log_rollouts(self, rollouts: list[Any]) -> None:
+        """Append finished rollouts (JSON-like records, in the eval's order) to the run."""
+
+    @abstractmethod
+    def _teardown(self, status: RunStatus) -> None:
+        """End the open run with ``status``; called once, within the eval's teardown deadline."""
+
+    @abstractmethod
+    def _export_post_run(self, run: RunArtifacts, plan: ExportPlan) -> Sent:
+        """Send a finished run into a new backend run (the post-run export without a live run)."""
+
+    # -- optional hooks: the defaults are correct, a backend overrides them to do better ------------
+    def _log_metrics_batch(self, entries: list[tuple[dict[str, Any], int, float]]) -> None:
+        """Several queued ``(metrics, step, timestamp)`` at once; override when the SDK has a batch call."""
+        for metrics, step, timestamp in entries:
+            self._log_metrics(metrics, step, timestamp)
+
+    def _release_reopened(self) -> None:
+        """Let go of a reopened run without marking it ended (by default: end it KILLED)."""
+        self._teardown(RunStatus.KILLED)
+
+    def _certify(self, run: RunArtifacts, plan: ExportPlan, live_run_id: str) -> Sent:
+        """Send what the completed live run lacks into it; raise ``CannotCertify`` when unable."""
+        raise CannotCertify(f"{type(self).__name__} does not complete live runs")
+
+    def _mark_superseded(self, live_run_id: str, new_run_id: str) -> None:
+        """Note on the live run that a post-run export replaced it (best effort; data untouched)."""
+        return None
+
+
+def missing_hooks(cls: type) -> list[str]:
+    """The required hooks ``cls`` leaves out (empty for a complete backend)."""
+    return sorted(getattr(cls, "__abstractmethods__", ()))
