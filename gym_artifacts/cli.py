@@ -316,6 +316,7 @@ def cmd_exporters(ns: argparse.Namespace) -> int:
                     "name": name,
                     "enabled": is_enabled(cfg, name),
                     "sdk_installed": entry.sdk_installed(),
+                    "modes": entry.modes(),
                     "provider": entry.provider,
                     "target": entry.target,
                 }
@@ -328,12 +329,13 @@ def cmd_exporters(ns: argparse.Namespace) -> int:
     else:
         print(
             format_table(
-                ["exporter", "enabled", "sdk installed", "provider"],
+                ["exporter", "enabled", "sdk installed", "modes", "provider"],
                 [
                     [
                         r["name"],
                         "yes" if r["enabled"] else "no",
                         "yes" if r["sdk_installed"] else "no",
+                        r["modes"],
                         r["provider"],
                     ]
                     for r in rows

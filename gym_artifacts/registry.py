@@ -38,6 +38,12 @@ class ExporterEntry:
         check_backend_class(obj, self.name, self.target)
         return obj
 
+    def modes(self) -> str:
+        """``live, post-run`` for a backend that can follow a running eval, else ``post-run only``."""
+        from gym_artifacts.live import LiveExporter
+
+        return "live, post-run" if issubclass(self.load(), LiveExporter) else "post-run only"
+
     def sdk_installed(self) -> bool:
         """Whether the backend's SDK can be imported (asked without importing it)."""
         sdk = self.load().sdk_module

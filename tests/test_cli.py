@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import importlib.util
 import re
 import subprocess
 import sys
@@ -29,8 +30,12 @@ def test_exporters_lists_without_importing_any_sdk() -> None:
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     assert re.search(r"^local\s+yes\s+yes", proc.stdout, re.M)
+    # the LLM-eval backends are listed, with whether their SDK is installed and what they can do
+    for name, sdk in (("tensorboard", "tensorboard"),):
+        installed = "yes" if importlib.util.find_spec(sdk) is not None else "no"
+        assert re.search(rf"^{name}\s+no\s+{installed}\s+live, post-run\s", proc.stdout, re.M), proc.stdout
     imported = {line.split("|")[-1].strip() for line in proc.stderr.splitlines() if "|" in line}
-    for sdk in ("wandb", "mlflow", "torch", "av"):
+    for sdk in ("wandb", "mlflow", "torch", "av", "tensorboard", "langsmith", "phoenix"):
         assert not any(m == sdk or m.startswith(sdk + ".") for m in imported), sdk
 
 

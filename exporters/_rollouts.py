@@ -1,0 +1,120 @@
+"""Rollouts seen one at a time, as the LLM-eval backends show them (pure functions, no SDK).
+
+A NeMo Gym rollout is one JSON line: the request (``responses_create_params``), the response,
+the reward and further fields. Every trace/run backend (MLflow traces, LangSmith, Phoenix,
+TensorBoard's table) maps the same view, so the choice of fields and the deterministic ids live
+here once. Ids are uuid5 of the run identity and the row number: a retry of the same run names
+the same objects, a changed run names new ones.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from gym_artifacts.jsonio import iter_jsonl
+from gym_artifacts.payload import metric_value
+from gym_artifacts.run import agent_label
+
+NAMESPACE = uuid.UUID("5f0c1b7e-6d43-5b9a-9a43-6b1d2e0f8c21")
+REQUEST_KEYS = ("responses_create_params", "request", "input", "prompt")
+RESPONSE_KEYS = ("response", "output", "completion")
+# Fields that place a rollout rather than judge it: never reported as verdicts.
+PLACEMENT_KEYS = frozenset({"task_index", "repeat", "rollout_index", "index"})
+
+
+def stable_id(*parts: object) -> str:
+    """A uuid5 string from the parts: the same parts always give the same id."""
+    return str(uuid.uuid5(NAMESPACE, "\x1f".join(str(p) for p in parts)))
+
+
+@dataclass(frozen=True)
+class Rollout:
+    """One rollout: where it sits (row, task, repeat, agent), what was asked and answered, and
+    its numeric verdicts (``reward`` first)."""
+
+    row: int
+    task: str
+    repeat: int | None
+    agent: str
+    request: Any
+    response: Any
+    verdicts: dict[str, float]
+    extra: dict[str, Any]
+    time: float | None
+
+    @property
+    def reward(self) -> float | None:
+        return self.verdicts.get("reward")
+
+
+def _first(record: dict[str, Any], keys: tuple[str, ...]) -> tuple[str | None, Any]:
+    for key in keys:
+        if key in record:
+            return key, record[key]
+    return None, None
+
+
+def rollout_from_record(row: int, record: Any) -> Rollout:
+    """The view of one record; a record that is not an object is shown whole as the request."""
+    if not isinstance(record, dict):
+        return Rollout(row, str(row), None, "unknown", record, None, {}, {}, None)
+    request_key, request = _first(record, REQUEST_KEYS)
+    response_key, response = _first(record, RESPONSE_KEYS)
+    verdicts: dict[str, float] = {}
+    extra: dict[str, Any] = {}
+    for key, value in record.items():
+        if key in (request_key, response_key, "agent_ref"):
+            continue
+        number = metric_value(value) if not isinstance(value, str) else None
+        if number is not None and key not in PLACEMENT_KEYS and number == number:  # NaN is no verdict
+            verdicts[key] = number
+        else:
+            extra[key] = value
+    if "reward" in verdicts:
+        verdicts = {"reward": verdicts.pop("reward"), **verdicts}
+    task = record.get("task_index", row)
+    repeat = record.get("repeat")
+    when = metric_value(record.get("timestamp", record.get("time")))
+    return Rollout(
+        row=row,
+        task=str(task),
+        repeat=repeat if isinstance(repeat, int) and not isinstance(repeat, bool) else None,
+        agent=agent_label(record.get("agent_ref")),
+        request=request,
+        response=response,
+        verdicts=verdicts,
+        extra=extra,
+        time=when,
+    )
+
+
+def iter_rollouts(fpath: Path) -> Iterator[Rollout]:
+    """Every rollout of the file in order, row numbers from 0, in constant memory."""
+    for row, (_lineno, record) in enumerate(iter_jsonl(fpath, "rollouts")):
+        yield rollout_from_record(row, record)
+
+
+def response_text(response: Any) -> str:
+    """The response's text as a reader wants it: ``output_text`` when the Responses API gave one."""
+    if isinstance(response, dict) and isinstance(response.get("output_text"), str):
+        return response["output_text"]
+    if isinstance(response, str):
+        return response
+    return "" if response is None else str(response)
+
+
+def request_text(request: Any) -> str:
+    """The last user message of a Responses API request, else the request as text."""
+    if isinstance(request, dict):
+        items = request.get("input")
+        if isinstance(items, str):
+            return items
+        if isinstance(items, list):
+            for item in reversed(items):
+                if isinstance(item, dict) and isinstance(item.get("content"), str):
+                    return item["content"]
+    return "" if request is None else str(request)

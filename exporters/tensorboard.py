@@ -1,0 +1,308 @@
+"""The TensorBoard backend: event files TensorBoard reads, live and post-run.
+
+Mapping: step metrics as scalars at their original steps and wall times; aggregate metrics as
+``aggregate/<agent>/<level>/<key>`` scalars (text leaves as text); the NVML summary and series as
+``system/...`` scalars; the masked config as the ``config`` text; every rollout's numeric verdicts
+(``reward`` first) as ``rollouts/<verdict>`` scalars at step = row number; the first
+``table_rows`` rollouts as a Markdown text table (``rollouts/table``, 50 rows a step). Runtime
+artifacts (recording, profiler trace) have no TensorBoard form and are not sent.
+
+Exactly once: a post-run export writes ``<logdir>/<run name>-<identity>/`` into a hidden
+partial folder renamed into place at the end, so the folder exists whole or not at all; an export
+that finds its folder (it died before the receipt) writes nothing new. A live run writes
+``<logdir>/<run name>-live-<id>/``; a resumed run appends a new event file to the same folder.
+The SDK (``tensorboard``'s protos and record writer) is imported only when writing.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import socket
+import time
+import uuid
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from pydantic import Field
+
+from exporters._rollouts import Rollout, iter_rollouts, request_text, response_text
+from gym_artifacts.config import ExporterConfig
+from gym_artifacts.exporter import ExportPlan, Sent
+from gym_artifacts.jsonio import canonical_json, json_safe
+from gym_artifacts.live import LiveExporter, RunStatus
+from gym_artifacts.payload import (
+    aggregate_metrics,
+    flatten,
+    iter_journal,
+    iter_nvml_series,
+    metric_value,
+    nvml_summary,
+)
+from gym_artifacts.run import RunArtifacts
+from gym_artifacts.secrets import redact_text
+
+TABLE_CHUNK = 50
+CELL_CHARS = 200
+PARTIAL_PREFIX = ".partial-"
+_UNSAFE = re.compile(r"[^\w.\-]+")
+
+
+class TensorboardSettings(ExporterConfig):
+    """Settings of ``exporters.tensorboard``."""
+
+    logdir: str = "./tensorboard-runs"
+    run_name: str | None = None
+    # Rollouts shown in the text table (every rollout's verdicts are scalars regardless).
+    table_rows: int = Field(default=1000, ge=0, le=100_000)
+
+
+def folder_name(text: str) -> str:
+    """A safe single path component for a run folder."""
+    name = _UNSAFE.sub("_", text).strip("._") or "run"
+    return name[:100]
+
+
+class EventWriter:
+    """One TensorBoard event file, written synchronously (flushed on demand)."""
+
+    def __init__(self, dpath: Path) -> None:
+        from tensorboard.compat.proto import event_pb2
+        from tensorboard.summary.writer.record_writer import RecordWriter
+
+        dpath.mkdir(parents=True, exist_ok=True)
+        self._event_pb2 = event_pb2
+        # TensorBoard reads a folder's event files in name order: nanoseconds keep appends in order.
+        unique = f"{socket.gethostname()}.{os.getpid()}.{uuid.uuid4().hex[:8]}"
+        self.fpath = dpath / f"events.out.tfevents.{time.time_ns():020d}.{unique}"
+        self._fh = open(self.fpath, "wb")  # noqa: SIM115 - closed by close()
+        self._writer = RecordWriter(self._fh)
+        self.bytes = 0
+        self._write(event_pb2.Event(wall_time=time.time(), file_version="brain.Event:2"))
+
+    def _write(self, event: Any) -> None:
+        data = event.SerializeToString()
+        self._writer.write(data)
+        self.bytes += len(data) + 16
+
+    def scalars(self, values: dict[str, float], step: int, wall_time: float) -> None:
+        from tensorboard.compat.proto.summary_pb2 import Summary
+
+        if not values:
+            return
+        summary = Summary(value=[Summary.Value(tag=k, simple_value=v) for k, v in values.items()])
+        self._write(self._event_pb2.Event(wall_time=wall_time, step=step, summary=summary))
+
+    def text(self, tag: str, text: str, step: int, wall_time: float) -> None:
+        from tensorboard.compat.proto.summary_pb2 import Summary, SummaryMetadata
+        from tensorboard.compat.proto.tensor_pb2 import TensorProto
+        from tensorboard.compat.proto.tensor_shape_pb2 import TensorShapeProto
+        from tensorboard.plugins.text.plugin_data_pb2 import TextPluginData
+
+        metadata = SummaryMetadata(
+            plugin_data=SummaryMetadata.PluginData(
+                plugin_name="text", content=TextPluginData(version=0).SerializeToString()
+            )
+        )
+        tensor = TensorProto(
+            dtype="DT_STRING",
+            string_val=[text.encode("utf-8")],
+            tensor_shape=TensorShapeProto(dim=[TensorShapeProto.Dim(size=1)]),
+        )
+        summary = Summary(value=[Summary.Value(tag=tag, metadata=metadata, tensor=tensor)])
+        self._write(self._event_pb2.Event(wall_time=wall_time, step=step, summary=summary))
+
+    def flush(self) -> None:
+        self._writer.flush()
+
+    def close(self) -> None:
+        self._writer.close()
+
+
+def split_values(values: dict[str, Any], prefix: str = "") -> tuple[dict[str, float], dict[str, str]]:
+    """Numeric leaves as scalars and text leaves as texts, keyed by their flattened path."""
+    numbers: dict[str, float] = {}
+    texts: dict[str, str] = {}
+    for key, value in flatten(values, prefix).items():
+        number = metric_value(value)
+        if number is not None:
+            numbers[key] = number
+        elif isinstance(value, str):
+            texts[key] = value
+    return numbers, texts
+
+
+def _cell(value: Any) -> str:
+    text = value if isinstance(value, str) else ("" if value is None else str(value))
+    text = " ".join(text.split()).replace("|", "\\|")
+    return text if len(text) <= CELL_CHARS else text[: CELL_CHARS - 1] + "…"
+
+
+TABLE_HEADER = (
+    "| row | task | repeat | agent | request | response | verdicts |\n|---|---|---|---|---|---|---|\n"
+)
+
+
+def table_row(r: Rollout) -> str:
+    verdicts = ", ".join(f"{k}={v:g}" for k, v in r.verdicts.items())
+    cells = (r.row, r.task, r.repeat, r.agent, request_text(r.request), response_text(r.response), verdicts)
+    return "| " + " | ".join(_cell(c) for c in cells) + " |\n"
+
+
+class TensorboardExporter(LiveExporter):
+    """TensorBoard event files in ``logdir``, one folder per run."""
+
+    name = "tensorboard"
+    config_model = TensorboardSettings
+    sdk_module = "tensorboard"
+    settings: TensorboardSettings
+
+    def __init__(self, settings: TensorboardSettings) -> None:
+        super().__init__(settings)
+        self._writer: EventWriter | None = None
+        self._rollout_row = 0
+        self._table: list[str] = []
+
+    @property
+    def logdir(self) -> Path:
+        return Path(self.settings.logdir).expanduser().absolute()
+
+    # -- live ----------------------------------------------------------------------------------
+    def _setup(self) -> str:
+        assert self.run is not None
+        run_id = self.resume_run_id
+        if run_id is None or not (self.logdir / run_id).is_dir():
+            run_id = f"{folder_name(self.settings.run_name or self.run.name)}-live-{uuid.uuid4().hex[:12]}"
+            self._rollout_row = 0
+        else:  # reopened: rows continue after the ones the file already holds
+            from gym_artifacts.payload import count_lines
+
+            fpath = self.run.rollouts_fpath
+            self._rollout_row = count_lines(fpath) if fpath is not None and fpath.is_file() else 0
+        self._writer = EventWriter(self.logdir / run_id)
+        self._writer.flush()
+        return run_id
+
+    def _log_config(self, config: dict[str, Any]) -> None:
+        assert self._writer is not None
+        self._writer.text("config", config_markdown(config), 0, time.time())
+        self._writer.flush()
+
+    def _log_metrics(self, metrics: dict[str, Any], step: int, timestamp: float) -> None:
+        self._log_metrics_batch([(metrics, step, timestamp)])
+
+    def _log_metrics_batch(self, entries: list[tuple[dict[str, Any], int, float]]) -> None:
+        assert self._writer is not None
+        for metrics, step, timestamp in entries:
+            numbers, texts = split_values(metrics)
+            self._writer.scalars(numbers, step, timestamp)
+            for tag, text in texts.items():
+                self._writer.text(tag, redact_text(text, self._secrets), step, timestamp)
+        self._writer.flush()
+
+    def _log_rollouts(self, rollouts: list[Any]) -> None:
+        from exporters._rollouts import rollout_from_record
+
+        assert self._writer is not None
+        now = time.time()
+        for record in rollouts:
+            r = rollout_from_record(self._rollout_row, record)
+            self._writer.scalars(_verdict_scalars(r), r.row, r.time or now)
+            self._rollout_row += 1
+        self._writer.flush()
+
+    def _teardown(self, status: RunStatus) -> None:
+        if self._writer is not None:
+            self._writer.text("status", status.value, 0, time.time())
+            self._writer.close()
+            self._writer = None
+
+    # -- post-run --------------------------------------------------------------------------------
+    def _export_post_run(self, run: RunArtifacts, plan: ExportPlan) -> Sent:
+        name = f"{folder_name(self.settings.run_name or run.name)}-{plan.run_identity.split(':')[-1][:16]}"
+        final = self.logdir / name
+        if final.is_dir():  # an earlier export finished writing but died before its receipt
+            return Sent(backend_run_id=name, note="run folder already complete; nothing new written")
+        self.logdir.mkdir(parents=True, exist_ok=True)
+        for stale in self.logdir.glob(f"{PARTIAL_PREFIX}{name}-*"):
+            shutil.rmtree(stale, ignore_errors=True)
+        partial = self.logdir / f"{PARTIAL_PREFIX}{name}-{os.getpid()}"
+        writer = EventWriter(partial)
+        try:
+            rows = self._write_run(writer, run, plan)
+        finally:
+            writer.close()
+        os.replace(partial, final)
+        return Sent(backend_run_id=name, rows=rows, bytes=writer.bytes)
+
+    def _write_run(self, w: EventWriter, run: RunArtifacts, plan: ExportPlan) -> int:
+        agg = run.aggregate_metrics_fpath
+        finished = agg.stat().st_mtime if agg.is_file() else time.time()
+        if plan.config is not None:
+            w.text("config", config_markdown(plan.config), 0, finished)
+        for entry in iter_journal(run):
+            numbers, texts = split_values(entry.metrics)
+            step = entry.step if entry.step is not None else 0
+            w.scalars(numbers, step, entry.time)
+            for tag, text in texts.items():
+                w.text(tag, redact_text(text, plan.secrets), step, entry.time)
+        if run.has_rollouts_file and run.aggregate_metrics_fpath.is_file():
+            numbers, texts = split_values(aggregate_metrics(run.read_aggregate_metrics()), "aggregate")
+            numbers["aggregate/omitted_rows"] = float(run.omitted_rows())
+            w.scalars(numbers, 0, finished)
+            for tag, text in texts.items():
+                w.text(tag, redact_text(text, plan.secrets), 0, finished)
+        self._write_system(w, run, finished)
+        rollouts = run.rollouts_fpath
+        if not (plan.upload_rollouts and rollouts is not None and rollouts.is_file()):
+            return 0
+        return self._write_rollouts(w, iter_rollouts(rollouts), plan.secrets, finished)
+
+    @staticmethod
+    def _write_system(w: EventWriter, run: RunArtifacts, finished: float) -> None:
+        figures, reason = nvml_summary(run)
+        if reason is not None:
+            w.text("system/nvml", reason, 0, finished)
+        w.scalars({f"system/{k}": v for k, v in figures.items()}, 0, finished)
+        steps: dict[int, int] = {}
+        for sample in iter_nvml_series(run):
+            step = steps.get(sample.gpu, 0)
+            steps[sample.gpu] = step + 1
+            values = {f"system/gpu{sample.gpu}/{k}": v for k, v in sample.metrics.items()}
+            w.scalars(values, step, sample.time)
+
+    def _write_rollouts(
+        self, w: EventWriter, rollouts: Iterable[Rollout], secrets: frozenset[str], finished: float
+    ) -> int:
+        limit = self.settings.table_rows
+        rows = 0
+        chunk: list[str] = []
+
+        def write_chunk() -> None:
+            table = redact_text(TABLE_HEADER + "".join(chunk), secrets)
+            w.text("rollouts/table", table, min(rows, limit) - len(chunk), finished)
+            chunk.clear()
+
+        for r in rollouts:
+            rows += 1
+            w.scalars(_verdict_scalars(r), r.row, r.time or finished)
+            if r.row < limit:
+                chunk.append(table_row(r))
+                if len(chunk) == TABLE_CHUNK:
+                    write_chunk()
+        if chunk:
+            write_chunk()
+        if rows > limit:
+            w.text("rollouts/table_note", f"table shows the first {limit} of {rows} rollouts", 0, finished)
+        return rows
+
+
+def _verdict_scalars(r: Rollout) -> dict[str, float]:
+    return {f"rollouts/{k}": v for k, v in r.verdicts.items()}
+
+
+def config_markdown(config: dict[str, Any]) -> str:
+    """The masked config as a fenced JSON block (TensorBoard renders text as Markdown)."""
+    return "```json\n" + canonical_json(json_safe(config)).decode() + "\n```"
