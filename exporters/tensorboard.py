@@ -28,7 +28,7 @@ from typing import Any
 
 from pydantic import Field
 
-from exporters._rollouts import Rollout, iter_rollouts, request_text, response_text
+from ._rollouts import Rollout, iter_rollouts, request_text, response_text
 from gym_artifacts.config import ExporterConfig
 from gym_artifacts.exporter import ExportPlan, Sent
 from gym_artifacts.jsonio import canonical_json, json_safe
@@ -203,7 +203,7 @@ class TensorboardExporter(LiveExporter):
         self._writer.flush()
 
     def _log_rollouts(self, rollouts: list[Any]) -> None:
-        from exporters._rollouts import rollout_from_record
+        from ._rollouts import rollout_from_record
 
         assert self._writer is not None
         now = time.time()

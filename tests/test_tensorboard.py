@@ -112,7 +112,7 @@ def test_sigkilled_export_rerun_leaves_no_duplicate(
     script = textwrap.dedent(
         f"""
         import os, signal, sys
-        from exporters import tensorboard as tb
+        from gym_artifacts._builtin_exporters import tensorboard as tb
         if {kill_at!r} == "replace":
             real = os.replace
             def die(src, dst):
