@@ -28,7 +28,6 @@ from typing import Any
 
 from pydantic import Field
 
-from ._rollouts import Rollout, iter_rollouts, request_text, response_text
 from gym_artifacts.config import ExporterConfig
 from gym_artifacts.exporter import ExportPlan, Sent
 from gym_artifacts.jsonio import canonical_json, json_safe
@@ -43,6 +42,8 @@ from gym_artifacts.payload import (
 )
 from gym_artifacts.run import RunArtifacts
 from gym_artifacts.secrets import redact_text
+
+from ._rollouts import Rollout, iter_rollouts, request_text, response_text
 
 TABLE_CHUNK = 50
 CELL_CHARS = 200
