@@ -27,7 +27,14 @@ from gym_artifacts.exporter import ExportPlan, Sent
 from gym_artifacts.journal import repair_partial_last_line
 from gym_artifacts.jsonio import canonical_json, json_safe, read_json
 from gym_artifacts.live import LiveExporter, RunStatus
-from gym_artifacts.payload import aggregate_metrics, count_lines, iter_journal, masked_json_artifact
+from gym_artifacts.payload import (
+    aggregate_metrics,
+    complete_rollouts,
+    count_lines,
+    iter_journal,
+    masked_json_artifact,
+    partial_line_record,
+)
 from gym_artifacts.receipts import utc_now_iso
 from gym_artifacts.run import RunArtifacts
 
@@ -138,6 +145,7 @@ class LocalExporter(LiveExporter):
             "identities": plan.identities,
             "rows": rows,
             "omitted_rows": run.omitted_rows(),
+            **partial_line_record(plan),
             "upload_rollouts": plan.upload_rollouts,
         }
 
@@ -152,6 +160,7 @@ class LocalExporter(LiveExporter):
         if run.has_rollouts_file and run.aggregate_metrics_fpath.is_file():
             summary: dict[str, Any] = dict(aggregate_metrics(run.read_aggregate_metrics()))
             summary["omitted_rows"] = run.omitted_rows()
+            summary.update(partial_line_record(plan))
             atomic_write_json(dpath / "summary.json", json_safe(summary))
             sent_bytes += link_or_copy(run.aggregate_metrics_fpath, dpath / "aggregate_metrics.json")
         if run.has_rollouts_file and run.acceptance_fpath.is_file():
@@ -160,7 +169,8 @@ class LocalExporter(LiveExporter):
         rollouts = run.rollouts_fpath
         if plan.upload_rollouts and rollouts is not None and rollouts.is_file():
             rows = plan.rollout_rows if plan.rollout_rows is not None else count_lines(rollouts)
-            sent_bytes += link_or_copy(rollouts, dpath / "rollouts.jsonl")
+            with complete_rollouts(rollouts, plan) as complete:
+                sent_bytes += link_or_copy(complete, dpath / "rollouts.jsonl")
         for rel, fpath in run.runtime_artifact_files().items():
             sent_bytes += publish_artifact(fpath, dpath / "artifacts" / rel, plan.secrets)
         return rows, sent_bytes

@@ -28,11 +28,13 @@ from gym_artifacts.jsonio import canonical_json, json_safe
 from gym_artifacts.live import LiveExporter, RunStatus
 from gym_artifacts.payload import (
     aggregate_metrics,
+    complete_rollouts,
     count_lines,
     iter_journal,
     iter_nvml_series,
     masked_json_artifact,
     nvml_summary,
+    partial_line_record,
 )
 from gym_artifacts.receipts import utc_now_iso
 from gym_artifacts.run import RunArtifacts
@@ -263,7 +265,13 @@ class MlflowExporter(LiveExporter):
         rollouts = run.rollouts_fpath
         if plan.upload_rollouts and rollouts is not None and rollouts.is_file():
             rows = plan.rollout_rows if plan.rollout_rows is not None else count_lines(rollouts)
-            sent += self._upload_file(ml, run_id, rollouts, "rollouts.jsonl", "rollouts")
+            with complete_rollouts(rollouts, plan) as complete:
+                sent += self._upload_file(ml, run_id, complete, "rollouts.jsonl", "rollouts")
+        omitted = partial_line_record(plan)
+        if omitted:
+            ts = file_mtime_ms(rollouts) if rollouts is not None else 0
+            ml.log_metrics(run_id, ((k, float(v), ts, 0) for k, v in omitted.items()))
+            tags.update({f"gym_artifacts.{k}": str(v) for k, v in omitted.items()})
         for rel, fpath in run.runtime_artifact_files().items():
             parts = rel.rsplit("/", 1)
             artifact_dir = "runtime" if len(parts) == 1 else f"runtime/{parts[0]}"

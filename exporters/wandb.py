@@ -29,10 +29,12 @@ from gym_artifacts.live import LiveExporter, RunStatus
 from gym_artifacts.payload import (
     NVML_SERIES,
     aggregate_metrics,
+    complete_rollouts,
     flatten,
     iter_journal,
     masked_json_artifact,
     nvml_summary,
+    partial_line_record,
 )
 from gym_artifacts.run import RunArtifacts
 
@@ -273,9 +275,13 @@ class WandbExporter(LiveExporter):
         rows = 0
         rollouts = run.rollouts_fpath
         if plan.upload_rollouts and rollouts is not None and rollouts.is_file():
-            records = (record for _, record in iter_jsonl(rollouts, "rollouts JSONL"))
-            rows = self._send_rollouts(wb_run, records, f"rollouts-{wb_run.id}", raw=rollouts)
-            sent += rollouts.stat().st_size
+            end = plan.partial_line.complete_bytes if plan.partial_line else None
+            records = (record for _, record in iter_jsonl(rollouts, "rollouts JSONL", end=end))
+            with complete_rollouts(rollouts, plan) as complete:
+                rows = self._send_rollouts(wb_run, records, f"rollouts-{wb_run.id}", raw=complete)
+                sent += complete.stat().st_size
+        for key, value in partial_line_record(plan).items():
+            wb_run.summary[f"rollouts/{key}"] = value
         artifacts = run.runtime_artifact_files()
         recording = artifacts.get("recording.mp4")
         if recording is not None:

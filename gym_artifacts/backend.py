@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from gym_artifacts.run import RunArtifacts
+    from gym_artifacts.torn import PartialLine
 
 
 class RunStatus(str, enum.Enum):
@@ -81,6 +82,8 @@ class ExportPlan:
     secrets: frozenset[str] = field(default_factory=frozenset)
     # Records in the rollouts file, when hashing counted them (saves a second read).
     rollout_rows: int | None = None
+    # A torn last rollouts line the user chose to leave out (--accept-partial-line).
+    partial_line: PartialLine | None = None
 
 
 @dataclass(frozen=True)

@@ -1,12 +1,14 @@
-"""The ``gym-artifacts`` command: a thin layer over the Python API.
+"""The ``gym-artifacts`` command: export finished eval runs once per backend, show status, write reports.
 
 Exit codes: 0 when every result is EXPORTED or SKIPPED, 1 when any FAILED, 2 for unusable
-arguments or config. Heavy modules are imported inside the commands that need them.
+arguments or config, or a run that does not exist. Heavy modules are imported inside the
+commands that need them.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import os
@@ -14,6 +16,8 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
+
+from gym_artifacts.flags import PARTIAL_OVERRIDE_FLAG, STALE_OVERRIDE_FLAG
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 
@@ -24,12 +28,48 @@ class _Parser(argparse.ArgumentParser):
         self.exit(EXIT_USAGE, f"{self.prog}: error: {message}\n")
 
 
+logger = logging.getLogger("gym_artifacts.cli")
+
+EPILOG = """examples:
+  gym-artifacts export results/eval.jsonl                 # to the run's saved exporters, else the default
+  gym-artifacts export results/*.jsonl -e mlflow --jobs 4
+  gym-artifacts status results/eval.jsonl
+  gym-artifacts report results/eval.jsonl -o eval.html
+  gym-artifacts exporters
+"""
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("gym-artifacts")
+    except PackageNotFoundError:
+        return "unknown (not installed)"
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="gym-artifacts", description=__doc__.splitlines()[0])
-    parser.add_argument("-v", "--verbose", action="store_true", help="log progress to stderr")
+    parser = _Parser(
+        prog="gym-artifacts",
+        description=__doc__.splitlines()[0].split(": ", 1)[1],
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
+    verbose = argparse.ArgumentParser(add_help=False)
+    verbose.add_argument(
+        "-v",
+        "--verbose",
+        action="store_true",
+        default=argparse.SUPPRESS,
+        help="log each step the tool takes (and the backends' own logs) to stderr",
+    )
+    parser.add_argument("-v", "--verbose", action="store_true", help=verbose._actions[0].help)
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
-    exp = sub.add_parser("export", help="export finished runs, exactly once per backend")
+    exp = sub.add_parser(
+        "export", parents=[verbose], help="export finished runs, exactly once per backend"
+    )
     exp.add_argument(
         "items",
         nargs="+",
@@ -56,19 +96,35 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="complete a completed live run instead of creating a new one",
     )
+    exp.add_argument(
+        PARTIAL_OVERRIDE_FLAG,
+        action="store_true",
+        help="rollouts whose last line is torn: export the complete lines (the backend run records it)",
+    )
+    exp.add_argument(
+        STALE_OVERRIDE_FLAG,
+        action="store_true",
+        help="export aggregate metrics that neither content nor times tie to the rollouts",
+    )
     exp.add_argument("--jobs", type=int, default=1, metavar="N", help="runs exported in parallel")
     exp.add_argument("--json", action="store_true", help="print one JSON array of results")
     exp.add_argument("-q", "--quiet", action="store_true", help="print nothing on success")
 
-    st = sub.add_parser("status", help="a run's identities, receipts and what it is missing")
+    st = sub.add_parser(
+        "status", parents=[verbose], help="a run's identities, receipts and what it is missing"
+    )
     st.add_argument("run", metavar="OUT.jsonl")
     st.add_argument("--json", action="store_true")
 
-    rp = sub.add_parser("report", help="write a self-contained HTML report of a run")
+    rp = sub.add_parser(
+        "report", parents=[verbose], help="write a self-contained HTML report of a run"
+    )
     rp.add_argument("run", metavar="OUT.jsonl")
     rp.add_argument("-o", "--output", type=Path, help="where to write it (default: STEM_report.html)")
 
-    ls = sub.add_parser("exporters", help="registered backends and whether their SDK is installed")
+    ls = sub.add_parser(
+        "exporters", parents=[verbose], help="registered backends and whether their SDK is installed"
+    )
     ls.add_argument("-c", "--config", type=Path, help="config whose enabled flags to show")
     ls.add_argument("--json", action="store_true")
     return parser
@@ -88,7 +144,7 @@ def _split_items(items: Sequence[str]) -> tuple[list[str], list[str]]:
 def _export_runs_worker(args: dict[str, Any]) -> list[dict[str, Any]]:
     """Export one run; returns JSON results (picklable, for ``--jobs``)."""
     from gym_artifacts.config import build_export_config
-    from gym_artifacts.errors import GymArtifactsError, RunError
+    from gym_artifacts.errors import GymArtifactsError, MissingRunError, RunError
     from gym_artifacts.export import export_run, select_exporters, validate_exporter_settings
     from gym_artifacts.exporter import ExportResult, ExportStatus
     from gym_artifacts.payload import load_run_config
@@ -97,7 +153,7 @@ def _export_runs_worker(args: dict[str, Any]) -> list[dict[str, Any]]:
 
     source = args["run"]
     try:
-        run = RunArtifacts.from_path(source)
+        run = RunArtifacts.from_path(source).require_present()
         try:
             run_config = None if args["config"] else load_run_config(run)
         except RunError as exc:
@@ -116,9 +172,13 @@ def _export_runs_worker(args: dict[str, Any]) -> list[dict[str, Any]]:
                 upload_rollouts=args["upload_rollouts"],
                 certify=args["certify"],
                 progress=progress.update if progress.enabled else None,
+                accept_partial_line=args["accept_partial_line"],
+                accept_stale_aggregates=args["accept_stale_aggregates"],
             )
         finally:
             progress.close()
+    except MissingRunError as exc:
+        return [{"run": source, "config_error": str(exc)}]
     except RunError as exc:
         names = args["exporters"] or ["all"]  # the run's config could not say which
         results = [ExportResult(n, ExportStatus.FAILED, reason=str(exc)) for n in names]
@@ -128,7 +188,7 @@ def _export_runs_worker(args: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def cmd_export(ns: argparse.Namespace) -> int:
-    from gym_artifacts.config import load_yaml_config, parse_flag, parse_overrides
+    from gym_artifacts.config import check_export_config_keys, load_yaml_config, parse_flag, parse_overrides
     from gym_artifacts.errors import GymArtifactsError
     from gym_artifacts.registry import discover, get_entry
 
@@ -142,7 +202,7 @@ def cmd_export(ns: argparse.Namespace) -> int:
     upload = ns.upload_rollouts
     try:
         if ns.config is not None:
-            load_yaml_config(ns.config)
+            check_export_config_keys(load_yaml_config(ns.config), str(ns.config))
         parse_overrides(overrides)
         kept = []
         for item in overrides:
@@ -166,6 +226,8 @@ def cmd_export(ns: argparse.Namespace) -> int:
             "exporters": ns.exporter,
             "upload_rollouts": upload,
             "certify": ns.certify,
+            "accept_partial_line": ns.accept_partial_line,
+            "accept_stale_aggregates": ns.accept_stale_aggregates,
             # a progress line on a terminal, one process at a time, never with --json or --quiet
             "progress": not (ns.json or ns.quiet) and (ns.jobs == 1 or len(runs) == 1),
         }
@@ -186,7 +248,7 @@ def cmd_export(ns: argparse.Namespace) -> int:
         print(f"gym-artifacts: error: {err['run']}: {err['config_error']}", file=sys.stderr)
     if ns.json:
         print(json.dumps(results, indent=2))
-    elif not (ns.quiet and all(r["status"] != "FAILED" for r in results)):
+    elif results and not (ns.quiet and all(r["status"] != "FAILED" for r in results)):
         print(format_results_table(results))
     if config_errors:
         return EXIT_USAGE
@@ -242,21 +304,29 @@ def format_results_table(results: Sequence[dict[str, Any]]) -> str:
 
 
 def cmd_status(ns: argparse.Namespace) -> int:
-    from gym_artifacts.errors import GymArtifactsError
+    from gym_artifacts.errors import GymArtifactsError, MissingRunError
     from gym_artifacts.identity import content_identities, run_identity
     from gym_artifacts.run import RunArtifacts
     from gym_artifacts.status import exporter_states
 
     try:
-        run = RunArtifacts.from_path(ns.run)
+        run = RunArtifacts.from_path(ns.run).require_present()
+        logger.info("checking what keeps %s from a faithful export", ns.run)
         missing = run.missing_for_export(rollouts_required=True)
+        torn = run.partial_rollouts_line()
+        logger.info("hashing the run's files")
         identities = content_identities(run)
+    except MissingRunError as exc:
+        print(f"gym-artifacts: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
     except GymArtifactsError as exc:
         print(f"gym-artifacts: error: {exc}", file=sys.stderr)
         return EXIT_FAILED
+    logger.info("reading receipts and live-run markers")
     exporters = exporter_states(run, identities)
     report = {
         "run": ns.run,
+        "partial_last_line_bytes": torn.partial_bytes if torn else None,
         "missing_for_export": missing,
         "run_identity": run_identity(identities),
         "identities": identities,
@@ -266,6 +336,8 @@ def cmd_status(ns: argparse.Namespace) -> int:
         print(json.dumps(report, indent=2))
         return EXIT_OK
     print(f"run: {ns.run}")
+    if torn is not None and run.rollouts_fpath is not None:
+        print(f"rollouts: {torn.describe(run.rollouts_fpath)}")
     print(f"exportable: {'yes' if missing is None else 'no: ' + missing}")
     print(f"run identity: {report['run_identity']}")
     print(format_table(["artifact", "identity"], [[k, v] for k, v in identities.items()]))
@@ -289,11 +361,14 @@ def cmd_status(ns: argparse.Namespace) -> int:
 
 
 def cmd_report(ns: argparse.Namespace) -> int:
-    from gym_artifacts.errors import GymArtifactsError
+    from gym_artifacts.errors import GymArtifactsError, MissingRunError
     from gym_artifacts.report import build_report
 
     try:
         dest = build_report(ns.run, ns.output)
+    except MissingRunError as exc:
+        print(f"gym-artifacts: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
     except GymArtifactsError as exc:
         print(f"gym-artifacts: error: {exc}", file=sys.stderr)
         return EXIT_FAILED
@@ -307,7 +382,9 @@ def cmd_exporters(ns: argparse.Namespace) -> int:
     from gym_artifacts.registry import discover
 
     try:
+        logger.info("reading %s", ns.config or "the embedded default config")
         cfg = normalize(load_yaml_config(ns.config) if ns.config else load_default_config())
+        logger.info("discovering exporters in the entry-point group gym_artifacts.exporters")
         entries = discover()
         rows = []
         for name, entry in sorted(entries.items()):
@@ -346,6 +423,20 @@ def cmd_exporters(ns: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """Run the command; a reader that closes the pipe early (``| head``) ends it quietly."""
+    try:
+        code = _main(argv)
+        sys.stdout.flush()
+    except BrokenPipeError:
+        # Python would print a traceback flushing stdout at exit: point stdout at nothing first.
+        with contextlib.suppress(OSError):
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())
+        return EXIT_FAILED
+    return code
+
+
+def _main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     # Runs and key=value overrides may come before or after options: collect both.
     ns, extra = parser.parse_known_args(argv)
@@ -356,9 +447,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         ns.items += extra
     logging.basicConfig(
         level=logging.INFO if ns.verbose else logging.WARNING,
-        format="gym-artifacts: %(levelname)s: %(message)s",
+        format="gym-artifacts: %(levelname)s: %(name)s: %(message)s",
         stream=sys.stderr,
     )
+    logger.info("gym-artifacts %s: %s", _version(), ns.command)
     handlers = {"export": cmd_export, "status": cmd_status, "exporters": cmd_exporters, "report": cmd_report}
     return handlers[ns.command](ns)
 

@@ -33,6 +33,25 @@ FLAT_ENABLING_KEYS = {"wandb_project": "wandb", "mlflow_tracking_uri": "mlflow"}
 UPLOAD_KEY = "upload_rollouts"
 DEPRECATED_UPLOAD_KEY = "upload_rollouts_to_wandb"
 
+# Every top-level key an export config (``-c FILE``) may hold; a run's own saved config may hold anything.
+EXPORT_CONFIG_KEYS = frozenset(
+    {"exporters", UPLOAD_KEY, DEPRECATED_UPLOAD_KEY, "resume", *FLAT_KEYS, *FLAT_ENABLING_KEYS}
+)
+
+
+def check_export_config_keys(cfg: Any, source: str) -> None:
+    """Refuse an unknown top-level key of an export config, suggesting the closest known one."""
+    import difflib
+
+    for key in raw_container(cfg) if cfg is not None else {}:
+        if key in EXPORT_CONFIG_KEYS:
+            continue
+        close = difflib.get_close_matches(str(key), sorted(EXPORT_CONFIG_KEYS), n=1, cutoff=0.6)
+        known = ", ".join(sorted(EXPORT_CONFIG_KEYS))
+        hint = f"; did you mean {close[0]!r}?" if close else f"; known keys: {known}"
+        raise ConfigError(f"{source}: unknown key {key!r}{hint}")
+
+
 _BOOL = TypeAdapter(bool)
 SettingsT = TypeVar("SettingsT", bound=BaseModel)
 

@@ -17,3 +17,7 @@ class RunError(GymArtifactsError):
 
 class ReceiptError(RunError):
     """A receipt or run-id marker that is not a valid version-1 file of ours."""
+
+
+class MissingRunError(RunError):
+    """Nothing of the named run exists: the CLI exits with code 2 and writes nothing."""

@@ -210,13 +210,19 @@ def export_run(
     certify: bool = False,
     on_result: Callable[[ExportResult], None] | None = None,
     progress: Callable[[str, int, int], None] | None = None,
+    accept_partial_line: bool = False,
+    accept_stale_aggregates: bool = False,
 ) -> list[ExportResult]:
     """Export one finished run to the selected (else every enabled) backend; a result each.
 
     ``upload_rollouts`` given explicitly wins over the run's saved setting, which wins over
-    ``config``'s. Raises ConfigError only for an unusable config or exporter name.
+    ``config``'s. ``accept_partial_line`` sends the complete lines of a rollouts file whose
+    last line is torn and records the omission in the backend run; ``accept_stale_aggregates``
+    exports aggregate metrics that cannot be tied to the rollouts. Raises ConfigError only for
+    an unusable config or exporter name, MissingRunError when nothing of the run exists.
     """
     run = run if isinstance(run, RunArtifacts) else RunArtifacts.from_path(run)
+    run.require_present()
     cfg = normalize(config)
     names = select_exporters(cfg, exporters)
     start = time.monotonic()
@@ -229,14 +235,20 @@ def export_run(
 
     if not names:
         raise ConfigError("no exporter is enabled: set exporters.<name>.enabled or pass -e NAME")
+    logger.info("exporting %s to %s", run.source, ", ".join(names))
     try:
         run_config = load_run_config(run)
         upload = resolve_upload_rollouts(upload_rollouts, run_config, cfg)
     except GymArtifactsError as exc:
         return finish([_failed(n, str(exc), start) for n in names])
-    missing = run.missing_for_export(rollouts_required=upload)
+    missing = run.missing_for_export(
+        rollouts_required=upload,
+        accept_partial_line=accept_partial_line,
+        accept_stale_aggregates=accept_stale_aggregates,
+    )
     if missing is not None:
         return finish([_failed(n, f"not exportable: {missing}", start) for n in names])
+    logger.info("hashing the run's files (unchanged files come from the identity cache)")
     try:
         signatures = file_signatures(run)
         record_counts: dict[str, int] = {}
@@ -252,12 +264,15 @@ def export_run(
         config=config_for_backends,
         secrets=secrets,
         rollout_rows=record_counts.get(ROLLOUTS),
+        partial_line=run.partial_rollouts_line() if upload else None,
     )
     results = []
     for i, name in enumerate(names):
         if progress is not None:
             progress(f"exporting to {name}", i, len(names))
+        logger.info("%s: checking the receipt, then sending what the backend lacks", name)
         result = _export_one(run, name, cfg, plan, signatures)
+        logger.info("%s: %s %s", name, result.status.value, result.backend_run_id or result.reason or "")
         results.append(result)
         if on_result is not None:
             on_result(result)

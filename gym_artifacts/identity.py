@@ -21,6 +21,8 @@ import blake3
 
 from gym_artifacts.errors import RunError
 from gym_artifacts.jsonio import canonical_json, canonical_record, read_json, read_line, read_yaml
+from gym_artifacts.run import ROLLOUTS
+from gym_artifacts.torn import partial_last_line
 
 if TYPE_CHECKING:
     from gym_artifacts.run import RunArtifacts
@@ -137,16 +139,16 @@ def hash_jsonl_file(fpath: Path, workers: int | None = None) -> str:
     return jsonl_digest(fpath, workers).hexdigest()
 
 
-def jsonl_digest(fpath: Path, workers: int | None = None) -> JsonlDigest:
-    """The file's multiset digest (its record count included).
+def jsonl_digest(fpath: Path, workers: int | None = None, end: int | None = None) -> JsonlDigest:
+    """The file's multiset digest (its record count included); ``end`` leaves out a torn tail.
 
     A large file is split at line boundaries and its parts hashed in parallel processes; the
     multiset sums merge. A malformed line is reported with its line number either way.
     """
-    size = fpath.stat().st_size
+    size = fpath.stat().st_size if end is None else end
     workers = workers or min(os.cpu_count() or 1, 8)
     if size < PARALLEL_MIN_BYTES or workers < 2:
-        return digest_jsonl_range(fpath)
+        return digest_jsonl_range(fpath, 0, end)
     import multiprocessing
     import threading
     from concurrent.futures import ProcessPoolExecutor
@@ -159,7 +161,7 @@ def jsonl_digest(fpath: Path, workers: int | None = None) -> JsonlDigest:
         with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context(method)) as pool:
             parts = list(pool.map(_digest_range_job, jobs))
     except RunError:
-        return digest_jsonl_range(fpath)  # again in order, for the exact line number
+        return digest_jsonl_range(fpath, 0, end)  # again in order, for the exact line number
     total = JsonlDigest()
     for count, part_sum in parts:
         total.merge(JsonlDigest(count, part_sum))
@@ -208,7 +210,8 @@ def content_identities(
             if cached is not None:
                 identities[name], records = cached
             elif name.endswith(".jsonl"):
-                digest = jsonl_digest(fpath)
+                torn = partial_last_line(fpath) if name == ROLLOUTS else None
+                digest = jsonl_digest(fpath, end=torn.complete_bytes if torn else None)
                 identities[name], records = digest.hexdigest(), digest.count
             else:
                 identities[name], records = identity_of(fpath), None

@@ -56,8 +56,11 @@ def read_line(fh: Any, fpath: Path | str, lineno: int) -> bytes:
     return raw
 
 
-def iter_jsonl(fpath: Path | str, what: str = "JSONL") -> Iterator[tuple[int, Any]]:
-    """Stream ``(line number, record)`` pairs; blank lines are skipped; bad lines raise RunError."""
+def iter_jsonl(fpath: Path | str, what: str = "JSONL", end: int | None = None) -> Iterator[tuple[int, Any]]:
+    """Stream ``(line number, record)`` pairs; blank lines are skipped; bad lines raise RunError.
+
+    ``end``, when given, stops before the line starting at that offset (a torn last line).
+    """
     fpath = Path(fpath)
     try:
         fh = open(fpath, "rb")  # noqa: SIM115 - closed by the ``with`` below, after the error check
@@ -65,7 +68,7 @@ def iter_jsonl(fpath: Path | str, what: str = "JSONL") -> Iterator[tuple[int, An
         raise RunError(f"{fpath}: cannot read {what}: {exc.strerror or exc}") from exc
     with fh:
         lineno = 0
-        while raw := read_line(fh, fpath, lineno + 1):
+        while (end is None or fh.tell() < end) and (raw := read_line(fh, fpath, lineno + 1)):
             lineno += 1
             if not raw.strip():
                 continue

@@ -7,10 +7,13 @@ and times. Backends only map these onto their own API.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import numbers
+import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from gym_artifacts.config import load_yaml_config, resolve_tolerant
@@ -20,6 +23,7 @@ from gym_artifacts.run import agent_label
 from gym_artifacts.secrets import collect_secret_values, mask_secrets
 
 if TYPE_CHECKING:
+    from gym_artifacts.backend import ExportPlan
     from gym_artifacts.run import RunArtifacts
 
 AGGREGATE_LEVELS = (
@@ -220,3 +224,31 @@ def iter_nvml_series(run: RunArtifacts) -> Iterator[NvmlSample]:
             k: v for k, v in ((k, metric_value(v)) for k, v in record["metrics"].items()) if v is not None
         }
         yield NvmlSample(float(when), gpu, values)
+
+
+@contextlib.contextmanager
+def complete_rollouts(rollouts: Path, plan: ExportPlan) -> Iterator[Path]:
+    """The rollouts file to send: itself, or a temporary copy of its complete lines when the
+    user chose to leave a torn last line out."""
+    torn = plan.partial_line
+    if torn is None:
+        yield rollouts
+        return
+    with tempfile.TemporaryDirectory(prefix="gym-artifacts-complete-") as tmp:
+        dest = Path(tmp) / rollouts.name
+        with open(rollouts, "rb") as src, open(dest, "wb") as out:
+            remaining = torn.complete_bytes
+            while remaining > 0:
+                block = src.read(min(remaining, 1 << 20))
+                if not block:
+                    break
+                out.write(block)
+                remaining -= len(block)
+        yield dest
+
+
+def partial_line_record(plan: ExportPlan) -> dict[str, int]:
+    """What a backend run records about a left-out torn last line (empty when none was)."""
+    if plan.partial_line is None:
+        return {}
+    return {"omitted_partial_lines": 1, "omitted_partial_line_bytes": plan.partial_line.partial_bytes}

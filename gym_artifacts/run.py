@@ -9,8 +9,11 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from gym_artifacts.errors import RunError
+from gym_artifacts.errors import MissingRunError, RunError
+from gym_artifacts.flags import PARTIAL_OVERRIDE_FLAG
 from gym_artifacts.jsonio import read_json
+from gym_artifacts.staleness import stale_reason
+from gym_artifacts.torn import PartialLine, partial_last_line
 
 EXPORTER_NAME_RE = re.compile(r"^[a-z][a-z0-9_-]{0,63}$")
 
@@ -65,6 +68,8 @@ class RunArtifacts(BaseModel):
                     return cls(stem=stem, artifacts_dpath=fpath, has_rollouts_file=True, source=given)
             return cls(stem=fpath, artifacts_dpath=fpath, has_rollouts_file=False, source=given)
         if fpath.suffix != ".jsonl":
+            if not fpath.exists():
+                raise MissingRunError(f"no run at {given}: no such file or folder")
             raise RunError(f"{given}: a run is named by its rollouts file OUT.jsonl or an artifacts folder")
         stem = fpath.with_suffix("")
         return cls(
@@ -73,6 +78,22 @@ class RunArtifacts(BaseModel):
             has_rollouts_file=True,
             source=given,
         )
+
+    def require_present(self) -> RunArtifacts:
+        """This run, or MissingRunError when none of its files exists (a typo, a wrong folder)."""
+        if self.has_rollouts_file and not (self._top_level_files() or self.artifacts_dpath.is_dir()):
+            raise MissingRunError(
+                f"no run at {self.source}: neither it nor its aggregate metrics, config, journal "
+                f"or artifacts folder exists"
+            )
+        return self
+
+    def partial_rollouts_line(self) -> PartialLine | None:
+        """The rollouts file's torn last line (the eval was killed mid-write), or None."""
+        rollouts = self.rollouts_fpath
+        if rollouts is None or not rollouts.is_file():
+            return None
+        return partial_last_line(rollouts)
 
     def _sibling(self, suffix: str) -> Path:
         return self.stem.with_name(self.stem.name + suffix)
@@ -210,8 +231,19 @@ class RunArtifacts(BaseModel):
         acceptance = self.read_acceptance()
         return acceptance.omitted_rows if acceptance else 0
 
-    def missing_for_export(self, rollouts_required: bool = True) -> str | None:
-        """What keeps this run from a faithful export, or None when nothing does."""
+    def missing_for_export(
+        self,
+        rollouts_required: bool = True,
+        *,
+        accept_partial_line: bool = False,
+        accept_stale_aggregates: bool = False,
+    ) -> str | None:
+        """What keeps this run from a faithful export, or None when nothing does.
+
+        ``accept_partial_line`` lets a torn last rollouts line be left out (the export records
+        it); ``accept_stale_aggregates`` exports aggregate metrics the content and times cannot
+        tie to the rollouts.
+        """
         problems: list[str] = []
         if not self.has_rollouts_file:
             if not self.artifacts_dpath.is_dir():
@@ -225,10 +257,16 @@ class RunArtifacts(BaseModel):
         rollouts = self.rollouts_fpath
         assert rollouts is not None
         aggregate = self.aggregate_metrics_fpath
+        torn = self.partial_rollouts_line()
         if rollouts_required and not rollouts.is_file():
             problems.append(f"rollouts file {rollouts} is missing")
         elif rollouts_required and _blank(rollouts):
             problems.append(f"rollouts file {rollouts} holds no rollouts")
+        elif torn is not None and not accept_partial_line:
+            problems.append(
+                f"{torn.describe(rollouts)}; pass {PARTIAL_OVERRIDE_FLAG} to export the complete "
+                "lines (the backend run records what was left out)"
+            )
         if not aggregate.is_file():
             problems.append(f"aggregate metrics file {aggregate} is missing")
         else:
@@ -247,11 +285,15 @@ class RunArtifacts(BaseModel):
                     )
                 elif not entries:
                     problems.append(f"{aggregate}: aggregate metrics list no agent")
-            if rollouts.is_file() and aggregate.stat().st_mtime_ns < rollouts.stat().st_mtime_ns:
-                problems.append(
-                    f"{aggregate} is older than the rollouts {rollouts}: aggregate metrics are stale, "
-                    "rerun the aggregation"
-                )
+                if rollouts.is_file() and not accept_stale_aggregates:
+                    try:
+                        stale = stale_reason(
+                            aggregate, rollouts, entries, torn.complete_bytes if torn else None
+                        )
+                    except RunError as exc:
+                        stale = str(exc)
+                    if stale is not None:
+                        problems.append(stale)
         try:
             self.read_acceptance()
             self.runtime_artifact_files()

@@ -130,11 +130,13 @@ def test_partial_aggregate_metrics_fail(quickstart_run: Path) -> None:
 
 def test_stale_aggregate_metrics_fail(quickstart_run: Path) -> None:
     agg = quickstart_run.with_name("eval_aggregate_metrics.json")
+    with open(quickstart_run, "ab") as fh:  # one more rollout after the aggregation
+        fh.write(quickstart_run.read_bytes().splitlines(keepends=True)[0])
     st = quickstart_run.stat()
     os.utime(agg, ns=(st.st_atime_ns, st.st_mtime_ns - 10_000_000_000))
     [result] = export_run(quickstart_run, cfg(counting=True))
     assert result.status is ExportStatus.FAILED
-    assert "older than the rollouts" in (result.reason or "")
+    assert "aggregate metrics are stale" in (result.reason or "")
     assert CountingExporter.sends == []
 
 

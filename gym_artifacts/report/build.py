@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import html
 import json
+import logging
 import math
 import os
 from collections.abc import Iterator
@@ -28,6 +29,7 @@ from gym_artifacts.report.page import render_page
 from gym_artifacts.run import RunArtifacts
 from gym_artifacts.status import exporter_states
 
+logger = logging.getLogger(__name__)
 EMBED_VIDEO_MAX = 5 << 20
 PREVIEW_CHARS = 160
 MAX_STEP_CHARTS = 12
@@ -172,7 +174,9 @@ def _rollouts(run: RunArtifacts) -> tuple[str, str]:
     columns: list[str] | None = None
     rows: list[list[Any]] = []
     rewards: list[float] = []
-    for lineno, raw, record in _rollout_lines(rollouts):
+    torn = run.partial_rollouts_line()
+    note = _missing(torn.describe(rollouts) + "; its complete lines are shown.") if torn else ""
+    for lineno, raw, record in _rollout_lines(rollouts, torn.complete_bytes if torn else None):
         if columns is None:
             columns = [
                 k for k, v in (record.items() if isinstance(record, dict) else [])
@@ -197,7 +201,8 @@ def _rollouts(run: RunArtifacts) -> tuple[str, str]:
     )
     data = json.dumps({"columns": header, "rows": rows}, ensure_ascii=False, allow_nan=False, default=str)
     section = (
-        (hist or _missing("No rollout has a numeric 'reward'."))
+        note
+        + (hist or _missing("No rollout has a numeric 'reward'."))
         + f"<p>{len(rows):,} rollouts. Search and sort the table; rows are drawn a page at a time.</p>"
         + '<div class="table-controls"><input id="rollout-search" type="search" placeholder="search rollouts" '
         + 'aria-label="search rollouts"> <button id="prev-page">previous</button> <span id="page-info"></span> '
@@ -206,11 +211,11 @@ def _rollouts(run: RunArtifacts) -> tuple[str, str]:
     return section, data.replace("</", "<\\/")
 
 
-def _rollout_lines(fpath: Path) -> Iterator[tuple[int, bytes, Any]]:
-    """``(line number, raw line, record)`` for every non-blank line."""
+def _rollout_lines(fpath: Path, end: int | None = None) -> Iterator[tuple[int, bytes, Any]]:
+    """``(line number, raw line, record)`` for every non-blank line starting before ``end``."""
     with open(fpath, "rb") as fh:
         lineno = 0
-        while raw := read_line(fh, fpath, lineno + 1):
+        while (end is None or fh.tell() < end) and (raw := read_line(fh, fpath, lineno + 1)):
             lineno += 1
             if raw.strip():
                 yield lineno, raw, parse_jsonl_line(raw, fpath, lineno, "rollouts JSONL")
@@ -262,8 +267,11 @@ def build_report(
 ) -> Path:
     """Write the run's report (default ``STEM_report.html`` beside the run); returns its path."""
     run = run if isinstance(run, RunArtifacts) else RunArtifacts.from_path(run)
+    run.require_present()
     dest = Path(dest) if dest is not None else run.stem.with_name(run.stem.name + "_report.html")
+    logger.info("hashing %s's files for the summary", run.source)
     identities = content_identities(run)
+    logger.info("reading the rollouts for the table and histogram")
     rollouts_html, rollouts_json = _rollouts(run)
     sections = [
         ("summary", "Run summary", _summary(run, identities)),
@@ -277,5 +285,6 @@ def build_report(
     page = render_page(
         title=f"gym-artifacts report: {run.name}", sections=sections, rollouts_json=rollouts_json
     )
+    logger.info("writing %s", dest)
     atomic_write_bytes(dest, page.encode("utf-8"))
     return dest

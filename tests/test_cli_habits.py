@@ -1,0 +1,88 @@
+"""CLI habits: --version, ``python -m``, -v showing the tool's own steps, closed pipes, typos."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from importlib.metadata import version
+from pathlib import Path
+
+import pytest
+
+from gym_artifacts.cli import main
+
+
+def _cli(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "gym_artifacts", *args], capture_output=True, text=True, cwd=cwd, timeout=120
+    )
+
+
+def test_version_and_module_entry_point() -> None:
+    proc = _cli("--version")
+    assert proc.returncode == 0
+    assert proc.stdout.strip() == f"gym-artifacts {version('gym-artifacts')}"
+    helped = _cli("--help")
+    assert helped.returncode == 0
+    assert "thin layer" not in helped.stdout
+    for command in ("export", "status", "report", "exporters"):
+        assert command in helped.stdout
+
+
+@pytest.mark.parametrize("command", ["export", "status", "report", "exporters"])
+def test_verbose_shows_the_tools_own_steps_for_every_command(
+    command: str, quickstart_run: Path, local_config: Path
+) -> None:
+    args = {
+        "export": ["export", str(quickstart_run), "-c", str(local_config)],
+        "status": ["status", str(quickstart_run)],
+        "report": ["report", str(quickstart_run), "-o", str(quickstart_run.with_name("r.html"))],
+        "exporters": ["exporters"],
+    }[command]
+    quiet = _cli(*args)
+    assert quiet.returncode == 0, quiet.stderr
+    assert "INFO" not in quiet.stderr
+    for verbose in (["-v", *args], [*args, "-v"]):  # before or after the command
+        proc = _cli(*verbose)
+        assert proc.returncode == 0, proc.stderr
+        ours = [ln for ln in proc.stderr.splitlines() if ln.startswith("gym-artifacts: INFO: gym_artifacts")]
+        assert len(ours) >= 2, proc.stderr  # the start line and at least one step of the command
+
+
+def test_closed_pipe_prints_no_traceback(quickstart_run: Path) -> None:
+    # `status ... | head -1`: the reader goes away after the first line.
+    proc = subprocess.run(
+        f"{sys.executable} -m gym_artifacts status {quickstart_run} | head -c 1 >/dev/null",
+        shell=True, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert "Traceback" not in proc.stderr and "BrokenPipeError" not in proc.stderr, proc.stderr
+    reader = subprocess.Popen(
+        [sys.executable, "-m", "gym_artifacts", "exporters", "--json"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )  # fmt: skip
+    assert reader.stdout is not None
+    reader.stdout.close()  # closed before anything is written
+    _, err = reader.communicate(timeout=120)
+    assert b"Traceback" not in err, err
+
+
+def test_export_config_typo_is_refused_with_did_you_mean(
+    quickstart_run: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    cfg = tmp_path / "typo.yaml"
+    cfg.write_text(f"exporters:\n  local: {{enabled: true, root: {tmp_path / 'store'}}}\nupload_rollout: true\n")
+    assert main(["export", str(quickstart_run), "-c", str(cfg)]) == 2
+    err = capsys.readouterr().err
+    assert "unknown key 'upload_rollout'; did you mean 'upload_rollouts'?" in err
+    assert not (tmp_path / "store").exists()
+    cfg.write_text(f"exporters:\n  local: {{enabled: true, root: {tmp_path / 'store'}}}\nzzz: 1\n")
+    assert main(["export", str(quickstart_run), "-c", str(cfg)]) == 2
+    assert "unknown key 'zzz'; known keys: exporters" in capsys.readouterr().err
+
+
+def test_a_runs_own_saved_config_may_hold_anything(
+    quickstart_run: Path, local_config: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    saved = quickstart_run.with_name("eval_config.yaml")
+    saved.write_text(saved.read_text() + "\nmy_eval_specific_key: 3\n")
+    assert main(["export", str(quickstart_run), "-c", str(local_config)]) == 0

@@ -1,0 +1,169 @@
+"""Runs as users have them: torn last line, copied without times, missing, stale by content."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from gym_artifacts.cli import main
+from gym_artifacts.flags import PARTIAL_OVERRIDE_FLAG, STALE_OVERRIDE_FLAG
+from gym_artifacts.torn import partial_last_line
+
+TORN = b'{"task_index": 999, "agent_ref": {"name": "arithmetic_agent"}, "rew'
+
+
+def _tear(run: Path) -> int:
+    """Append a half-written rollout (an eval killed mid-write); returns its size."""
+    with open(run, "ab") as fh:
+        fh.write(TORN)
+    agg = run.with_name("eval_aggregate_metrics.json")
+    agg.touch()  # the aggregate is not what is wrong here
+    return len(TORN)
+
+
+def _local_store(tmp_path: Path) -> Path:
+    return tmp_path / "store" / "tests"
+
+
+def test_torn_line_status_and_report_work_and_say_so(
+    quickstart_run: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    n = _tear(quickstart_run)
+    assert main(["status", str(quickstart_run)]) == 0
+    out = capsys.readouterr().out
+    assert f"the last line is partial ({n} bytes): the writer was interrupted" in out
+    assert main(["status", str(quickstart_run), "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["partial_last_line_bytes"] == n
+    assert PARTIAL_OVERRIDE_FLAG in report["missing_for_export"]
+    dest = quickstart_run.with_name("r.html")
+    assert main(["report", str(quickstart_run), "-o", str(dest)]) == 0
+    page = dest.read_text()
+    assert f"the last line is partial ({n} bytes)" in page
+    assert "300 rollouts" in page
+
+
+def test_torn_line_export_refuses_then_option_exports_complete_lines(
+    quickstart_run: Path, local_config: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    complete = quickstart_run.read_bytes()
+    n = _tear(quickstart_run)
+    assert main(["export", str(quickstart_run), "-c", str(local_config), "--json"]) == 1
+    [refused] = json.loads(capsys.readouterr().out)
+    assert refused["status"] == "FAILED"
+    assert f"the last line is partial ({n} bytes): the writer was interrupted" in refused["reason"]
+    assert PARTIAL_OVERRIDE_FLAG in refused["reason"]
+    assert not _local_store(tmp_path).exists()
+    args = ["export", str(quickstart_run), "-c", str(local_config), "--json", PARTIAL_OVERRIDE_FLAG]
+    assert main(args) == 0
+    [done] = json.loads(capsys.readouterr().out)
+    assert done["status"] == "EXPORTED" and done["rows"] == 300
+    [run_dir] = _local_store(tmp_path).iterdir()
+    assert (run_dir / "rollouts.jsonl").read_bytes() == complete  # the torn bytes never left
+    run_json = json.loads((run_dir / "run.json").read_text())
+    assert run_json["omitted_partial_lines"] == 1 and run_json["omitted_partial_line_bytes"] == n
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["omitted_partial_line_bytes"] == n
+
+
+def test_partial_last_line_tells_a_missing_newline_from_a_torn_record(tmp_path: Path) -> None:
+    f = tmp_path / "x.jsonl"
+    f.write_bytes(b'{"a": 1}\n{"a": 2}')
+    assert partial_last_line(f) is None  # complete, only the final newline is missing
+    f.write_bytes(b'{"a": 1}\n{"a": 2}\n')
+    assert partial_last_line(f) is None
+    f.write_bytes(b'{"a": 1}\n' + b'{"big": "' + b"x" * 300_000)  # a torn line longer than a block
+    torn = partial_last_line(f)
+    assert torn is not None and torn.complete_bytes == 9 and torn.partial_bytes == 300_009
+    f.write_bytes(b'{"a": ')
+    torn = partial_last_line(f)
+    assert torn is not None and (torn.complete_bytes, torn.partial_bytes) == (0, 6)
+
+
+def _copy_without_times(src_run: Path, dest: Path) -> Path:
+    """A copy as ``cp`` without ``-p`` makes it: every file gets the copy's time, in any order."""
+    dest.mkdir()
+    for f in sorted(src_run.parent.iterdir(), reverse=True):  # the aggregate first: older than rollouts
+        target = dest / f.name
+        if f.is_dir():
+            shutil.copytree(f, target, copy_function=shutil.copyfile)
+        else:
+            shutil.copyfile(f, target)
+    agg = dest / "eval_aggregate_metrics.json"
+    st = (dest / "eval.jsonl").stat()
+    os.utime(agg, ns=(st.st_atime_ns, st.st_mtime_ns - 5_000_000_000))
+    return dest / "eval.jsonl"
+
+
+def test_copy_without_times_exports(
+    quickstart_run: Path, local_config: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    copy = _copy_without_times(quickstart_run, tmp_path / "copied")
+    assert main(["export", str(copy), "-c", str(local_config), "--json"]) == 0
+    [result] = json.loads(capsys.readouterr().out)
+    assert result["status"] == "EXPORTED"
+
+
+def test_touched_rollouts_alone_stay_exportable(
+    quickstart_run: Path, local_config: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    agg = quickstart_run.with_name("eval_aggregate_metrics.json")
+    os.utime(agg, ns=(0, 1_000_000_000))
+    quickstart_run.touch()
+    assert main(["export", str(quickstart_run), "-c", str(local_config), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)[0]["status"] == "EXPORTED"
+
+
+def test_changed_rollouts_are_stale_by_content_and_the_named_override_works(
+    quickstart_run: Path, local_config: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    lines = quickstart_run.read_bytes().splitlines(keepends=True)
+    record = json.loads(lines[0])
+    record["reward"] = 1.0 - float(record["reward"])  # one rollout re-scored after aggregation
+    quickstart_run.write_bytes(json.dumps(record).encode() + b"\n" + b"".join(lines[1:]))
+    agg = quickstart_run.with_name("eval_aggregate_metrics.json")
+    os.utime(agg, ns=(0, 1_000_000_000))
+    assert main(["export", str(quickstart_run), "-c", str(local_config), "--json"]) == 1
+    [refused] = json.loads(capsys.readouterr().out)
+    assert "aggregate metrics are stale" in refused["reason"]
+    assert "mean rewards differ" in refused["reason"]
+    assert STALE_OVERRIDE_FLAG in refused["reason"]
+    args = ["export", str(quickstart_run), "-c", str(local_config), "--json", STALE_OVERRIDE_FLAG]
+    assert main(args) == 0
+    assert json.loads(capsys.readouterr().out)[0]["status"] == "EXPORTED"
+
+
+def test_undecidable_content_falls_back_to_times(
+    quickstart_run: Path, local_config: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    agg = quickstart_run.with_name("eval_aggregate_metrics.json")
+    entries = json.loads(agg.read_text())
+    for e in entries:
+        e["agent_metrics"].pop("mean/reward")
+    agg.write_text(json.dumps(entries))
+    os.utime(agg, ns=(0, 1_000_000_000))
+    assert main(["export", str(quickstart_run), "-c", str(local_config), "--json"]) == 1
+    [refused] = json.loads(capsys.readouterr().out)
+    assert "older than the rollouts and the content cannot tell" in refused["reason"]
+    assert STALE_OVERRIDE_FLAG in refused["reason"]
+
+
+@pytest.mark.parametrize("command", [["status"], ["report"], ["export"], ["status", "--json"]])
+def test_missing_run_exits_2_and_writes_nothing(tmp_path: Path, command: list[str]) -> None:
+    work = tmp_path / "empty"
+    work.mkdir()
+    for name in ("nope.jsonl", "gone_folder"):
+        proc = subprocess.run(
+            [sys.executable, "-m", "gym_artifacts", command[0], name, *command[1:]],
+            capture_output=True, text=True, cwd=work, timeout=120,
+        )  # fmt: skip
+        assert proc.returncode == 2, proc.stderr
+        assert f"no run at {name}" in proc.stderr
+        assert proc.stdout == ""
+        assert list(work.iterdir()) == []
