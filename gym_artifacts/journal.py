@@ -16,7 +16,8 @@ from pathlib import Path
 from typing import IO, Any
 
 from gym_artifacts.jsonio import canonical_json
-from gym_artifacts.worker import BackgroundWorker, Call
+from gym_artifacts.metric_records import MetricEntry, MetricRecord
+from gym_artifacts.worker import BackgroundWorker, Call, RecordSink
 
 
 def repair_partial_last_line(fpath: Path) -> None:
@@ -80,7 +81,9 @@ class MetricsJournal:
         self._fh: IO[bytes] | None = None
         self._opened = threading.Event()
         self._previous_last_step: int | None = None
-        self.worker = BackgroundWorker("journal", max_queued=max_queued)
+        self.worker = BackgroundWorker(
+            "journal", max_queued=max_queued, records=RecordSink(self._write, self._write_batch)
+        )
         self.worker.submit(Call(self._open, (resume,), "open"))
 
     def previous_last_step(self, timeout: float = 10.0) -> int | None:
@@ -108,21 +111,21 @@ class MetricsJournal:
         self._close()
         self._open(resume=False)
 
-    def append(self, step: int | None, when: float, metrics: dict[str, Any]) -> None:
-        """Enqueue one line; never blocks, never raises."""
-        self.worker.submit(Call(self._write, (step, when, metrics), "metrics", True, self._write_batch))
+    def append_record(self, record: MetricRecord) -> None:
+        """Enqueue one line, encoded once by the fan-out (see ``metric_records``); never blocks."""
+        self.worker.submit_record(record)
 
-    def _write(self, step: int | None, when: float, metrics: dict[str, Any]) -> None:
+    def _write(self, metrics: dict[str, Any], step: int | None, when: float) -> None:
         if self._fh is None:
             raise RuntimeError(f"journal {self.fpath} is not open")
         line = canonical_json({"step": step, "time": when, "metrics": metrics})
         self._fh.write(line + b"\n")
         self._fh.flush()  # one complete line reaches the OS per call: a kill loses none of them
 
-    def _write_batch(self, entries: list[tuple[int | None, float, dict[str, Any]]]) -> None:
+    def _write_batch(self, entries: list[MetricEntry]) -> None:
         if self._fh is None:
             raise RuntimeError(f"journal {self.fpath} is not open")
-        lines = [canonical_json({"step": step, "time": when, "metrics": m}) for step, when, m in entries]
+        lines = [canonical_json({"step": step, "time": when, "metrics": m}) for m, step, when in entries]
         self._fh.write(b"\n".join(lines) + b"\n")
         self._fh.flush()  # complete lines only, one write per batch
 

@@ -22,12 +22,13 @@ from gym_artifacts.config import enabled_exporters, is_resume, normalize, resolv
 from gym_artifacts.errors import GymArtifactsError, ReceiptError
 from gym_artifacts.exporter import Exporter, ExportPlan, Sent
 from gym_artifacts.journal import MetricsJournal
+from gym_artifacts.metric_records import MetricRecord, encode_record
 from gym_artifacts.ranks import is_rank_zero
 from gym_artifacts.receipts import RunIdMarker, read_marker, utc_now_iso, write_marker
 from gym_artifacts.registry import get_entry
 from gym_artifacts.run import RunArtifacts
 from gym_artifacts.secrets import collect_secret_values, mask_secrets, redact_text
-from gym_artifacts.worker import BackgroundWorker, Call, WorkerStats
+from gym_artifacts.worker import BackgroundWorker, Call, RecordSink, WorkerStats
 
 if TYPE_CHECKING:
     from typing_extensions import Self
@@ -143,9 +144,8 @@ class LiveExporter(LiveHooks, Exporter):
         """
         self._secrets = frozenset(secrets)
         self._previous_last_step = previous_last_step
-        self._metrics_hook = self._guarded(self._log_metrics)
-        self._metrics_batch_hook = self._guarded_batch(self._log_metrics_batch)
-        self._worker = BackgroundWorker(self.name, redact=self.redact)
+        records = RecordSink(self._guarded(self._log_metrics), self._guarded_batch(self._log_metrics_batch))
+        self._worker = BackgroundWorker(self.name, redact=self.redact, records=records)
         self._worker.submit(Call(self._do_setup, (run, resume), "setup"))
 
     def export_config(self, config: Mapping[str, Any] | None = None) -> None:
@@ -164,15 +164,13 @@ class LiveExporter(LiveHooks, Exporter):
     ) -> None:
         """Log step metrics (dropped first when the queue is full)."""
         when = time.time() if timestamp is None else timestamp
-        self._enqueue_metrics(dict(metrics), step, when)
+        self._enqueue_record(encode_record(metrics, step, when))
 
-    def _enqueue_metrics(self, metrics: dict[str, Any], step: int | None, when: float) -> None:
-        """The fan-out's fast path: ``metrics`` is already a private snapshot."""
+    def _enqueue_record(self, record: MetricRecord) -> None:
+        """The fan-out's fast path: one record, encoded once, shared by every backend."""
         worker = self._worker
         if worker is not None:
-            worker.submit(
-                Call(self._metrics_hook, (metrics, step, when), "metrics", True, self._metrics_batch_hook)
-            )
+            worker.submit_record(record)
 
     def export_rollouts(self, rollouts: list[Any]) -> None:
         """Log finished rollouts (never dropped)."""
@@ -409,11 +407,10 @@ class LiveRun:
         if step is None:
             step = 0 if self._last_step is None else self._last_step + 1
         self._last_step = step
-        when = time.time()
-        snapshot = dict(metrics)
-        self.journal.append(step, when, snapshot)
+        record = encode_record(metrics, step, time.time())
+        self.journal.append_record(record)
         for exporter in self.exporters:
-            exporter._enqueue_metrics(snapshot, step, when)
+            exporter._enqueue_record(record)
 
     def export_rollouts(self, rollouts: list[Any]) -> None:
         """Hand finished rollouts to every backend (the eval writes OUT.jsonl itself)."""

@@ -1,9 +1,11 @@
 """A per-exporter background worker: callers only enqueue; one thread applies calls in order.
 
 The caller's path is a ``deque.append`` and, when the worker sleeps, an event set: no I/O, no
-SDK call, and no lock that the worker holds while it talks to a backend. The queue is bounded
-for droppable items (step metrics): past the bound a new one is dropped and counted, while
-config, rollouts and lifecycle requests are always kept. A failing backend is backed off
+SDK call, and no lock that the worker holds while it talks to a backend. Metric calls are queued
+as records (see :mod:`gym_artifacts.metric_records`): objects the garbage collector never walks,
+so a backlog behind a dead backend does not lengthen the collections the eval's thread pays for.
+The queue is bounded for droppable items (step metrics): past the bound a new one is dropped and
+counted, while config, rollouts and lifecycle requests are always kept. A failing backend is backed off
 (exponential, capped) and its failures are logged once per burst. ``stop`` drains within a
 deadline and then gives up, saying what was not delivered.
 """
@@ -19,6 +21,8 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
+
+from gym_artifacts.metric_records import MetricEntry, MetricRecord, decode_record, is_record
 
 logger = logging.getLogger(__name__)
 
@@ -49,6 +53,14 @@ class Call(NamedTuple):
     droppable: bool = False
     # Consecutive calls with the same ``batch`` function are applied as one ``batch(list of args)``.
     batch: Callable[[list[tuple[Any, ...]]], Any] | None = None
+
+
+class RecordSink(NamedTuple):
+    """How a worker applies queued metric records: one alone, or a run of them at once."""
+
+    one: Callable[[dict[str, Any], int | None, float], Any]
+    many: Callable[[list[MetricEntry]], Any]
+    kind: str = "metrics"
 
 
 class _Marker:
@@ -91,14 +103,16 @@ class BackgroundWorker:
         backoff_initial: float = 0.25,
         backoff_max: float = 30.0,
         redact: Callable[[str], str] = str,
+        records: RecordSink | None = None,
     ) -> None:
         self.name = name
+        self.records = records
         self.redact = redact
         self.stats = WorkerStats()
         self.max_queued = max_queued
         self.backoff_initial = backoff_initial
         self.backoff_max = backoff_max
-        self._queue: deque[Call | _Marker] = deque()
+        self._queue: deque[Call | _Marker | MetricRecord] = deque()
         self._wake = threading.Event()
         self._stopping = threading.Event()
         self._idle = False
@@ -122,6 +136,16 @@ class BackgroundWorker:
             self._count_drop(call.kind)
             return False
         self._queue.append(call)
+        if self._idle:
+            self._wake.set()
+        return True
+
+    def submit_record(self, record: MetricRecord) -> bool:
+        """Hand a metric record to the worker (droppable); False when it was dropped."""
+        if not self._accepting or len(self._queue) >= self.max_queued or self.records is None:
+            self._count_drop("metrics" if self.records is None else self.records.kind)
+            return False
+        self._queue.append(record)
         if self._idle:
             self._wake.set()
         return True
@@ -155,7 +179,7 @@ class BackgroundWorker:
         self._wake.set()
         finished = marker.done.wait(max(0.0, deadline - time.monotonic()))
         if not finished:
-            self.stats.undelivered += sum(1 for item in list(self._queue) if isinstance(item, Call))
+            self.stats.undelivered += sum(1 for item in list(self._queue) if not isinstance(item, _Marker))
         return finished
 
     @property
@@ -195,6 +219,10 @@ class BackgroundWorker:
             if isinstance(item, _Marker):
                 item.done.set()
                 continue
+            if is_record(item):
+                self._apply_records(item)  # type: ignore[arg-type]
+                continue
+            assert isinstance(item, Call)
             if item.batch is not None:
                 group = [item]
                 queue = self._queue
@@ -208,12 +236,32 @@ class BackgroundWorker:
             else:
                 self._apply(item)
 
+    def _apply_records(self, first: MetricRecord) -> None:
+        """Apply ``first`` and the records queued right behind it (up to MAX_BATCH) at once."""
+        sink = self.records
+        assert sink is not None
+        entries = [decode_record(first)]
+        queue = self._queue
+        while queue and len(entries) < self.MAX_BATCH and is_record(queue[0]):
+            entries.append(decode_record(queue.popleft()))  # type: ignore[arg-type]
+        if len(entries) == 1:
+            self._deliver(sink.kind, True, 1, sink.one, *entries[0])
+        else:
+            self._deliver(sink.kind, True, len(entries), sink.many, entries)
+
     def _past_deadline(self) -> bool:
         return self._deadline is not None and time.monotonic() >= self._deadline
 
     def _apply(self, call: Call, group: list[Call] | None = None) -> None:
-        count = 1 if group is None else len(group)
-        if call.droppable and self._past_deadline():
+        if group is None:
+            self._deliver(call.kind, call.droppable, 1, call.fn, *call.args)
+        else:
+            assert call.batch is not None
+            self._deliver(call.kind, call.droppable, len(group), call.batch, [c.args for c in group])
+
+    def _deliver(self, kind: str, droppable: bool, count: int, fn: Callable[..., Any], *args: Any) -> None:
+        """``fn(*args)`` standing for ``count`` calls: after any backoff, before the deadline."""
+        if droppable and self._past_deadline():
             self.stats.undelivered += count
             return
         wait = self._backoff_until - time.monotonic()
@@ -224,17 +272,13 @@ class BackgroundWorker:
                 self._stopping.wait(wait)  # a stop request ends the pause early
             else:
                 time.sleep(wait)
-            if call.droppable and self._past_deadline():
+            if droppable and self._past_deadline():
                 self.stats.undelivered += count
                 return
         try:
-            if group is None:
-                call.fn(*call.args)
-            else:
-                assert call.batch is not None
-                call.batch([c.args for c in group])
+            fn(*args)
         except Exception as exc:
-            self._on_failure(call, exc, count)
+            self._on_failure(kind, exc, count)
         else:
             self.stats.delivered += count
             if self._burst:
@@ -242,7 +286,7 @@ class BackgroundWorker:
                 self._burst = 0
                 self._backoff_until = 0.0
 
-    def _on_failure(self, call: Call, exc: Exception, count: int = 1) -> None:
+    def _on_failure(self, kind: str, exc: Exception, count: int = 1) -> None:
         self.stats.failed += count
         self.stats.failed_attempts += 1
         self.stats.last_error = self.redact(f"{type(exc).__name__}: {exc}".splitlines()[0][:500])
@@ -251,7 +295,7 @@ class BackgroundWorker:
             self.stats.failure_bursts += 1
             logger.warning(
                 "%s: %s failed (%s); backing off, further failures counted, not logged",
-                self.name, call.kind, self.stats.last_error,
+                self.name, kind, self.stats.last_error,
             )  # fmt: skip
         delay = min(self.backoff_max, self.backoff_initial * (2 ** (self._burst - 1)))
         self._backoff_until = time.monotonic() + delay

@@ -122,3 +122,16 @@ class HangingTeardownLive(RecordingLive):
 
 
 HOSTILE = (SleepyLive, FailingLive, BrokenSetupLive, HangingTeardownLive)
+
+
+class UnansweringLive(RecordingLive):
+    """A tracker that stopped answering after setup: metric calls pile up behind the first one."""
+
+    name = "unanswering"
+    release = threading.Event()
+
+    def _log_metrics(self, metrics: dict[str, Any], step: int, timestamp: float) -> None:
+        UnansweringLive.release.wait(3600)
+
+    def _log_metrics_batch(self, entries: list[tuple[dict[str, Any], int, float]]) -> None:
+        UnansweringLive.release.wait(3600)
