@@ -103,8 +103,8 @@ class FakeNvml:
 
     def nvmlDeviceGetMemoryInfo(self, handle: FakeGpu) -> Any:
         handle.reads += 1  # one sample reads memory first
-        used = int(handle.memory_gb(handle.reads - 1) * 1024**3)
-        return SimpleNamespace(used=used, total=141 * 1024**3, free=141 * 1024**3 - used)
+        used = round(handle.memory_gb(handle.reads - 1) * 1e9)  # decimal GB, as NVML users read it
+        return SimpleNamespace(used=used, total=141 * 10**9, free=141 * 10**9 - used)
 
     def nvmlDeviceGetUtilizationRates(self, handle: FakeGpu) -> Any:
         return SimpleNamespace(gpu=handle.util(handle.reads - 1), memory=20)

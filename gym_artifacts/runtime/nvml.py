@@ -28,7 +28,15 @@ from gym_artifacts.runtime.stats import SeriesStats
 logger = logging.getLogger(__name__)
 
 MIN_INTERVAL = 0.1
-GB = 1024**3
+# Decimal gigabytes, as reactor-runtime writes its ``*_gb`` keys (``used / 1e9``).
+GB = 1e9
+# What each headline figure aggregates (written beside them, so no reader has to guess).
+HEADLINE_BASIS = {
+    "avg_vram_gb": "mean over samples of the memory used (decimal GB) summed over the devices",
+    "peak_vram_gb": "maximum over samples of the memory used (decimal GB) summed over the devices",
+    "avg_gpu_util_pct": "mean over samples of the GPU utilisation averaged over the devices",
+    "peak_gpu_util_pct": "maximum over samples of the GPU utilisation averaged over the devices",
+}
 
 
 @dataclass
@@ -160,6 +168,8 @@ class NVMLSampler:
         self._stop = threading.Event()
         self._lock = threading.Lock()
         self._series: IO[bytes] | None = None
+        self._vram_total = SeriesStats()
+        self._util_mean = SeriesStats()
         self.latest: dict[int, dict[str, float]] = {}
 
     # -- lifecycle ----------------------------------------------------------------------------
@@ -178,9 +188,12 @@ class NVMLSampler:
             except OSError as exc:
                 logger.warning("NVML series not written: %s", exc)
         if self._publish_otel:
-            from gym_artifacts.runtime import nvml_otel
+            try:
+                from gym_artifacts.runtime import nvml_otel
 
-            nvml_otel.publish(self)
+                nvml_otel.publish(self)
+            except Exception as exc:  # a broken OpenTelemetry install never stops sampling
+                logger.warning("NVML gauges not published to OpenTelemetry: %s", exc)
         self._stop.clear()
         self._thread = threading.Thread(target=self._run, name="gym-artifacts-nvml", daemon=True)
         self._thread.start()
@@ -224,7 +237,7 @@ class NVMLSampler:
         except Exception as exc:  # NVMLError_LibraryNotFound on a machine without a driver, and the like
             self._devices = []
             self._reason = f"NVML unavailable: {type(exc).__name__}: {exc}"
-            logger.info("%s", self._reason)
+            logger.warning("no GPU metrics: %s", self._reason)  # once: a failed start is not retried
 
     # -- sampling -----------------------------------------------------------------------------
     def _run(self) -> None:
@@ -247,10 +260,16 @@ class NVMLSampler:
         when = time.time() if when is None else when
         lines = []
         with self._lock:
+            vram: list[float] = []
+            util: list[float] = []
             for device in self._devices:
                 values = self._read(device)
                 if not values:
                     continue
+                if "memory_used_gb" in values:
+                    vram.append(values["memory_used_gb"])
+                if "gpu_util_pct" in values:
+                    util.append(values["gpu_util_pct"])
                 for name, value in values.items():
                     device.stats.setdefault(name, SeriesStats()).add(value)
                 self.latest[device.cuda_index] = values
@@ -259,6 +278,10 @@ class NVMLSampler:
                         {"time": when, "gpu": device.cuda_index, "uuid": device.uuid, "metrics": values}
                     )
                 )
+            if vram:
+                self._vram_total.add(sum(vram))
+            if util:
+                self._util_mean.add(sum(util) / len(util))
             self._samples += 1
             self._first = when if self._first is None else self._first
             self._last = when
@@ -320,22 +343,23 @@ class NVMLSampler:
                 },
                 "devices": devices,
             }
-            summary.update(_headline(self._devices or []))
+            summary.update(self._headline())
             return summary
+
+    def _headline(self) -> dict[str, Any]:
+        """reactor-runtime's figures, each over all devices on one basis (so avg <= peak)."""
+        out: dict[str, Any] = {}
+        if self._vram_total.count:
+            out["avg_vram_gb"] = self._vram_total.total / self._vram_total.count
+            out["peak_vram_gb"] = self._vram_total.peak
+        if self._util_mean.count:
+            out["avg_gpu_util_pct"] = self._util_mean.total / self._util_mean.count
+            out["peak_gpu_util_pct"] = self._util_mean.peak
+        if out:
+            out["headline_basis"] = {k: v for k, v in HEADLINE_BASIS.items() if k in out}
+        return out
 
 
 def _iso(epoch: float | None) -> str | None:
     return None if epoch is None else dt.datetime.fromtimestamp(epoch, dt.timezone.utc).isoformat()
 
-
-def _headline(devices: list[Device]) -> dict[str, float]:
-    """reactor-compatible figures over all devices (only from real readings)."""
-    out: dict[str, float] = {}
-    vram = [d.stats["memory_used_gb"] for d in devices if "memory_used_gb" in d.stats]
-    util = [d.stats["gpu_util_pct"] for d in devices if "gpu_util_pct" in d.stats]
-    if vram:
-        out["avg_vram_gb"] = sum(s.total / s.count for s in vram)
-        out["peak_vram_gb"] = max(s.peak for s in vram)
-    if util:
-        out["avg_gpu_util_pct"] = sum(s.total / s.count for s in util) / len(util)
-    return out

@@ -73,19 +73,39 @@ class ChunkRangeProfiler:
         if not self.active or self.range is None or not (self.range[0] <= index <= self.range[1]):
             yield
             return
-        import torch
-
-        if self._profiler is None:
-            self._profiler = torch.profiler.profile(activities=list(torch.profiler.supported_activities()))
-            self._profiler.__enter__()
+        marker = self._start(index)
+        if marker is None:  # the profiler could not start: the chunk runs unprofiled
+            yield
+            return
         try:
-            with torch.profiler.record_function(f"chunk_{index}"):
+            with marker:
                 yield
         except BaseException:
             self.close(partial_at=index)
             raise
         if index == self.range[1]:
             self.close()
+
+    def _start(self, index: int) -> Any:
+        """Open the profiler (once) and return the chunk's marker; on any failure (no torch, a
+        profiler already running elsewhere) warn once, give up profiling, and return None."""
+        try:
+            import torch
+
+            if self._profiler is None:
+                profiler = torch.profiler.profile(activities=list(torch.profiler.supported_activities()))
+                profiler.__enter__()
+                self._profiler = profiler
+            return torch.profiler.record_function(f"chunk_{index}")
+        except Exception as exc:
+            self.error = f"profiling disabled: {type(exc).__name__}: {exc}"
+            logger.warning("EXPERIMENT_PROFILE_RANGE is set but %s", self.error)
+            self._done = True
+            with contextlib.suppress(Exception):
+                if self._profiler is not None:
+                    self._profiler.__exit__(None, None, None)
+            self._profiler = None
+            return None
 
     def close(self, partial_at: int | None = None) -> None:
         """Exit the profiler if it is open and publish what it recorded; safe to call again."""
