@@ -11,7 +11,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
-from pydantic import BaseModel, ConfigDict, TypeAdapter, ValidationError
+from pydantic import BaseModel, ConfigDict, TypeAdapter, ValidationError, field_validator
 
 from gym_artifacts.errors import ConfigError
 from gym_artifacts.jsonio import yaml_error_message
@@ -65,6 +65,12 @@ class ExporterConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     enabled: bool = False
+
+    @field_validator("enabled", mode="before")
+    @classmethod
+    def _flag_as_parse_flag_reads_it(cls, value: Any) -> Any:
+        """' on ' reads true here too, as ``parse_flag`` (which picks the exporters) reads it."""
+        return value.strip() if isinstance(value, str) else value
 
 
 def _omegaconf() -> Any:

@@ -36,9 +36,13 @@ def _isolated(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]
         monkeypatch.setenv(var, str(d))
     # WANDB_SERVICE: wandb.init saves its service address there; a child process that inherits it
     # would share this process's wandb-core instead of starting its own.
-    for var in ("WANDB_API_KEY", "WANDB_SERVICE", "RANK", "LOCAL_RANK", "EXPERIMENT_ID", "POLICY_API_KEY"):
+    for var in ("WANDB_API_KEY", "WANDB_SERVICE", "RANK", "LOCAL_RANK", "SLURM_PROCID", "EXPERIMENT_ID",
+                "POLICY_API_KEY"):  # fmt: skip
         monkeypatch.delenv(var, raising=False)
     yield
+    from gym_artifacts.ranks import set_rank
+
+    set_rank(None)
 
 
 def copy_quickstart(dest: Path, stem: str = "eval") -> Path:

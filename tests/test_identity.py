@@ -16,8 +16,10 @@ from gym_artifacts.identity import content_identities, hash_jsonl_file, run_iden
 from gym_artifacts.run import RunArtifacts
 
 
-def identities(rollouts: Path) -> dict[str, str]:
-    return content_identities(RunArtifacts.from_path(rollouts))
+def identities(rollouts: Path, *, use_cache: bool = False) -> dict[str, str]:
+    """Every file hashed afresh by default: a cached digest would hide what the hash depends on
+    (after a move the cache travels with the run, so nothing would be rehashed)."""
+    return content_identities(RunArtifacts.from_path(rollouts), use_cache=use_cache)
 
 
 def test_names_are_relative_to_the_run(quickstart_run: Path) -> None:
@@ -152,16 +154,16 @@ def test_unchanged_files_are_not_read_again(quickstart_run: Path, monkeypatch: p
     for p in [quickstart_run, *quickstart_run.parent.rglob("*")]:
         if p.is_file():
             os.utime(p, (old, old))
-    first = identities(quickstart_run)
+    first = identities(quickstart_run, use_cache=True)
     assert RunArtifacts.from_path(quickstart_run).identity_cache_fpath.is_file()
     calls: list[Path] = []
     real, real_jsonl = identity.identity_of, identity.jsonl_digest
     monkeypatch.setattr(identity, "identity_of", lambda p: calls.append(p) or real(p))
     monkeypatch.setattr(identity, "jsonl_digest", lambda p: calls.append(p) or real_jsonl(p))
-    assert identities(quickstart_run) == first
+    assert identities(quickstart_run, use_cache=True) == first
     assert calls == []
     (quickstart_run.with_name("eval_artifacts") / "session_times.json").write_text('{"start": "changed"}')
-    identities(quickstart_run)
+    identities(quickstart_run, use_cache=True)
     assert [p.name for p in calls] == ["session_times.json"]  # only the changed file is read
 
 
@@ -173,7 +175,7 @@ def test_a_changed_file_is_always_rehashed(quickstart_run: Path) -> None:
     for p in [quickstart_run, *quickstart_run.parent.rglob("*")]:
         if p.is_file():
             os.utime(p, (old, old))
-    first = identities(quickstart_run)
+    first = identities(quickstart_run, use_cache=True)
     # Same size, same mtime restored: only ctime tells the rewrite apart.
     st = rec.stat()
     data = bytearray(rec.read_bytes())
@@ -181,12 +183,12 @@ def test_a_changed_file_is_always_rehashed(quickstart_run: Path) -> None:
     rec.write_bytes(bytes(data))
     os.utime(rec, ns=(st.st_atime_ns, st.st_mtime_ns))
     assert rec.stat().st_size == st.st_size and rec.stat().st_mtime_ns == st.st_mtime_ns
-    second = identities(quickstart_run)
+    second = identities(quickstart_run, use_cache=True)
     assert second["artifacts/recording.mp4"] != first["artifacts/recording.mp4"]
     assert {k for k in first if first[k] != second[k]} == {"artifacts/recording.mp4"}
 
 
 def test_a_freshly_written_file_is_not_cached(quickstart_run: Path) -> None:
-    identities(quickstart_run)  # the copies were just written: within the racy window
+    identities(quickstart_run, use_cache=True)  # the copies were just written: within the racy window
     cache = json.loads(RunArtifacts.from_path(quickstart_run).identity_cache_fpath.read_text())
     assert "rollouts.jsonl" not in cache["entries"]

@@ -145,6 +145,38 @@ def test_other_ranks_get_a_noop(tmp_path: Path, monkeypatch: pytest.MonkeyPatch)
     assert not (tmp_path / "eval_metrics.jsonl").exists()
 
 
+@pytest.mark.parametrize(
+    ("env", "declared", "rank_zero"),
+    [
+        ({"SLURM_PROCID": "5"}, None, False),  # srun, one task per GPU
+        ({"SLURM_PROCID": "0", "RANK": "9"}, None, False),  # torchrun inside one srun task
+        ({"SLURM_PROCID": "0"}, None, True),
+        ({"RANK": "4"}, 0, True),  # the caller knows better than the environment
+        ({}, 2, False),
+    ],
+)
+def test_rank_from_slurm_and_from_the_caller(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, env: dict[str, str], declared: int | None, rank_zero: bool
+) -> None:
+    from gym_artifacts.ranks import set_rank
+
+    for var, value in env.items():
+        monkeypatch.setenv(var, value)
+    set_rank(declared)
+    with live_exporters(config(tmp_path / "s"), tmp_path / "eval.jsonl") as live:
+        live.export_metrics({"x": 1}, step=0)
+    assert isinstance(live, NoOpLiveRun) is not rank_zero
+    assert (tmp_path / "eval_metrics.jsonl").exists() is rank_zero
+
+
+@pytest.mark.parametrize("bad", [-1, 1.0, "0", True])
+def test_declared_rank_must_be_a_rank(bad: object) -> None:
+    from gym_artifacts.ranks import set_rank
+
+    with pytest.raises(ValueError, match="rank must be a non-negative integer"):
+        set_rank(bad)  # type: ignore[arg-type]
+
+
 def test_malformed_rank_is_rank_zero_with_warning(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:

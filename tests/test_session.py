@@ -106,6 +106,7 @@ def test_full_session_then_export(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
     assert manifest["failures"] == [] and manifest["recording"]["missing_indexes"] == []
     summary = json.loads((session.artifacts_dpath / "metrics_summary.json").read_text())
     assert summary["samples"] >= 2 and summary["devices"]["0"]["uuid"] == "GPU-s0"
+    assert session.sampler is not None and not session.sampler._nvml.initialised  # nvmlShutdown ran
     # The eval's own files, then the export ships every runtime artifact.
     out.write_text('{"id": 1}\n')
     out.with_name("eval_aggregate_metrics.json").write_text(

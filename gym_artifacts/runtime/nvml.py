@@ -210,7 +210,7 @@ class NVMLSampler:
             self._series = None
 
     def shutdown(self) -> None:
-        """Stop and release NVML."""
+        """Stop and release NVML (``nvmlShutdown``); the summary stays readable, sampling is over."""
         self.stop()
         if self._devices and self._nvml is not None:
             with contextlib.suppress(Exception):

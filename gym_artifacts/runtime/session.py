@@ -183,6 +183,11 @@ class ExperimentSession:
             else {"samples": 0, "reason": self.failures.get("nvml", "NVML sampling did not start")}
         )
         self._attempt(NVML_SUMMARY, lambda: atomic_write_json(dpath / NVML_SUMMARY, summary))
+        if self.sampler is not None:
+            try:
+                self.sampler.shutdown()  # the summary is taken: release NVML (nvmlShutdown)
+            except Exception as exc:
+                self.failures["nvml"] = f"{type(exc).__name__}: {exc}"
         if self._series_partial.exists():
             self._attempt(NVML_SERIES, lambda: os.replace(self._series_partial, dpath / NVML_SERIES))
         if derived_config is not None:

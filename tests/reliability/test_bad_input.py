@@ -157,6 +157,28 @@ def test_generated_aggregate_metrics(
 yaml_text = st.text(alphabet=st.sampled_from(list("abc:{}[]-\n #'\"$%&*!|>,.0123456789")), max_size=120)
 
 
+def expected_config_error(text: str) -> str:
+    """What the CLI must say about ``text`` as ``-c`` config, decided by PyYAML and OmegaConf alone.
+
+    None of these texts can enable a backend (their alphabet cannot spell one), so every one is a
+    usage error: unreadable YAML, not a mapping, or a valid config that enables nothing.
+    """
+    import yaml
+    from omegaconf import OmegaConf
+
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError:
+        return "invalid YAML"
+    if data is not None and not isinstance(data, dict):
+        return f"a config must be a YAML mapping, not {type(data).__name__}"
+    try:
+        OmegaConf.create(data or {})
+    except Exception:
+        return "invalid config"
+    return "no exporter is enabled"
+
+
 @SETTINGS
 @given(text=yaml_text)
 def test_generated_configs(
@@ -172,16 +194,53 @@ def test_generated_configs(
     code = main(["export", str(run), "-c", str(config), "--json"])
     out, err = capsys.readouterr()
     assert "Traceback" not in out + err
-    assert code in (0, 1, 2)
-    if code == 2:
-        assert "error:" in err
-    assert CountingExporter.sends == []  # the counting backend is never enabled by these configs
-    after = {
-        k: v
-        for k, v in fingerprint(run.parent).items()
-        if not k.endswith(".lock") and "_export_done" not in k and "gymart" not in k
-    }
-    assert after == before
+    assert code == 2 and json.loads(out or "[]") == [], err  # no result: nothing was exported
+    expected = expected_config_error(text)
+    assert expected in err, (text, err)
+    if expected != "no exporter is enabled":
+        assert str(config) in err  # the message names the file
+    assert fingerprint(run.parent) == before
+
+
+# How the config's flag reads (YAML 1.1 scalars, then the validated model's bool): the spec, by hand.
+FLAGS = {
+    "true": True, "True": True, "yes": True, "on": True, "1": True, "'true'": True, "'yes'": True,
+    "'1'": True, "'Y'": True, "' on '": True,
+    "false": False, "no": False, "off": False, "0": False, "'false'": False, "'0'": False, "'n'": False,
+    "perhaps": None, "2": None, "[]": None, "{}": None, "''": None, "'tru'": None, "-1": None,
+}  # fmt: skip
+extra_keys = st.dictionaries(st.text("abcxyz_", min_size=1, max_size=8).map("x_".__add__), json_values, max_size=4)
+
+
+@settings(SETTINGS, max_examples=len(FLAGS))
+@given(flag=st.sampled_from(sorted(FLAGS)), extra=extra_keys)
+def test_generated_configs_enabling_a_backend(
+    tmp_path_factory: pytest.TempPathFactory, capsys: pytest.CaptureFixture[str], flag: str, extra: dict
+) -> None:
+    """A backend's ``enabled`` written every way: sent exactly once, not at all, or refused by name."""
+    import yaml
+
+    CountingExporter.sends.clear()
+    folder = tmp_path_factory.mktemp("ce")
+    run = Sandbox(folder).run()
+    config = folder / "config.yaml"
+    config.write_text((yaml.safe_dump(extra) if extra else "") + f"exporters:\n  counting:\n    enabled: {flag}\n")
+    before = fingerprint(run.parent)
+    COUNTS["configs enabling a backend"] = COUNTS.get("configs enabling a backend", 0) + 1
+    code = main(["export", str(run), "-c", str(config), "--json"])
+    out, err = capsys.readouterr()
+    assert "Traceback" not in out + err
+    if FLAGS[flag] is True:
+        assert code == 0, err
+        [result] = json.loads(out)
+        assert result["status"] == "EXPORTED" and len(CountingExporter.sends) == 1
+    elif FLAGS[flag] is False:
+        assert code == 2 and "no exporter is enabled" in err and CountingExporter.sends == []
+    else:
+        assert code == 2 and "exporters.counting.enabled" in err and "is not a boolean" in err, err
+        assert CountingExporter.sends == []
+    run_files = {k: v for k, v in fingerprint(run.parent).items() if "_export_done" not in k}
+    assert run_files == before
 
 
 @SETTINGS
