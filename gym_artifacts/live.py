@@ -11,6 +11,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
@@ -35,7 +36,28 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-DEFAULT_TEARDOWN_TIMEOUT = 10.0
+DEFAULT_TEARDOWN_TIMEOUT = 10.0  # idle: teardown gives up after this long without progress
+DEFAULT_TEARDOWN_HARD_CAP = 120.0  # and in any case after this long
+TEARDOWN_TIMEOUT_ENV = "GYM_ARTIFACTS_TEARDOWN_IDLE_S"
+TEARDOWN_HARD_CAP_ENV = "GYM_ARTIFACTS_TEARDOWN_MAX_S"
+
+
+def teardown_limits(idle: float | None = None, hard_cap: float | None = None) -> tuple[float, float]:
+    """(idle deadline, hard cap) in seconds: the arguments, else the environment, else the defaults."""
+
+    def pick(value: float | None, env: str, default: float) -> float:
+        if value is not None:
+            return float(value)
+        raw = os.environ.get(env)
+        try:
+            return float(raw) if raw else default
+        except ValueError:
+            logger.warning("%s=%r is not a number of seconds; using %s", env, raw, default)
+            return default
+
+    return pick(idle, TEARDOWN_TIMEOUT_ENV, DEFAULT_TEARDOWN_TIMEOUT), pick(
+        hard_cap, TEARDOWN_HARD_CAP_ENV, DEFAULT_TEARDOWN_HARD_CAP
+    )
 
 
 @dataclass
@@ -189,9 +211,13 @@ class LiveExporter(LiveHooks, Exporter):
         return self._worker.flush(timeout) if self._worker is not None else True
 
     def teardown(
-        self, timeout: float = DEFAULT_TEARDOWN_TIMEOUT, status: RunStatus = RunStatus.FINISHED
+        self,
+        timeout: float = DEFAULT_TEARDOWN_TIMEOUT,
+        status: RunStatus = RunStatus.FINISHED,
+        hard_cap: float | None = None,
     ) -> LiveReport:
-        """Flush within ``timeout``, end the backend run, and report what was not delivered."""
+        """Flush while the backend makes progress (``timeout`` idle, ``hard_cap`` at most), end the
+        backend run, and report what was not delivered."""
         if self._report is not None:
             return self._report
         worker = self._worker
@@ -199,7 +225,7 @@ class LiveExporter(LiveHooks, Exporter):
             self._report = LiveReport(self.name, None, "setup never ran", 0, 0, 0, 0, True)
             return self._report
         worker.submit(Call(self._do_teardown, (status,), "teardown"))
-        self._report = self.report(finished=worker.stop(timeout))
+        self._report = self.report(finished=worker.stop(timeout, hard_cap))
         return self._report
 
     def report(self, *, finished: bool) -> LiveReport:
@@ -343,7 +369,10 @@ class NoOpLiveRun:
         return True
 
     def teardown(
-        self, timeout: float = DEFAULT_TEARDOWN_TIMEOUT, status: RunStatus = RunStatus.FINISHED
+        self,
+        timeout: float | None = None,
+        status: RunStatus = RunStatus.FINISHED,
+        hard_cap: float | None = None,
     ) -> list[LiveReport]:
         return []
 
@@ -441,22 +470,33 @@ class LiveRun:
         return ok
 
     def teardown(
-        self, timeout: float = DEFAULT_TEARDOWN_TIMEOUT, status: RunStatus = RunStatus.FINISHED
+        self,
+        timeout: float | None = None,
+        status: RunStatus = RunStatus.FINISHED,
+        hard_cap: float | None = None,
     ) -> list[LiveReport]:
-        """End every backend run within one shared deadline; returns what each received."""
+        """End every backend run; returns what each received.
+
+        Each backend is waited for while it makes progress: ``timeout`` seconds without a
+        delivered call ends the wait, ``hard_cap`` seconds end it in any case (defaults:
+        ``GYM_ARTIFACTS_TEARDOWN_IDLE_S`` / ``GYM_ARTIFACTS_TEARDOWN_MAX_S``, else 10 s / 120 s).
+        """
         if self._closed:
             return self.reports
         self._closed = True
-        deadline = time.monotonic() + timeout
+        timeout, hard_cap = teardown_limits(timeout, hard_cap)
+        deadline = time.monotonic() + max(timeout, hard_cap)
         results: dict[str, LiveReport] = {}
 
         def end(exporter: LiveExporter) -> None:
-            results[exporter.name] = exporter.teardown(max(0.0, deadline - time.monotonic()), status)
+            results[exporter.name] = exporter.teardown(
+                timeout, status, hard_cap=max(0.0, deadline - time.monotonic())
+            )
 
         threads = [threading.Thread(target=end, args=(e,), daemon=True) for e in self.exporters]
         for t in threads:
             t.start()
-        journal_closed = self.journal.close(max(0.0, deadline - time.monotonic()))
+        journal_closed = self.journal.close(min(timeout, max(0.0, deadline - time.monotonic())))
         journal_stats = self.journal.worker.stats
         self.journal_lost = journal_stats.dropped + journal_stats.undelivered + journal_stats.failed
         if self.journal_lost or not journal_closed:
@@ -483,7 +523,7 @@ _atexit_lock = threading.Lock()
 def _teardown_open_runs() -> None:
     for live in list(_open_runs):
         with contextlib.suppress(Exception):
-            live.teardown(DEFAULT_TEARDOWN_TIMEOUT, RunStatus.KILLED)
+            live.teardown(None, RunStatus.KILLED)
 
 
 def _register_atexit(live: LiveRun) -> None:
@@ -528,7 +568,11 @@ def build_live_exporters(cfg: Any) -> list[LiveExporter]:
 
 @contextlib.contextmanager
 def live_exporters(
-    config: Any, output_jsonl_fpath: str | Any, *, teardown_timeout: float = DEFAULT_TEARDOWN_TIMEOUT
+    config: Any,
+    output_jsonl_fpath: str | Any,
+    *,
+    teardown_timeout: float | None = None,
+    teardown_hard_cap: float | None = None,
 ) -> Iterator[LiveRun | NoOpLiveRun]:
     """Live-log an eval whose rollouts go to ``output_jsonl_fpath`` to every enabled backend.
 
@@ -557,4 +601,4 @@ def live_exporters(
         status = RunStatus.FAILED
         raise
     finally:
-        live.teardown(teardown_timeout, status)
+        live.teardown(teardown_timeout, status, teardown_hard_cap)

@@ -7,7 +7,9 @@ so a backlog behind a dead backend does not lengthen the collections the eval's 
 The queue is bounded for droppable items (step metrics): past the bound a new one is dropped and
 counted, while config, rollouts and lifecycle requests are always kept. A failing backend is backed off
 (exponential, capped) and its failures are logged once per burst. ``stop`` drains within a
-deadline and then gives up, saying what was not delivered.
+deadline and then gives up, saying what was not delivered: the deadline is an *idle* one (it
+restarts whenever a call is delivered, and a setup call still running counts as progress, so a
+slow first setup, such as a fresh SQLite store creating its schema, is waited for) under a hard cap.
 """
 
 from __future__ import annotations
@@ -25,6 +27,9 @@ from typing import Any, NamedTuple
 from gym_artifacts.metric_records import MetricEntry, MetricRecord, decode_record, is_record
 
 logger = logging.getLogger(__name__)
+
+# Calls whose running counts as progress at teardown: opening a run may create a store first.
+SLOW_KINDS = frozenset({"setup"})
 
 
 @dataclass
@@ -116,7 +121,10 @@ class BackgroundWorker:
         self._wake = threading.Event()
         self._stopping = threading.Event()
         self._idle = False
-        self._deadline: float | None = None
+        self._deadline: float | None = None  # the hard cap, once stopping
+        self._idle_timeout = 0.0
+        self._progress_at = 0.0
+        self._in_call: str | None = None  # the kind of the call being applied
         self._burst = 0
         self._backoff_until = 0.0
         self._pid = os.getpid()
@@ -166,18 +174,35 @@ class BackgroundWorker:
         self._wake.set()
         return marker.done.wait(timeout)
 
-    def stop(self, timeout: float) -> bool:
-        """Apply what is queued within ``timeout`` seconds, then stop; True when all was applied."""
+    def stop(self, timeout: float, hard_cap: float | None = None) -> bool:
+        """Apply what is queued, then stop; True when all was applied.
+
+        Waits while the backend makes progress: it gives up once ``timeout`` seconds pass with
+        no call delivered (a setup call still running counts as progress), and in any case after
+        ``hard_cap`` seconds (default: ``timeout``).
+        """
         if self._pid != os.getpid():
             return False
-        deadline = time.monotonic() + max(0.0, timeout)
-        self._deadline = deadline
+        now = time.monotonic()
+        timeout = max(0.0, timeout)
+        cap = now + max(timeout, hard_cap if hard_cap is not None else timeout)
+        self._idle_timeout = timeout
+        self._progress_at = now
+        self._deadline = cap
         marker = _Stop()
         self._queue.append(marker)
         self._accepting = False
         self._stopping.set()
         self._wake.set()
-        finished = marker.done.wait(max(0.0, deadline - time.monotonic()))
+        finished = False
+        while not finished:
+            now = time.monotonic()
+            if self._in_call in SLOW_KINDS:
+                self._progress_at = now  # a setup still running is progress, not a hang
+            if now >= self._current_deadline():
+                finished = marker.done.is_set()
+                break
+            finished = marker.done.wait(min(0.1, self._current_deadline() - now))
         if not finished:
             self.stats.undelivered += sum(1 for item in list(self._queue) if not isinstance(item, _Marker))
         return finished
@@ -249,8 +274,13 @@ class BackgroundWorker:
         else:
             self._deliver(sink.kind, True, len(entries), sink.many, entries)
 
+    def _current_deadline(self) -> float:
+        """When a stopping worker gives up: idle time since the last progress, within the cap."""
+        assert self._deadline is not None
+        return min(self._deadline, self._progress_at + self._idle_timeout)
+
     def _past_deadline(self) -> bool:
-        return self._deadline is not None and time.monotonic() >= self._deadline
+        return self._deadline is not None and time.monotonic() >= self._current_deadline()
 
     def _apply(self, call: Call, group: list[Call] | None = None) -> None:
         if group is None:
@@ -267,7 +297,7 @@ class BackgroundWorker:
         wait = self._backoff_until - time.monotonic()
         if wait > 0:
             if self._deadline is not None:
-                wait = min(wait, max(0.0, self._deadline - time.monotonic()))
+                wait = min(wait, max(0.0, self._current_deadline() - time.monotonic()))
             if self._deadline is None:
                 self._stopping.wait(wait)  # a stop request ends the pause early
             else:
@@ -275,12 +305,16 @@ class BackgroundWorker:
             if droppable and self._past_deadline():
                 self.stats.undelivered += count
                 return
+        self._in_call = kind
         try:
             fn(*args)
         except Exception as exc:
+            self._in_call = None
             self._on_failure(kind, exc, count)
         else:
             self.stats.delivered += count
+            self._progress_at = time.monotonic()
+            self._in_call = None
             if self._burst:
                 logger.warning("%s: backend recovered after %d failed call(s)", self.name, self._burst)
                 self._burst = 0

@@ -1,0 +1,101 @@
+"""Teardown waits while a backend makes progress (idle deadline) up to a hard cap."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from pathlib import Path
+
+from gym_artifacts.live import teardown_limits
+from gym_artifacts.worker import BackgroundWorker, Call
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def test_a_slow_setup_is_waited_for_past_the_idle_deadline() -> None:
+    worker = BackgroundWorker("slow-setup")
+    got: list[int] = []
+    worker.submit(Call(lambda: time.sleep(1.5), (), "setup"))  # longer than the idle deadline
+    for i in range(50):
+        worker.submit(Call(got.append, (i,), "metrics", droppable=True))
+    t0 = time.monotonic()
+    assert worker.stop(0.5, hard_cap=30.0)
+    assert got == list(range(50)) and worker.stats.undelivered == 0
+    assert time.monotonic() - t0 < 10.0
+
+
+def test_steady_progress_is_waited_for_until_the_hard_cap() -> None:
+    worker = BackgroundWorker("steady")
+    for _ in range(100):
+        worker.submit(Call(time.sleep, (0.1,), "metrics", droppable=True))  # each call succeeds
+    t0 = time.monotonic()
+    assert not worker.stop(0.5, hard_cap=1.5)
+    elapsed = time.monotonic() - t0
+    assert 1.4 <= elapsed < 4.0  # past the idle deadline (progress), stopped by the cap
+    assert worker.stats.delivered >= 10  # far more than 0.5 s would have allowed
+    assert worker.stats.undelivered > 0
+
+
+def test_no_progress_ends_at_the_idle_deadline() -> None:
+    release = threading.Event()
+    worker = BackgroundWorker("hung")
+    worker.submit(Call(release.wait, (60,), "metrics", droppable=True))  # a call that never returns
+    worker.submit(Call(lambda: None, (), "metrics", droppable=True))
+    t0 = time.monotonic()
+    assert not worker.stop(0.5, hard_cap=30.0)
+    assert time.monotonic() - t0 < 3.0
+    release.set()
+
+
+def test_limits_come_from_arguments_then_environment(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    assert teardown_limits() == (10.0, 120.0)
+    monkeypatch.setenv("GYM_ARTIFACTS_TEARDOWN_IDLE_S", "3")
+    monkeypatch.setenv("GYM_ARTIFACTS_TEARDOWN_MAX_S", "7.5")
+    assert teardown_limits() == (3.0, 7.5)
+    assert teardown_limits(1, 2) == (1.0, 2.0)
+    monkeypatch.setenv("GYM_ARTIFACTS_TEARDOWN_IDLE_S", "soon")
+    assert teardown_limits()[0] == 10.0
+
+
+SCRIPT = textwrap.dedent(
+    """
+    import json, sys, time
+    from gym_artifacts.config import load_default_config
+    from gym_artifacts.live import live_exporters
+    cfg = load_default_config()
+    with live_exporters(cfg, "results/eval.jsonl") as live:
+        t0 = time.perf_counter()
+        for step in range(1000):
+            live.export_metrics({"reward": step / 1000, "loss": 1.0 / (step + 1)}, step=step)
+            if step % 100 == 0:
+                live.export_rollouts([{"step": step, "reward": 0.5}])
+        eval_seconds = time.perf_counter() - t0
+    print(json.dumps({"eval_seconds": eval_seconds,
+                      "reports": {r.exporter: [r.lost, r.describe()] for r in live.reports}}))
+    """
+)
+
+
+def test_thousand_step_eval_delivers_every_call_to_a_fresh_sqlite_mlflow(tmp_path: Path) -> None:
+    work = tmp_path / "fresh"
+    work.mkdir()
+    proc = subprocess.run(
+        [sys.executable, "-c", SCRIPT], capture_output=True, text=True, cwd=work, timeout=300
+    )
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads(proc.stdout.splitlines()[-1])
+    assert result["eval_seconds"] < 1.0
+    for name, (lost, described) in result["reports"].items():
+        assert lost == 0, described
+    assert "mlflow" in result["reports"]
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(f"sqlite:///{work / 'mlflow.db'}")
+    [experiment] = [e for e in client.search_experiments() if e.name == "gym-evals"]
+    [run] = client.search_runs([experiment.experiment_id])
+    assert [m.step for m in client.get_metric_history(run.info.run_id, "reward")] == list(range(1000))
+    assert len(client.get_metric_history(run.info.run_id, "loss")) == 1000
