@@ -89,7 +89,7 @@ def test_thousand_step_eval_delivers_every_call_to_a_fresh_sqlite_mlflow(tmp_pat
     assert proc.returncode == 0, proc.stderr
     result = json.loads(proc.stdout.splitlines()[-1])
     assert result["eval_seconds"] < 1.0
-    for name, (lost, described) in result["reports"].items():
+    for lost, described in result["reports"].values():
         assert lost == 0, described
     assert "mlflow" in result["reports"]
     from mlflow.tracking import MlflowClient
