@@ -15,11 +15,15 @@ import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from gym_artifacts.executor import RunResults
 
 from gym_artifacts.flags import PARTIAL_OVERRIDE_FLAG, STALE_OVERRIDE_FLAG
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+EXIT_INTERRUPTED = 130  # Ctrl-C: what finished is printed, the rest cancelled
 
 
 class _Parser(argparse.ArgumentParser):
@@ -107,6 +111,17 @@ def build_parser() -> argparse.ArgumentParser:
         help="export aggregate metrics that neither content nor times tie to the rollouts",
     )
     exp.add_argument("--jobs", type=int, default=1, metavar="N", help="runs exported in parallel")
+    exp.add_argument(
+        "--executor",
+        choices=("local", "ray"),
+        default="local",
+        help="local: this machine (--jobs processes); ray: one Ray task per run on a cluster",
+    )
+    exp.add_argument(
+        "--ray-address",
+        metavar="ADDRESS",
+        help="the Ray cluster to join ('auto': the running one); default: a local one for this export",
+    )
     exp.add_argument("--json", action="store_true", help="print one JSON array of results")
     exp.add_argument("-q", "--quiet", action="store_true", help="print nothing on success")
 
@@ -141,55 +156,12 @@ def _split_items(items: Sequence[str]) -> tuple[list[str], list[str]]:
     return runs, overrides
 
 
-def _export_runs_worker(args: dict[str, Any]) -> list[dict[str, Any]]:
-    """Export one run; returns JSON results (picklable, for ``--jobs``)."""
-    from gym_artifacts.config import build_export_config
-    from gym_artifacts.errors import GymArtifactsError, MissingRunError, RunError
-    from gym_artifacts.export import export_run, select_exporters, validate_exporter_settings
-    from gym_artifacts.exporter import ExportResult, ExportStatus
-    from gym_artifacts.payload import load_run_config
-    from gym_artifacts.progress import Progress
-    from gym_artifacts.run import RunArtifacts
-
-    source = args["run"]
-    try:
-        run = RunArtifacts.from_path(source).require_present()
-        try:
-            run_config = None if args["config"] else load_run_config(run)
-        except RunError as exc:
-            if args["config"] is None and not args["exporters"]:
-                raise
-            logging.getLogger(__name__).warning("%s", exc)
-            run_config = None
-        cfg, _ = build_export_config(args["config"], run_config, args["overrides"])
-        validate_exporter_settings(cfg, select_exporters(cfg, args["exporters"] or None))
-        progress = Progress(enabled=None if args.get("progress") else False)
-        try:
-            results = export_run(
-                run,
-                cfg,
-                exporters=args["exporters"] or None,
-                upload_rollouts=args["upload_rollouts"],
-                certify=args["certify"],
-                progress=progress.update if progress.enabled else None,
-                accept_partial_line=args["accept_partial_line"],
-                accept_stale_aggregates=args["accept_stale_aggregates"],
-            )
-        finally:
-            progress.close()
-    except MissingRunError as exc:
-        return [{"run": source, "config_error": str(exc)}]
-    except RunError as exc:
-        names = args["exporters"] or ["all"]  # the run's config could not say which
-        results = [ExportResult(n, ExportStatus.FAILED, reason=str(exc)) for n in names]
-    except GymArtifactsError as exc:
-        return [{"run": source, "config_error": str(exc)}]
-    return [r.to_json(source) for r in results]
-
-
 def cmd_export(ns: argparse.Namespace) -> int:
     from gym_artifacts.config import check_export_config_keys, load_yaml_config, parse_flag, parse_overrides
     from gym_artifacts.errors import GymArtifactsError
+    from gym_artifacts.executor import ExportJob, require_ray, run_jobs
+    from gym_artifacts.exporter import ExportStatus
+    from gym_artifacts.progress import Progress
     from gym_artifacts.registry import discover, get_entry
 
     runs, overrides = _split_items(ns.items)
@@ -218,41 +190,81 @@ def cmd_export(ns: argparse.Namespace) -> int:
     except GymArtifactsError as exc:
         print(f"gym-artifacts: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
+    on_ray = ns.executor == "ray"
+    if ns.ray_address is not None and not on_ray:
+        print("gym-artifacts: error: --ray-address needs --executor ray", file=sys.stderr)
+        return EXIT_USAGE
+    try:
+        if on_ray:
+            require_ray()
+    except GymArtifactsError as exc:
+        print(f"gym-artifacts: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    shown = not (ns.json or ns.quiet)
     jobs = [
-        {
-            "run": run,
-            "config": ns.config,
-            "overrides": overrides,
-            "exporters": ns.exporter,
-            "upload_rollouts": upload,
-            "certify": ns.certify,
-            "accept_partial_line": ns.accept_partial_line,
-            "accept_stale_aggregates": ns.accept_stale_aggregates,
-            # a progress line on a terminal, one process at a time, never with --json or --quiet
-            "progress": not (ns.json or ns.quiet) and (ns.jobs == 1 or len(runs) == 1),
-        }
+        ExportJob(
+            run=run,
+            config_file=None if ns.config is None else str(ns.config),
+            overrides=tuple(overrides),
+            exporters=tuple(ns.exporter),
+            upload_rollouts=upload,
+            certify=ns.certify,
+            accept_partial_line=ns.accept_partial_line,
+            accept_stale_aggregates=ns.accept_stale_aggregates,
+            # bytes progress on a terminal for one run at a time in this process
+            progress=shown and not on_ray and (ns.jobs == 1 or len(runs) == 1),
+        )
         for run in runs
     ]
-    if ns.jobs > 1 and len(jobs) > 1:
-        import concurrent.futures
-        import multiprocessing
-
-        ctx = multiprocessing.get_context("spawn")
-        with concurrent.futures.ProcessPoolExecutor(min(ns.jobs, len(jobs)), mp_context=ctx) as pool:
-            outputs = list(pool.map(_export_runs_worker, jobs))
-    else:
-        outputs = [_export_runs_worker(job) for job in jobs]
-    results = [r for out in outputs for r in out if "config_error" not in r]
-    config_errors = [r for out in outputs for r in out if "config_error" in r]
+    outputs: list[RunResults | None] = [None] * len(jobs)
+    FAILED = ExportStatus.FAILED
+    # runs finished so far, on a terminal, when several runs run at once
+    runs_progress = Progress(enabled=None if shown and (on_ray or ns.jobs > 1) and len(jobs) > 1 else False)
+    failed = 0
+    try:
+        for done, (i, out) in enumerate(
+            run_jobs(jobs, executor=ns.executor, jobs_in_parallel=ns.jobs, ray_address=ns.ray_address),
+            start=1,
+        ):
+            outputs[i] = out
+            failed += out.config_error is not None or any(r.status is FAILED for r in out.results)
+            runs_progress.count(f"runs exported ({failed} failed)", done, len(jobs))
+            logging.getLogger(__name__).info("%s: %s", out.run, _run_summary(out))
+    except GymArtifactsError as exc:  # the executor could not start (no Ray cluster at the address)
+        runs_progress.close()
+        print(f"gym-artifacts: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        runs_progress.close()
+        left = sum(1 for o in outputs if o is None)
+        print(f"gym-artifacts: interrupted: {left} run(s) not exported (cancelled)", file=sys.stderr)
+        _print_results([o for o in outputs if o is not None], ns)
+        return EXIT_INTERRUPTED
+    runs_progress.close()
+    finished = [o for o in outputs if o is not None]
+    results = [r for out in finished for r in out.to_json()]
+    config_errors = [out for out in finished if out.config_error is not None]
     for err in config_errors:
-        print(f"gym-artifacts: error: {err['run']}: {err['config_error']}", file=sys.stderr)
+        print(f"gym-artifacts: error: {err.run}: {err.config_error}", file=sys.stderr)
+    _print_results(finished, ns)
+    if config_errors:
+        return EXIT_USAGE
+    return EXIT_FAILED if any(r["status"] == "FAILED" for r in results) else EXIT_OK
+
+
+def _run_summary(out: RunResults) -> str:
+    if out.config_error is not None:
+        return f"config error: {out.config_error}"
+    return ", ".join(f"{r.exporter} {r.status.value}" for r in out.results)
+
+
+def _print_results(outputs: Sequence[RunResults], ns: argparse.Namespace) -> None:
+    """The result table (or ``--json`` array) in the order the runs were given."""
+    results = [r for out in outputs for r in out.to_json()]
     if ns.json:
         print(json.dumps(results, indent=2))
     elif results and not (ns.quiet and all(r["status"] != "FAILED" for r in results)):
         print(format_results_table(results))
-    if config_errors:
-        return EXIT_USAGE
-    return EXIT_FAILED if any(r["status"] == "FAILED" for r in results) else EXIT_OK
 
 
 def _human_bytes(n: int) -> str:

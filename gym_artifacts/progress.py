@@ -28,6 +28,15 @@ class Progress:
         self._shown = False
 
     def update(self, label: str, done: int, total: int, rows: int | None = None) -> None:
+        """Bytes: ``done`` of ``total`` bytes (and ``rows`` records so far) of ``label``."""
+        extra = f", {rows:,} rows" if rows is not None else ""
+        self._draw(label, done, total, f"{_size(done)}/{_size(total)}{extra}")
+
+    def count(self, label: str, done: int, total: int) -> None:
+        """Items: ``done`` of ``total`` (for example runs exported)."""
+        self._draw(label, done, total, f"{done:,}/{total:,}")
+
+    def _draw(self, label: str, done: int, total: int, amount: str) -> None:
         if not self.enabled:
             return
         now = time.monotonic()
@@ -37,8 +46,7 @@ class Progress:
         share = done / total if total else 1.0
         filled = int(share * self.WIDTH)
         bar = "#" * filled + "-" * (self.WIDTH - filled)
-        extra = f", {rows:,} rows" if rows is not None else ""
-        line = f"\r[{bar}] {share:4.0%} {_size(done)}/{_size(total)}{extra}  {label[:60]}"
+        line = f"\r[{bar}] {share:4.0%} {amount}  {label[:60]}"
         self.stream.write(line.ljust(110))
         self.stream.flush()
         self._shown = True

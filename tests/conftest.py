@@ -121,3 +121,14 @@ def own_mlflow_server(tmp_path: Path) -> Iterator[object]:
     server = MlflowServer(tmp_path / "mlflow-server", free_port())
     yield server
     server.stop()
+
+
+@pytest.fixture(scope="session")
+def ray_cluster() -> Iterator[object]:
+    """A real Ray cluster of two nodes on this machine (one CPU each), for the whole session."""
+    pytest.importorskip("ray")
+    from tests.ray_cluster import RayCluster
+
+    cluster = RayCluster().start(nodes=2)
+    yield cluster
+    cluster.stop()

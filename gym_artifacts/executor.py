@@ -1,0 +1,348 @@
+"""Where many runs' exports run: in this process, in a local process pool, or as Ray tasks.
+
+``export_runs`` is the Python API of ``gym-artifacts export RUN...``: each run's export is one
+job (:func:`export_job`, self-contained and picklable), and results come back as each run
+finishes, whatever the executor. A run that fails, crashes its worker or loses its node becomes
+FAILED results for that run alone; the others go on. Exactly once does not depend on which
+process or host runs a job: a receipt that matches skips, and each backend's own guard (a
+deterministic local folder published atomically, MLflow's identity lookup, W&B's deterministic
+ids) makes two exports of one run end in one backend run.
+
+Ray is imported only when the ``ray`` executor is chosen. A Ray task runs in the driver's
+working directory and with the driver's ``GYM_ARTIFACTS_*``, ``MLFLOW_*`` and ``WANDB_*``
+environment, so relative paths and settings mean what they mean to the local executor; runs and
+relative paths must therefore be on storage every node sees at the same path.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import socket
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+from gym_artifacts.errors import ConfigError
+from gym_artifacts.exporter import ExportResult, ExportStatus
+
+logger = logging.getLogger(__name__)
+
+EXECUTORS = ("local", "ray")
+# Environment a Ray task gets from the driver: the settings our backends and their SDKs read.
+FORWARDED_ENV_PREFIXES = ("GYM_ARTIFACTS_", "MLFLOW_", "WANDB_")
+DEFAULT_RAY_RETRIES = 2  # a task whose worker or node dies is run again this many times
+LOCAL_RAY_OBJECT_STORE_BYTES = 100 * 1024 * 1024  # jobs and results are a few KB each
+
+
+@dataclass(frozen=True)
+class ExportJob:
+    """One run's export, as a worker process or a Ray task receives it."""
+
+    run: str
+    config_file: str | None = None  # -c FILE; else the run's saved config, else the default
+    config: dict[str, Any] | None = None  # a config given as a mapping (the Python API)
+    overrides: tuple[str, ...] = ()
+    exporters: tuple[str, ...] = ()
+    upload_rollouts: bool | None = None
+    certify: bool = False
+    accept_partial_line: bool = False
+    accept_stale_aggregates: bool = False
+    progress: bool = False  # a byte progress line on this process's terminal
+
+
+@dataclass(frozen=True)
+class RunResults:
+    """What exporting one run gave: a result per backend, or a config error (nothing sent)."""
+
+    run: str
+    results: tuple[ExportResult, ...] = ()
+    config_error: str | None = None
+
+    def to_json(self) -> list[dict[str, Any]]:
+        return [r.to_json(self.run) for r in self.results]
+
+
+def failed_run(job: ExportJob, reason: str) -> RunResults:
+    """FAILED for each backend the job names (``all`` when its config was to choose them)."""
+    names = job.exporters or ("all",)
+    return RunResults(job.run, tuple(ExportResult(n, ExportStatus.FAILED, reason=reason) for n in names))
+
+
+def _job_config(job: ExportJob, run: Any) -> Any:
+    from gym_artifacts.config import build_export_config, merge_configs, normalize, parse_overrides
+    from gym_artifacts.errors import RunError
+    from gym_artifacts.payload import load_run_config
+
+    if job.config is not None:
+        from omegaconf import OmegaConf
+
+        base = OmegaConf.create(job.config)
+        return normalize(merge_configs(base, parse_overrides(job.overrides)) if job.overrides else base)
+    try:
+        run_config = None if job.config_file else load_run_config(run)
+    except RunError as exc:
+        if job.config_file is None and not job.exporters:
+            raise
+        logger.warning("%s", exc)
+        run_config = None
+    cfg, _ = build_export_config(job.config_file, run_config, job.overrides)
+    return cfg
+
+
+def export_job(job: ExportJob) -> RunResults:
+    """Export one run to its backends; never raises (a bug becomes FAILED results)."""
+    from gym_artifacts.errors import GymArtifactsError, MissingRunError, RunError
+    from gym_artifacts.export import export_run, select_exporters, validate_exporter_settings
+    from gym_artifacts.progress import Progress
+    from gym_artifacts.run import RunArtifacts
+
+    try:
+        run = RunArtifacts.from_path(job.run).require_present()
+        cfg = _job_config(job, run)
+        validate_exporter_settings(cfg, select_exporters(cfg, job.exporters or None))
+        progress = Progress(enabled=None if job.progress else False)
+        try:
+            results = export_run(
+                run,
+                cfg,
+                exporters=job.exporters or None,
+                upload_rollouts=job.upload_rollouts,
+                certify=job.certify,
+                accept_partial_line=job.accept_partial_line,
+                accept_stale_aggregates=job.accept_stale_aggregates,
+                progress=progress.update if progress.enabled else None,
+            )
+        finally:
+            progress.close()
+    except MissingRunError as exc:  # no such run: nothing to export, the CLI exits 2
+        return RunResults(job.run, config_error=str(exc))
+    except RunError as exc:
+        return failed_run(job, str(exc))
+    except GymArtifactsError as exc:
+        return RunResults(job.run, config_error=str(exc))
+    except Exception as exc:  # a bug must cost this run only, never the other runs
+        logger.exception("exporting %s crashed", job.run)
+        return failed_run(job, f"internal error: {type(exc).__name__}: {exc}".splitlines()[0])
+    return RunResults(job.run, tuple(results))
+
+
+# -- executors: each yields (job index, RunResults) as runs finish ------------------------------------
+def _in_this_process(jobs: Sequence[ExportJob]) -> Iterator[tuple[int, RunResults]]:
+    for i, job in enumerate(jobs):
+        yield i, export_job(job)
+
+
+def _in_process_pool(jobs: Sequence[ExportJob], workers: int) -> Iterator[tuple[int, RunResults]]:
+    import concurrent.futures
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("spawn")
+    pool = concurrent.futures.ProcessPoolExecutor(min(workers, len(jobs)), mp_context=ctx)
+    try:
+        futures = {pool.submit(export_job, job): i for i, job in enumerate(jobs)}
+        for future in concurrent.futures.as_completed(futures):
+            i = futures[future]
+            try:
+                yield i, future.result()
+            except Exception as exc:  # the worker process died (killed, out of memory)
+                yield i, failed_run(jobs[i], f"the export process died: {type(exc).__name__}: {exc}")
+    finally:  # also on Ctrl-C or when the caller stops early: nothing new starts
+        pool.shutdown(wait=True, cancel_futures=True)
+
+
+def _forwarded_env() -> dict[str, str]:
+    return {k: v for k, v in os.environ.items() if k.startswith(FORWARDED_ENV_PREFIXES)}
+
+
+@contextlib.contextmanager
+def _driver_context(cwd: str, env: Mapping[str, str]) -> Iterator[None]:
+    """Run in the driver's folder and environment; restore the worker's afterwards (it is reused)."""
+    if not os.path.isdir(cwd):
+        raise FileNotFoundError(
+            f"the driver's working directory {cwd} does not exist on node {socket.gethostname()}: "
+            "runs and relative paths must be on storage every node mounts at the same path"
+        )
+    old_cwd = os.getcwd()
+    old_env = {k: os.environ.get(k) for k in env}
+    os.chdir(cwd)
+    os.environ.update(env)
+    try:
+        yield
+    finally:
+        os.chdir(old_cwd)
+        for k, v in old_env.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def ray_export_job(job: ExportJob, cwd: str, env: dict[str, str]) -> RunResults:
+    """The Ray task: one run's export in the driver's folder and environment."""
+    try:
+        with _driver_context(cwd, env):
+            return export_job(job)
+    except FileNotFoundError as exc:
+        return failed_run(job, str(exc))
+
+
+def _ray_window(ray: Any) -> int:
+    """Tasks kept in flight: enough to keep every CPU busy, few enough to cancel fast."""
+    cpus = int(ray.cluster_resources().get("CPU", 1))
+    return max(4, 2 * cpus)
+
+
+def _on_ray(
+    jobs: Sequence[ExportJob],
+    address: str | None,
+    *,
+    retries: int,
+    runtime_env: dict[str, Any] | None,
+    local_cpus: int | None,
+) -> Iterator[tuple[int, RunResults]]:
+    import ray
+
+    started = False
+    if not ray.is_initialized():
+        options: dict[str, Any] = {
+            "include_dashboard": False,
+            "logging_level": logging.WARNING,
+            "runtime_env": runtime_env,
+        }
+        if address is None:  # a cluster of this machine for this export only
+            options.update(num_cpus=local_cpus, object_store_memory=LOCAL_RAY_OBJECT_STORE_BYTES)
+        try:
+            ray.init(address="local" if address is None else address, **options)
+        except (ConnectionError, RuntimeError, ValueError) as exc:
+            where = "start a local Ray cluster" if address is None else f"join the Ray cluster at {address}"
+            raise ConfigError(f"cannot {where}: {str(exc).strip().splitlines()[0]}") from exc
+        started = True
+    task = ray.remote(num_cpus=1, max_retries=retries, retry_exceptions=False)(ray_export_job)
+    cwd, env = os.getcwd(), _forwarded_env()
+    env_ref = ray.put(env)
+    window = _ray_window(ray)
+    pending: dict[Any, int] = {}
+    queued = iter(enumerate(jobs))
+    try:
+        while True:
+            for i, job in queued:  # runs by absolute path: the task's node resolves them alike
+                pending[task.remote(replace(job, run=os.path.abspath(job.run)), cwd, env_ref)] = i
+                if len(pending) >= window:
+                    break
+            if not pending:
+                return
+            ready, _ = ray.wait(list(pending), num_returns=1, timeout=None)
+            for ref in ready:
+                i = pending.pop(ref)
+                try:
+                    out = ray.get(ref)
+                except ray.exceptions.RayError as exc:  # worker or node died past its retries
+                    first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+                    out = failed_run(jobs[i], f"the Ray task failed: {type(exc).__name__}: {first}")
+                yield i, RunResults(jobs[i].run, out.results, out.config_error)
+    finally:  # Ctrl-C or an early stop: cancel what still runs (exports are crash-safe)
+        for ref in pending:
+            with contextlib.suppress(Exception):
+                ray.cancel(ref, force=True)
+        if started:
+            ray.shutdown()
+
+
+def run_jobs(
+    jobs: Sequence[ExportJob],
+    *,
+    executor: str = "local",
+    jobs_in_parallel: int = 1,
+    ray_address: str | None = None,
+    ray_retries: int = DEFAULT_RAY_RETRIES,
+    ray_runtime_env: dict[str, Any] | None = None,
+) -> Iterator[tuple[int, RunResults]]:
+    """``(index in jobs, RunResults)`` for each job, as each finishes."""
+    if executor not in EXECUTORS:
+        raise ConfigError(f"unknown executor {executor!r}: choose one of {', '.join(EXECUTORS)}")
+    if jobs_in_parallel < 1:
+        raise ConfigError("jobs must be at least 1")
+    if executor == "ray":
+        require_ray()
+        return _on_ray(
+            jobs,
+            ray_address,
+            retries=ray_retries,
+            runtime_env=ray_runtime_env,
+            local_cpus=jobs_in_parallel if jobs_in_parallel > 1 else None,
+        )
+    if ray_address is not None:
+        raise ConfigError("a Ray address needs the ray executor (--executor ray)")
+    if jobs_in_parallel > 1 and len(jobs) > 1:
+        return _in_process_pool(jobs, jobs_in_parallel)
+    return _in_this_process(jobs)
+
+
+def require_ray() -> None:
+    """ConfigError unless Ray is installed (asked without importing it)."""
+    import importlib.util
+
+    if importlib.util.find_spec("ray") is None:
+        raise ConfigError(
+            "the ray executor needs Ray, which is not installed: pip install 'gym-artifacts[ray]'"
+        )
+
+
+def export_runs(
+    runs: Sequence[str | os.PathLike[str]],
+    config: str | os.PathLike[str] | Mapping[str, Any] | None = None,
+    *,
+    overrides: Sequence[str] = (),
+    exporters: Sequence[str] = (),
+    upload_rollouts: bool | None = None,
+    certify: bool = False,
+    executor: str = "local",
+    jobs: int = 1,
+    ray_address: str | None = None,
+    ray_retries: int = DEFAULT_RAY_RETRIES,
+    ray_runtime_env: dict[str, Any] | None = None,
+    on_result: Callable[[int, RunResults], None] | None = None,
+) -> list[RunResults]:
+    """Export many runs, each exactly once per backend; one RunResults per run, in ``runs`` order.
+
+    ``config``: a YAML file, a mapping, or None (each run's saved config, else the default).
+    ``executor``: ``local`` (this process, or ``jobs`` processes) or ``ray`` (one task per run on
+    the cluster at ``ray_address``; ``auto`` joins the running one; None starts a local cluster
+    for this call and stops it). ``on_result(done, results)`` is called as each run finishes.
+    """
+    if config is None or isinstance(config, (str, os.PathLike)):
+        config_file, mapping = (None if config is None else str(config)), None
+    else:
+        from omegaconf import OmegaConf
+
+        from gym_artifacts.config import raw_container
+
+        config_file, mapping = None, raw_container(OmegaConf.create(config))
+    job_list = [
+        ExportJob(
+            run=str(run),
+            config_file=config_file,
+            config=mapping,
+            overrides=tuple(overrides),
+            exporters=tuple(exporters),
+            upload_rollouts=upload_rollouts,
+            certify=certify,
+        )
+        for run in runs
+    ]
+    out: list[RunResults | None] = [None] * len(job_list)
+    finished = run_jobs(
+        job_list,
+        executor=executor,
+        jobs_in_parallel=jobs,
+        ray_address=ray_address,
+        ray_retries=ray_retries,
+        ray_runtime_env=ray_runtime_env,
+    )
+    for done, (i, results) in enumerate(finished, start=1):
+        out[i] = results
+        if on_result is not None:
+            on_result(done, results)
+    return [r for r in out if r is not None]

@@ -1,0 +1,66 @@
+"""The executor layer without a cluster: the API, the CLI's choices, Ray never imported locally."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from gym_artifacts.cli import main
+from gym_artifacts.executor import export_runs
+from tests.sweep import make_sweep
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def test_export_runs_api_gives_one_result_set_per_run_in_order(tmp_path: Path) -> None:
+    runs = make_sweep(tmp_path / "runs", 3)
+    runs.insert(1, tmp_path / "missing" / "eval.jsonl")  # a bad run costs only itself
+    seen: list[int] = []
+    config = {"exporters": {"local": {"enabled": True, "root": str(tmp_path / "store")}}}
+    out = export_runs(runs, config, on_result=lambda done, _: seen.append(done))
+    assert [r.run for r in out] == [str(p) for p in runs]
+    assert [[x.status.value for x in r.results] for r in out] == [
+        ["EXPORTED"],
+        ["FAILED"],
+        ["EXPORTED"],
+        ["EXPORTED"],
+    ]
+    assert seen == [1, 2, 3, 4]
+    assert len(list((tmp_path / "store" / "default").iterdir())) == 3
+    again = export_runs(runs, config, jobs=2)
+    assert [[x.status.value for x in r.results] for r in again] == [
+        ["SKIPPED"],
+        ["FAILED"],
+        ["SKIPPED"],
+        ["SKIPPED"],
+    ]
+
+
+def test_the_local_executor_never_imports_ray(tmp_path: Path) -> None:
+    runs = make_sweep(tmp_path / "runs", 2)
+    code = (
+        "import sys, json; from gym_artifacts.cli import main\n"
+        f"rc = main({json.dumps(['export', *map(str, runs), '-e', 'local', '--jobs', '2', '--json', f'exporters.local.root={tmp_path}/s'])})\n"
+        "assert rc == 0, rc\nassert 'ray' not in sys.modules, 'ray imported'\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=REPO)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert [r["status"] for r in json.loads(proc.stdout)] == ["EXPORTED", "EXPORTED"]
+
+
+def test_a_ray_address_without_the_ray_executor_exits_2(
+    quickstart_run: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["export", str(quickstart_run), "-e", "local", "--ray-address", "auto"]) == 2
+    assert "--ray-address needs --executor ray" in capsys.readouterr().err
+
+
+def test_an_unknown_executor_exits_2(quickstart_run: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exc:
+        main(["export", str(quickstart_run), "--executor", "dask"])
+    assert exc.value.code == 2
+    assert "invalid choice: 'dask'" in capsys.readouterr().err

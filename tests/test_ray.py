@@ -1,0 +1,208 @@
+"""``--executor ray`` on a real local Ray cluster (a head and a second node joined with
+``ray start --address``): the same results as the local executor, exactly once per backend when
+two drivers race and when a worker is killed mid-export."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gym_artifacts.receipts import read_receipt
+from gym_artifacts.run import RunArtifacts
+from tests.mlflow_server import MlflowServer
+from tests.ray_cluster import RayCluster
+from tests.sweep import make_sweep
+
+pytestmark = pytest.mark.slow
+REPO = Path(__file__).resolve().parent.parent
+CONTENT_FILES = ("config.json", "metrics.jsonl", "summary.json", "rollouts.jsonl", "aggregate_metrics.json")
+
+
+def driver_env(cluster: RayCluster) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k != "WANDB_SERVICE"}
+    env.update(cluster.env, PYTHONPATH=str(REPO))
+    return env
+
+
+def export_cli(cluster: RayCluster, *args: str, timeout: float = 300) -> subprocess.Popen[str]:
+    cmd = [sys.executable, "-m", "gym_artifacts.cli", "export", *args, "--json"]
+    return subprocess.Popen(
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=driver_env(cluster)
+    )
+
+
+def results_of(proc: subprocess.Popen[str], timeout: float = 300) -> tuple[int, list[dict[str, Any]], str]:
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        out, err = proc.communicate()
+        pytest.fail(f"export did not finish in {timeout}s: {err[-3000:]}")
+    try:
+        return proc.returncode, json.loads(out), err
+    except ValueError:
+        pytest.fail(f"stdout is not one JSON array (rc {proc.returncode}): {out[-2000:]!r} {err[-3000:]}")
+
+
+def by_run(results: list[dict[str, Any]], root: Path) -> dict[tuple[str, str], dict[str, Any]]:
+    """Results keyed by (run folder relative to ``root``, exporter)."""
+    return {(str(Path(r["run"]).parent.relative_to(root)), r["exporter"]): r for r in results}
+
+
+def receipts(runs: list[Path]) -> list[Path]:
+    return [p for run in runs for p in run.parent.glob("*_export_done.json")]
+
+
+def test_ray_export_gives_exactly_the_local_executors_results(
+    ray_cluster: RayCluster, tmp_path: Path
+) -> None:
+    local_runs = make_sweep(tmp_path / "a", 50)
+    ray_runs = make_sweep(tmp_path / "b", 50)
+    local_store, ray_store = tmp_path / "store-a", tmp_path / "store-b"
+
+    rc, local, err = results_of(export_cli(ray_cluster, *map(str, local_runs), "-e", "local",
+                                           f"exporters.local.root={local_store}"))  # fmt: skip
+    assert rc == 0, err[-3000:]
+    rc, on_ray, err = results_of(export_cli(ray_cluster, *map(str, ray_runs), "-e", "local",
+                                            f"exporters.local.root={ray_store}", "--executor", "ray",
+                                            "--ray-address", ray_cluster.address))  # fmt: skip
+    assert rc == 0, err[-3000:]
+
+    # same results, run by run, in the order the runs were given
+    assert [r["run"] for r in on_ray] == [str(p) for p in ray_runs]
+    local_by, ray_by = by_run(local, tmp_path / "a"), by_run(on_ray, tmp_path / "b")
+    assert len(ray_by) == len(local_by) == 50
+    for key, want in local_by.items():
+        got = ray_by[key]
+        assert want["status"] == got["status"] == "EXPORTED", (key, got)
+        for field in ("backend_run_id", "rows", "bytes", "reason"):
+            assert got[field] == want[field], (key, field)
+    # one backend run per run, with the same content, and one receipt per run
+    folders = sorted(p.name for p in (ray_store / "default").iterdir())
+    assert folders == sorted(p.name for p in (local_store / "default").iterdir())
+    assert len(folders) == 50
+    for name in folders:
+        for content in CONTENT_FILES:
+            a, b = local_store / "default" / name / content, ray_store / "default" / name / content
+            assert a.is_file() == b.is_file(), (name, content)
+            if a.is_file():
+                assert a.read_bytes() == b.read_bytes(), (name, content)
+    assert len(receipts(ray_runs)) == 50
+    for run in ray_runs:
+        receipt = read_receipt(RunArtifacts.from_path(run).export_done_fpath("local"))
+        assert (
+            receipt is not None
+            and receipt.backend_run_id == ray_by[(run.parent.name, "local")]["backend_run_id"]
+        )
+
+    # a second export through the cluster contacts no backend: all SKIPPED, same backend runs
+    rc, again, err = results_of(export_cli(ray_cluster, *map(str, ray_runs), "-e", "local",
+                                           f"exporters.local.root={ray_store}", "--executor", "ray",
+                                           "--ray-address", ray_cluster.address))  # fmt: skip
+    assert rc == 0, err[-3000:]
+    assert {r["status"] for r in again} == {"SKIPPED"}
+    assert [r["backend_run_id"] for r in again] == [r["backend_run_id"] for r in on_ray]
+    assert len(receipts(ray_runs)) == 50
+
+
+def mlflow_runs(server: MlflowServer, experiment: str) -> list[Any]:
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(server.uri)
+    exp = client.get_experiment_by_name(experiment)
+    return [] if exp is None else client.search_runs([exp.experiment_id], max_results=1000)
+
+
+def assert_once_each(server: MlflowServer, experiment: str, runs: list[Path], steps: int = 5) -> None:
+    """One MLflow run per run identity, holding every journaled metric point exactly once."""
+    from mlflow.tracking import MlflowClient
+
+    found = mlflow_runs(server, experiment)
+    identities = [r.data.tags.get("gym_artifacts.identity") for r in found]
+    assert len(found) == len(runs) == len(set(identities)), (len(found), len(runs))
+    client = MlflowClient(server.uri)
+    for mlrun in found:
+        history = client.get_metric_history(mlrun.info.run_id, "train/reward")
+        assert sorted(m.step for m in history) == list(range(steps)), history
+
+
+def test_two_drivers_export_the_same_runs_at_once_exactly_once(
+    ray_cluster: RayCluster, tmp_path: Path, mlflow_server: MlflowServer
+) -> None:
+    runs = make_sweep(tmp_path / "runs", 20)
+    store, experiment = tmp_path / "store", "two-drivers"
+    args = [*map(str, runs), "-e", "local", "-e", "mlflow", f"exporters.local.root={store}",
+            f"exporters.mlflow.tracking_uri={mlflow_server.uri}", f"exporters.mlflow.experiment_name={experiment}",
+            "--executor", "ray", "--ray-address", ray_cluster.address]  # fmt: skip
+    drivers = [export_cli(ray_cluster, *args) for _ in range(2)]
+    outcomes = [results_of(d) for d in drivers]
+    for rc, _, err in outcomes:
+        assert rc == 0, err[-3000:]
+    first, second = (by_run(results, tmp_path / "runs") for _, results, _ in outcomes)
+    for key, a in first.items():
+        b = second[key]
+        assert {a["status"], b["status"]} <= {"EXPORTED", "SKIPPED"}, (key, a, b)
+        assert "EXPORTED" in (a["status"], b["status"]), key
+        assert a["backend_run_id"] == b["backend_run_id"], key
+    assert len(list((store / "default").iterdir())) == 20
+    assert len(receipts(runs)) == 40  # one per run and destination
+    assert_once_each(mlflow_server, experiment, runs)
+
+
+KILLED_DRIVER = textwrap.dedent(
+    """
+    import json, sys
+    import ray
+    from gym_artifacts.executor import export_runs
+    address, flag, repo, runs, overrides, retries = json.loads(sys.argv[1])
+    ray.init(address=address, logging_level="ERROR", runtime_env={
+        "worker_process_setup_hook": "tests.ray_hooks.die_once_before_mlflow_terminate",
+        "env_vars": {"GA_TEST_DIE_FLAG": flag, "PYTHONPATH": repo},
+    })
+    out = export_runs(runs, overrides=overrides, exporters=["local", "mlflow"], executor="ray",
+                      ray_retries=retries)
+    print(json.dumps([r.to_json() for r in out]))
+    """
+)
+
+
+@pytest.mark.parametrize("retries", [0, 2])
+def test_a_worker_killed_mid_export_is_retried_or_failed_and_a_rerun_converges(
+    ray_cluster: RayCluster, tmp_path: Path, mlflow_server: MlflowServer, retries: int
+) -> None:
+    runs = make_sweep(tmp_path / "runs", 4)
+    experiment = f"killed-worker-{retries}"
+    flag = tmp_path / "died"
+    overrides = [f"exporters.local.root={tmp_path / 'store'}", f"exporters.mlflow.tracking_uri={mlflow_server.uri}",
+                 f"exporters.mlflow.experiment_name={experiment}"]  # fmt: skip
+    payload = json.dumps(
+        [ray_cluster.address, str(flag), str(REPO), list(map(str, runs)), overrides, retries]
+    )
+    proc = subprocess.run([sys.executable, "-c", KILLED_DRIVER, payload], capture_output=True, text=True,
+                          timeout=300, env=driver_env(ray_cluster), cwd=tmp_path)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert flag.is_file(), "no worker was killed"
+    results = [r for run in json.loads(proc.stdout.splitlines()[-1]) for r in run]
+    mlflow_results = [r for r in results if r["exporter"] == "mlflow"]
+    failed = [r for r in mlflow_results if r["status"] == "FAILED"]
+    if retries:  # Ray ran the task again on a fresh worker: it found the run by its identity
+        assert not failed, failed
+    else:  # reported, never silently lost; the other runs went on
+        assert len(failed) == 1 and "WorkerCrashedError" in failed[0]["reason"], failed
+        assert sum(r["status"] == "EXPORTED" for r in mlflow_results) == 3
+    # a rerun (no more kills) converges: one MLflow run per identity, every point once
+    rc, again, err = results_of(export_cli(ray_cluster, *map(str, runs), "-e", "local", "-e", "mlflow",
+                                           *overrides, "--executor", "ray", "--ray-address",
+                                           ray_cluster.address))  # fmt: skip
+    assert rc == 0, err[-3000:]
+    assert all(r["status"] in ("SKIPPED", "EXPORTED") for r in again)
+    assert sum(r["status"] == "EXPORTED" for r in again) == len(failed)  # what the kill cut short
+    assert_once_each(mlflow_server, experiment, runs)
+    assert len(receipts(runs)) == 8
