@@ -18,7 +18,9 @@ REPO = Path(__file__).resolve().parent.parent
 
 def test_export_runs_api_gives_one_result_set_per_run_in_order(tmp_path: Path) -> None:
     runs = make_sweep(tmp_path / "runs", 3)
-    runs.insert(1, tmp_path / "missing" / "eval.jsonl")  # a bad run costs only itself
+    broken = make_sweep(tmp_path / "broken", 1)[0]  # a bad run costs only itself
+    broken.with_name("eval_aggregate_metrics.json").unlink()
+    runs.insert(1, broken)
     seen: list[int] = []
     config = {"exporters": {"local": {"enabled": True, "root": str(tmp_path / "store")}}}
     out = export_runs(runs, config, on_result=lambda done, _: seen.append(done))
