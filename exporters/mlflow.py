@@ -41,6 +41,8 @@ from gym_artifacts.run import RunArtifacts
 
 from ._mlflow_client import IDENTITY_TAG, RequestLimits, ScopedMlflow, file_mtime_ms
 from ._mlflow_mapping import config_params, split_metrics, tag_value
+from ._mlflow_traces import log_rollout_traces
+from ._rollouts import iter_rollouts
 
 logger = logging.getLogger(__name__)
 
@@ -65,6 +67,9 @@ class MlflowSettings(ExporterConfig):
     live_request_retries: int = Field(default=0, ge=0, le=10)
     export_request_timeout: float = Field(default=120.0, gt=0, le=3600)
     export_request_retries: int = Field(default=5, ge=0, le=20)
+    # Every rollout also as an MLflow trace with its verdicts as feedback (off by default: one
+    # request per rollout; figures in BENCHMARKS.md).
+    log_traces: bool = False
 
 
 class MlflowExporter(LiveExporter):
@@ -267,6 +272,8 @@ class MlflowExporter(LiveExporter):
             rows = plan.rollout_rows if plan.rollout_rows is not None else count_lines(rollouts)
             with complete_rollouts(rollouts, plan) as complete:
                 sent += self._upload_file(ml, run_id, complete, "rollouts.jsonl", "rollouts")
+                if self.settings.log_traces:
+                    self._log_traces(ml, run_id, complete, file_mtime_ms(rollouts), plan.secrets)
         omitted = partial_line_record(plan)
         if omitted:
             ts = file_mtime_ms(rollouts) if rollouts is not None else 0
@@ -279,6 +286,16 @@ class MlflowExporter(LiveExporter):
         if tags:
             ml.set_tags(run_id, tags)
         return rows, sent
+
+    @staticmethod
+    def _log_traces(
+        ml: ScopedMlflow, run_id: str, rollouts: Path, fallback_ms: int, secrets: frozenset[str]
+    ) -> int:
+        """Every rollout as a trace in the run's experiment, linked to the run (see _mlflow_traces);
+        a rollout without its own time is placed at ``fallback_ms`` plus its row in milliseconds."""
+        experiment_id = str(ml.get_run(run_id).info.experiment_id)
+        store = ml.client._tracking_client.store
+        return log_rollout_traces(store, experiment_id, run_id, iter_rollouts(rollouts), fallback_ms, secrets)
 
     @staticmethod
     def _send_system_metrics(ml: ScopedMlflow, run_id: str, run: RunArtifacts, tags: dict[str, str]) -> None:

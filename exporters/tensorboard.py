@@ -34,6 +34,7 @@ from gym_artifacts.jsonio import canonical_json, json_safe
 from gym_artifacts.live import LiveExporter, RunStatus
 from gym_artifacts.payload import (
     aggregate_metrics,
+    complete_rollouts,
     flatten,
     iter_journal,
     iter_nvml_series,
@@ -259,7 +260,8 @@ class TensorboardExporter(LiveExporter):
         rollouts = run.rollouts_fpath
         if not (plan.upload_rollouts and rollouts is not None and rollouts.is_file()):
             return 0
-        return self._write_rollouts(w, iter_rollouts(rollouts), plan.secrets, finished)
+        with complete_rollouts(rollouts, plan) as complete:
+            return self._write_rollouts(w, iter_rollouts(complete), plan.secrets, finished)
 
     @staticmethod
     def _write_system(w: EventWriter, run: RunArtifacts, finished: float) -> None:
