@@ -113,6 +113,14 @@ def mlflow_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
     server.stop()
 
 
+@pytest.fixture(params=["sqlite", "server"])
+def tracking_uri(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """An MLflow tracking URI: a fresh SQLite store, then the session's real mlflow server."""
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path / 'mlflow.db'}"
+    return request.getfixturevalue("mlflow_server").uri
+
+
 @pytest.fixture
 def own_mlflow_server(tmp_path: Path) -> Iterator[object]:
     """A real mlflow server this test may kill and restart."""

@@ -41,13 +41,6 @@ def mlflow_cfg(uri: str, **extra: Any) -> Any:
     return OmegaConf.create({"exporters": {"mlflow": section}})
 
 
-@pytest.fixture(params=["sqlite", "server"])
-def tracking_uri(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    if request.param == "sqlite":
-        return f"sqlite:///{tmp_path / 'mlflow.db'}"
-    return request.getfixturevalue("mlflow_server").uri
-
-
 def download(client: MlflowClient, run_id: str, path: str, dest: Path) -> Path:
     dest.mkdir(parents=True, exist_ok=True)
     return Path(client.download_artifacts(run_id, path, str(dest)))

@@ -29,18 +29,13 @@ def traces_cfg(uri: str) -> Any:
     return OmegaConf.create({"exporters": {"mlflow": section}})
 
 
-@pytest.fixture(params=["sqlite", "server"])
-def tracking_uri(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    if request.param == "sqlite":
-        return f"sqlite:///{tmp_path / 'mlflow.db'}"
-    return request.getfixturevalue("mlflow_server").uri
-
-
 def all_traces(client: MlflowClient, experiment_id: str, run_id: str) -> list[Any]:
     traces: list[Any] = []
     token = None
     while True:
-        page = client.search_traces(locations=[experiment_id], run_id=run_id, max_results=100, page_token=token)
+        page = client.search_traces(
+            locations=[experiment_id], run_id=run_id, max_results=100, page_token=token
+        )
         traces.extend(page)
         token = page.token
         if not token:
