@@ -9,7 +9,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from benchmarks.common import Row, median, quantile
+from benchmarks.common import Row, median, paced_metric_costs, quantile
 
 
 def _config(tmp: Path, mlflow_uri: str) -> dict:
@@ -25,18 +25,11 @@ def _config(tmp: Path, mlflow_uri: str) -> dict:
 def _async_costs(cfg: dict, out: Path, calls: int, kill: object = None) -> tuple[list[float], object]:
     from gym_artifacts.live import live_exporters
 
-    costs = []
     with live_exporters(cfg, out, teardown_timeout=10) as live:
         live.flush(60)
         if kill is not None:
             kill()  # the server dies before the measured calls
-        metrics = {"loss": 0.5, "reward": 0.25, "tokens": 1234}
-        for step in range(calls):
-            t0 = time.perf_counter_ns()
-            live.export_metrics(metrics, step=step)
-            costs.append((time.perf_counter_ns() - t0) / 1000)
-            if step % 100 == 99:
-                time.sleep(0.002)  # an eval does work between steps
+        costs = paced_metric_costs(live, calls)
     return costs, live
 
 

@@ -436,7 +436,10 @@ class LiveRun:
         if step is None:
             step = 0 if self._last_step is None else self._last_step + 1
         self._last_step = step
-        record = encode_record(metrics, step, time.time())
+        self.export_record(encode_record(metrics, step, time.time()))
+
+    def export_record(self, record: MetricRecord) -> None:
+        """Hand one encoded metric call (see ``metric_records``) to the journal and every backend."""
         self.journal.append_record(record)
         for exporter in self.exporters:
             exporter._enqueue_record(record)

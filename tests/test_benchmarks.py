@@ -24,7 +24,7 @@ def test_harness_runs_on_tiny_sizes() -> None:
         env=env,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
-    for name in ("live: export_metrics median", "identity: JSONL", "re-export: SKIPPED check", "export: ",
+    for name in ("live: export_metrics median", "tail (a) local only, threads", "identity: JSONL", "re-export: SKIPPED check", "export: ",
                  "recording: ", "nvml: 10 Hz", "start-up: gym-artifacts exporters"):  # fmt: skip
         assert name in proc.stdout, name
     assert "harness peak RSS" in proc.stdout
