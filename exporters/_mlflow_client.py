@@ -21,6 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from gym_artifacts.secrets import mask_secrets
+
 IDENTITY_TAG = "gym_artifacts.identity"
 logger = logging.getLogger(__name__)
 
@@ -130,7 +132,9 @@ class ScopedMlflow:
     def create_run(
         self, experiment_id: str, run_name: str | None, tags: dict[str, str], start_ms: int
     ) -> str:
-        run = self.client.create_run(experiment_id, start_time=start_ms, tags=tags, run_name=run_name)
+        """A new run; tags under secret names or holding secret-shaped values are masked."""
+        masked = mask_secrets(tags)
+        run = self.client.create_run(experiment_id, start_time=start_ms, tags=masked, run_name=run_name)
         return str(run.info.run_id)
 
     def find_runs(self, experiment_id: str, tag: str, value: str) -> list[Any]:
@@ -156,9 +160,10 @@ class ScopedMlflow:
         self.client.set_terminated(run_id, status=status, end_time=int(time.time() * 1000))
 
     def set_tags(self, run_id: str, tags: dict[str, str]) -> None:
+        """Tags in batches; under secret names (user tags, journal texts) or secret-shaped: masked."""
         from mlflow.entities import RunTag
 
-        items = [RunTag(k, v) for k, v in tags.items()]
+        items = [RunTag(k, v) for k, v in mask_secrets(tags).items()]
         for batch in _batches(items, 100):
             self.client.log_batch(run_id, tags=batch)
 

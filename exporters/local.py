@@ -32,7 +32,7 @@ from gym_artifacts.payload import (
     complete_rollouts,
     count_lines,
     iter_journal,
-    masked_json_artifact,
+    masked_artifact,
     partial_line_record,
 )
 from gym_artifacts.receipts import utc_now_iso
@@ -271,8 +271,8 @@ class LocalExporter(LiveExporter):
 
 
 def publish_artifact(src: Path, dst: Path, secrets: frozenset[str]) -> int:
-    """Link or copy one artifact; a small JSON file that holds a secret is masked first."""
-    masked = masked_json_artifact(src, secrets)
+    """Link or copy one artifact; a small JSON or YAML file that holds a secret is masked first."""
+    masked = masked_artifact(src, secrets)
     if masked is not None:
         atomic_write_bytes(dst, masked)
         return len(masked)

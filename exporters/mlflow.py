@@ -32,7 +32,7 @@ from gym_artifacts.payload import (
     count_lines,
     iter_journal,
     iter_nvml_series,
-    masked_json_artifact,
+    masked_artifact,
     nvml_summary,
     partial_line_record,
 )
@@ -344,8 +344,8 @@ class MlflowExporter(LiveExporter):
     def _upload_artifact(
         cls, ml: ScopedMlflow, run_id: str, src: Path, artifact_dir: str, secrets: frozenset[str]
     ) -> int:
-        """A runtime artifact as it is, except a small JSON file holding a secret (masked first)."""
-        masked = masked_json_artifact(src, secrets)
+        """A runtime artifact as it is, except a small JSON or YAML file holding a secret (masked first)."""
+        masked = masked_artifact(src, secrets)
         if masked is not None:
             return cls._upload_bytes(ml, run_id, src.name, masked, artifact_dir)
         return ml.log_artifact(run_id, src, artifact_dir)

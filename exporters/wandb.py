@@ -32,7 +32,7 @@ from gym_artifacts.payload import (
     complete_rollouts,
     flatten,
     iter_journal,
-    masked_json_artifact,
+    masked_artifact,
     nvml_summary,
     partial_line_record,
 )
@@ -298,7 +298,7 @@ class WandbExporter(LiveExporter):
                 continue
             artifact = wandb.Artifact(f"{kind}-{wb_run.id}", type=kind)
             for name in names:
-                masked = masked_json_artifact(artifacts[name], plan.secrets)
+                masked = masked_artifact(artifacts[name], plan.secrets)
                 if masked is not None:
                     with artifact.new_file(name, mode="wb") as fh:
                         fh.write(masked)

@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     from gym_artifacts.executor import RunResults
 
 from gym_artifacts.flags import PARTIAL_OVERRIDE_FLAG, STALE_OVERRIDE_FLAG
+from gym_artifacts.secrets import install_log_redaction
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 EXIT_INTERRUPTED = 130  # Ctrl-C: what finished is printed, the rest cancelled
@@ -457,6 +458,7 @@ def _main(argv: Sequence[str] | None = None) -> int:
         parser.error(f"unrecognized arguments: {' '.join(unknown)}")
     if ns.command == "export":
         ns.items += extra
+    install_log_redaction()
     logging.basicConfig(
         level=logging.INFO if ns.verbose else logging.WARNING,
         format="gym-artifacts: %(levelname)s: %(name)s: %(message)s",

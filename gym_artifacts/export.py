@@ -20,6 +20,7 @@ from gym_artifacts.config import (
     exporter_names,
     exporter_section,
     normalize,
+    resolve_tolerant,
     resolve_upload_rollouts,
     validate_settings,
 )
@@ -37,7 +38,7 @@ from gym_artifacts.receipts import (
 )
 from gym_artifacts.registry import discover, get_entry
 from gym_artifacts.run import ROLLOUTS, RunArtifacts
-from gym_artifacts.secrets import redact_text
+from gym_artifacts.secrets import collect_secret_values, install_log_redaction, redact_text, remember_secrets
 
 logger = logging.getLogger(__name__)
 
@@ -223,7 +224,9 @@ def export_run(
     """
     run = run if isinstance(run, RunArtifacts) else RunArtifacts.from_path(run)
     run.require_present()
+    install_log_redaction()
     cfg = normalize(config)
+    remember_secrets(collect_secret_values(resolve_tolerant(cfg)))
     names = select_exporters(cfg, exporters)
     start = time.monotonic()
 

@@ -23,12 +23,14 @@ from gym_artifacts.config import enabled_exporters, is_resume, normalize, resolv
 from gym_artifacts.errors import GymArtifactsError, ReceiptError
 from gym_artifacts.exporter import Exporter, ExportPlan, Sent
 from gym_artifacts.journal import MetricsJournal
+from gym_artifacts.live_args import RefusedCalls, checked_metrics, normalize_step, rollouts_batch
 from gym_artifacts.metric_records import MetricRecord, encode_record
+from gym_artifacts.payload import backend_config
 from gym_artifacts.ranks import is_rank_zero
 from gym_artifacts.receipts import RunIdMarker, read_marker, utc_now_iso, write_marker
 from gym_artifacts.registry import get_entry
 from gym_artifacts.run import RunArtifacts
-from gym_artifacts.secrets import collect_secret_values, mask_secrets, redact_text
+from gym_artifacts.secrets import install_log_redaction, mask_secrets, redact_text
 from gym_artifacts.worker import BackgroundWorker, Call, RecordSink, WorkerStats
 
 if TYPE_CHECKING:
@@ -415,9 +417,10 @@ class LiveRun:
         self.journal_lost = 0
         self._last_step: int | None = None
         self._closed = False
-        raw = resolve_tolerant(config) if config is not None else {}
-        self._secrets = frozenset(collect_secret_values(raw))
-        self._masked_config = mask_secrets(raw, self._secrets)
+        self.refused = RefusedCalls()
+        install_log_redaction()
+        masked, self._secrets = backend_config(config) if config is not None else ({}, frozenset())
+        self._masked_config: dict[str, Any] = masked or {}
         self.journal = MetricsJournal(run.metrics_journal_fpath, resume=resume)
         for exporter in self.exporters:
             exporter.setup(
@@ -432,11 +435,24 @@ class LiveRun:
             exporter.export_config(payload)
 
     def export_metrics(self, metrics: Mapping[str, Any], step: int | None = None) -> None:
-        """Journal one step's metrics and hand them to every backend; microseconds, never raises."""
-        if step is None:
-            step = 0 if self._last_step is None else self._last_step + 1
+        """Journal one step's metrics and hand them to every backend; microseconds, never raises.
+
+        A call that cannot be journaled (metrics not a mapping, a step that is no whole number)
+        is refused, counted and reported at teardown; ``step=4.0`` and ``step="5"`` are read as
+        integers.
+        """
+        try:
+            checked = checked_metrics(metrics)
+            if step is None:
+                step = 0 if self._last_step is None else self._last_step + 1
+            else:
+                step = normalize_step(step)
+            record = encode_record(checked, step, time.time())
+        except Exception as exc:  # never into the eval
+            self.refused.add("export_metrics", exc)
+            return
         self._last_step = step
-        self.export_record(encode_record(metrics, step, time.time()))
+        self.export_record(record)
 
     def export_record(self, record: MetricRecord) -> None:
         """Hand one encoded metric call (see ``metric_records``) to the journal and every backend."""
@@ -445,8 +461,12 @@ class LiveRun:
             exporter._enqueue_record(record)
 
     def export_rollouts(self, rollouts: list[Any]) -> None:
-        """Hand finished rollouts to every backend (the eval writes OUT.jsonl itself)."""
-        batch = list(rollouts)
+        """Hand finished rollouts to every backend (the eval writes OUT.jsonl itself); never raises."""
+        try:
+            batch = rollouts_batch(rollouts)
+        except Exception as exc:  # never into the eval
+            self.refused.add("export_rollouts", exc)
+            return
         for exporter in self.exporters:
             exporter.export_rollouts(batch)
 
@@ -507,6 +527,8 @@ class LiveRun:
                 "live logging: the journal %s lost %d metric call(s) (queue full or disk failing: %s)",
                 self.journal.fpath, self.journal_lost, journal_stats.last_error,
             )  # fmt: skip
+        if self.refused.count:
+            logger.warning("live logging: %s", self.refused.describe())
         for t in threads:
             # Each exporter's teardown keeps the deadline itself; the grace covers the hand-back.
             t.join(max(0.0, deadline - time.monotonic()) + 0.5)

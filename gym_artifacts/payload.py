@@ -16,11 +16,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from gym_artifacts.config import load_yaml_config, resolve_tolerant
+from gym_artifacts.config import load_yaml_config, raw_container, resolve_tolerant
 from gym_artifacts.errors import ConfigError, RunError
 from gym_artifacts.jsonio import iter_jsonl
 from gym_artifacts.run import agent_label
-from gym_artifacts.secrets import collect_secret_values, mask_secrets
+from gym_artifacts.secrets import (
+    collect_secret_values,
+    keep_env_interpolations,
+    mask_secret_named,
+    mask_secrets,
+    remember_secrets,
+)
 
 if TYPE_CHECKING:
     from gym_artifacts.backend import ExportPlan
@@ -51,8 +57,10 @@ def backend_config(run_config: Any | None) -> tuple[dict[str, Any] | None, froze
     if run_config is None:
         return None, frozenset()
     resolved = resolve_tolerant(run_config)
-    secrets = frozenset(collect_secret_values(resolved))
-    return mask_secrets(resolved, secrets), secrets
+    shown, env_secrets = keep_env_interpolations(raw_container(run_config), resolved)
+    secrets = frozenset(collect_secret_values(resolved) | env_secrets)
+    remember_secrets(secrets)
+    return mask_secrets(shown, secrets), secrets
 
 
 def flatten(value: Any, prefix: str = "", sep: str = "/") -> dict[str, Scalar]:
@@ -118,24 +126,43 @@ def iter_journal(run: RunArtifacts) -> Iterator[JournalEntry]:
             raise RunError(f"{fpath}:{lineno}: journal 'step' must be an integer")
         if not is_number(when) or isinstance(when, bool) or not math.isfinite(when):
             raise RunError(f"{fpath}:{lineno}: journal 'time' must be a number of seconds")
-        yield JournalEntry(step, float(when), record["metrics"])
+        yield JournalEntry(step, float(when), mask_secret_named(record["metrics"]))
 
 
 MASKABLE_MAX_BYTES = 16 << 20
 
 
-def masked_json_artifact(fpath: Any, secrets: frozenset[str]) -> bytes | None:
-    """Masked bytes of a small JSON artifact that holds a secret; None when it holds none."""
+MASKABLE_SUFFIXES = (".json", ".yaml", ".yml")
+
+
+def masked_artifact(fpath: Any, secrets: frozenset[str]) -> bytes | None:
+    """Masked bytes of a small JSON or YAML artifact that holds a secret; None when it holds none.
+
+    The content is masked as a config is (secret keys and secret-shaped values); the identity
+    pass has already refused a file that does not parse, naming its line.
+    """
     from pathlib import Path
 
-    from gym_artifacts.jsonio import canonical_json, json_safe, read_json
+    from gym_artifacts.jsonio import canonical_json, json_safe, read_json, read_yaml
 
     fpath = Path(fpath)
-    if fpath.suffix != ".json" or fpath.stat().st_size > MASKABLE_MAX_BYTES:
+    if fpath.suffix.lower() not in MASKABLE_SUFFIXES or fpath.stat().st_size > MASKABLE_MAX_BYTES:
         return None
-    content = read_json(fpath)
-    masked = canonical_json(json_safe(mask_secrets(content, secrets)))
-    return masked if masked != canonical_json(json_safe(content)) else None
+    if fpath.suffix.lower() == ".json":
+        content = read_json(fpath)
+        masked = canonical_json(json_safe(mask_secrets(content, secrets)))
+        return masked if masked != canonical_json(json_safe(content)) else None
+    content = read_yaml(fpath)
+    masked_content = mask_secrets(content, secrets)
+    return None if masked_content == content else dump_yaml(masked_content)
+
+
+def dump_yaml(content: Any) -> bytes:
+    """YAML text of plain containers, keys in their order."""
+    import yaml
+
+    dumper = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
+    return yaml.dump(content, Dumper=dumper, sort_keys=False, allow_unicode=True).encode()
 
 
 def count_lines(fpath: Any) -> int:

@@ -99,6 +99,7 @@ class BackgroundWorker:
     LINGER = 0.05
     POLL = 0.002
     MAX_BATCH = 1000
+    FALLBACK_PROBES = 3
 
     def __init__(
         self,
@@ -272,7 +273,8 @@ class BackgroundWorker:
         if len(entries) == 1:
             self._deliver(sink.kind, True, 1, sink.one, *entries[0])
         else:
-            self._deliver(sink.kind, True, len(entries), sink.many, entries)
+            singles = [(sink.one, entry) for entry in entries]
+            self._deliver(sink.kind, True, len(entries), sink.many, entries, singles=singles)
 
     def _current_deadline(self) -> float:
         """When a stopping worker gives up: idle time since the last progress, within the cap."""
@@ -287,10 +289,24 @@ class BackgroundWorker:
             self._deliver(call.kind, call.droppable, 1, call.fn, *call.args)
         else:
             assert call.batch is not None
-            self._deliver(call.kind, call.droppable, len(group), call.batch, [c.args for c in group])
+            args = [c.args for c in group]
+            singles = [(c.fn, c.args) for c in group]
+            self._deliver(call.kind, call.droppable, len(group), call.batch, args, singles=singles)
 
-    def _deliver(self, kind: str, droppable: bool, count: int, fn: Callable[..., Any], *args: Any) -> None:
-        """``fn(*args)`` standing for ``count`` calls: after any backoff, before the deadline."""
+    def _deliver(
+        self,
+        kind: str,
+        droppable: bool,
+        count: int,
+        fn: Callable[..., Any],
+        *args: Any,
+        singles: list[tuple[Callable[..., Any], tuple[Any, ...]]] | None = None,
+    ) -> None:
+        """``fn(*args)`` standing for ``count`` calls: after any backoff, before the deadline.
+
+        ``singles`` are those calls one by one: applied when the batch fails (see
+        :meth:`_apply_one_by_one`).
+        """
         if droppable and self._past_deadline():
             self.stats.undelivered += count
             return
@@ -310,15 +326,57 @@ class BackgroundWorker:
             fn(*args)
         except Exception as exc:
             self._in_call = None
-            self._on_failure(kind, exc, count)
+            if singles is None:
+                self._on_failure(kind, exc, count)
+            else:
+                self._apply_one_by_one(kind, singles, exc)
         else:
             self.stats.delivered += count
             self._progress_at = time.monotonic()
             self._in_call = None
-            if self._burst:
-                logger.warning("%s: backend recovered after %d failed call(s)", self.name, self._burst)
-                self._burst = 0
-                self._backoff_until = 0.0
+            self._on_success()
+
+    def _on_success(self) -> None:
+        if self._burst:
+            logger.warning("%s: backend recovered after %d failed call(s)", self.name, self._burst)
+            self._burst = 0
+            self._backoff_until = 0.0
+
+    def _apply_one_by_one(
+        self, kind: str, singles: list[tuple[Callable[..., Any], tuple[Any, ...]]], batch_error: Exception
+    ) -> None:
+        """A batch failed: apply its calls alone, so that one poison value loses only its call.
+
+        When the first ``FALLBACK_PROBES`` calls fail alone too, the backend itself is failing:
+        the rest are counted failed without trying each (a dead server is not asked 1000 times).
+        """
+        succeeded = failed = 0
+        error = batch_error
+        for i, (fn, args) in enumerate(singles):
+            if not succeeded and failed >= self.FALLBACK_PROBES:
+                failed += len(singles) - i
+                break
+            try:
+                fn(*args)
+            except Exception as exc:
+                failed += 1
+                error = exc
+            else:
+                succeeded += 1
+                self._progress_at = time.monotonic()
+        if not succeeded:
+            self._on_failure(kind, error, failed)
+            return
+        self.stats.delivered += succeeded
+        if failed:  # the backend works; only these calls' values were refused
+            self.stats.failed += failed
+            self.stats.failed_attempts += failed
+            self.stats.last_error = self.redact(f"{type(error).__name__}: {error}".splitlines()[0][:500])
+            logger.warning(
+                "%s: %d %s call(s) refused by the backend (%s); the other %d applied",
+                self.name, failed, kind, self.stats.last_error, succeeded,
+            )  # fmt: skip
+        self._on_success()
 
     def _on_failure(self, kind: str, exc: Exception, count: int = 1) -> None:
         self.stats.failed += count

@@ -9,7 +9,7 @@ from omegaconf import OmegaConf
 
 from gym_artifacts.export import export_run
 from gym_artifacts.exporter import ExportStatus
-from gym_artifacts.secrets import MASK, is_secret_key, mask_secrets, redact_text
+from gym_artifacts.secrets import MASK, collect_secret_values, is_secret_key, mask_secrets, redact_text
 
 
 @pytest.mark.parametrize(
@@ -91,3 +91,130 @@ def test_secret_appears_in_no_file_the_local_backend_wrote(
         assert canary_literal.encode() not in data, p
     config_json = next(p for p in written if p.name == "config.json").read_text()
     assert '"policy_api_key":"***"' in config_json
+
+
+# --- value-based detection: secrets whose key name gives nothing away -----------------------------
+
+CANARY = "Zq7canaryVALUE9x"
+
+
+@pytest.mark.parametrize(
+    "key",
+    ["api_keys", "openai_key", "wandb_key", "Ocp-Apim-Subscription-Key", "hf_tokens", "passwords",
+     "anthropic_api_keys", "x-api-key"],
+)  # fmt: skip
+def test_plural_and_unlisted_secret_keys(key: str) -> None:
+    assert is_secret_key(key)
+    assert CANARY not in str(mask_secrets({key: [CANARY]}))
+
+
+@pytest.mark.parametrize(
+    "key", ["sort_key", "primary_key", "cache_key", "group_key", "tokens", "num_keys", "keys", "keyword"]
+)
+def test_ordinary_key_names_stay_visible(key: str) -> None:
+    assert not is_secret_key(key)
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        f"https://bucket.s3.amazonaws.com/o?X-Amz-Date=1&X-Amz-Signature={CANARY}",
+        f"https://storage.googleapis.com/b/o?X-Goog-Signature={CANARY}&x=1",
+        f"https://acct.blob.core.windows.net/c/b?sv=2020&sig={CANARY}",
+        f"https://h/api?signature={CANARY}",
+        f"https://maps.example/api?key={CANARY}",
+        f"https://fn.azurewebsites.net/api/f?code={CANARY}",
+        f"https://app.example/callback#access_token={CANARY}&token_type=bearer",
+        f"https://{CANARY}@github.com/org/repo.git",
+        f"postgresql://user:p@ss{CANARY}@db:5432/x",
+        f"--api-key={CANARY}",
+        f"--password={CANARY}",
+        f"python eval.py --api-key {CANARY} --n 3",
+        f"sk-proj-{CANARY}abcd",
+        f"hf_{CANARY}abcdefgh",
+        f"ghp_{CANARY}abcdefghijklmnop",
+        f"github_pat_11AB{CANARY}_abcdef",
+        f"xoxb-1234-{CANARY}",
+        "AKIAIOSFODNN7EXAMPLE",
+        f"Bearer {CANARY}",
+        f"curl -H 'Authorization: Bearer {CANARY}' https://x",
+        f"eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiIxMjM0In0.{CANARY}",
+        f"export API_KEY={CANARY}",
+    ],
+)
+def test_secret_values_masked_under_ordinary_keys(value: str) -> None:
+    masked = mask_secrets({"endpoint": value, "cmd": [value]})
+    secret = "AKIAIOSFODNN7EXAMPLE" if value.startswith("AKIA") else CANARY
+    assert secret not in str(masked), masked
+    assert secret not in redact_text(f"failed: {value}", ()), value
+
+
+def test_cli_style_lists_and_header_lists() -> None:
+    cfg = {
+        "argv": ["eval", "--api-key", CANARY, "--n", "3"],
+        "http_options": [{"name": "x-api-key", "value": CANARY + "1"}, {"name": "Accept", "value": "json"}],
+        "plain": "the quick brown fox",
+    }
+    masked = mask_secrets(cfg)
+    assert masked["argv"] == ["eval", "--api-key", MASK, "--n", "3"]
+    assert masked["http_options"] == [{"name": "x-api-key", "value": MASK}, {"name": "Accept", "value": "json"}]
+    assert masked["plain"] == "the quick brown fox"
+    # values found by shape are known secrets everywhere else too
+    found = collect_secret_values(cfg)
+    assert {CANARY, CANARY + "1"} <= found
+
+
+def test_ordinary_values_are_not_masked() -> None:
+    cfg = {
+        "url": "https://git@github.com/org/repo.git?ref=main#readme",
+        "model": "skorch-model",
+        "path": "/data/hf_datasets/x",
+        "cmd": ["--n", "3", "--model", "gpt"],
+        "k": "key=value",
+    }
+    assert mask_secrets(cfg) == cfg
+
+
+def test_env_interpolation_under_ordinary_key_logged_unresolved(monkeypatch: pytest.MonkeyPatch) -> None:
+    from gym_artifacts.payload import backend_config
+
+    monkeypatch.setenv("SOME_VAR", CANARY)
+    monkeypatch.setenv("MODEL_VAR", "my-model")
+    cfg = OmegaConf.create(
+        {"endpoint": "${oc.env:SOME_VAR}", "judge": {"model_name": "${oc.env:MODEL_VAR}"}, "note": "x-${oc.env:SOME_VAR}"}
+    )
+    shown, secrets = backend_config(cfg)
+    assert shown["endpoint"] == "${oc.env:SOME_VAR}"
+    assert shown["note"] == "x-${oc.env:SOME_VAR}"
+    assert shown["judge"]["model_name"] == "my-model"  # a known-safe key shows its value
+    assert CANARY in secrets
+
+
+def test_redacting_log_records(caplog: pytest.LogCaptureFixture) -> None:
+    import logging
+
+    from gym_artifacts.secrets import install_log_redaction, remember_secrets
+
+    install_log_redaction()
+    remember_secrets({"plainsecretvalue123"})
+    logging.getLogger("some.thirdparty").warning("uri http://u:%s@h and %s", CANARY, "plainsecretvalue123")
+    logging.getLogger("gym_artifacts.x").warning("token sk-%s", CANARY + "abcdef")
+    text = "\n".join(r.getMessage() for r in caplog.records)
+    assert "some.thirdparty" in caplog.text or text
+    assert CANARY not in text and "plainsecretvalue123" not in text, text
+    assert CANARY not in caplog.text and "plainsecretvalue123" not in caplog.text
+
+
+def test_yaml_runtime_artifact_masked_like_json(quickstart_run: Path, tmp_path: Path) -> None:
+    artifacts = quickstart_run.with_name("eval_artifacts")
+    (artifacts / "server_config.yaml").write_text(
+        f"model: m\nopenai_key: {CANARY}\nurl: https://u:{CANARY}2@h/x\nargv: [--api-key, {CANARY}3]\n"
+    )
+    quickstart_run.with_name("eval_aggregate_metrics.json").touch()
+    store = tmp_path / "store"
+    cfg = OmegaConf.create({"exporters": {"local": {"enabled": True, "root": str(store)}}})
+    [result] = export_run(quickstart_run, cfg)
+    assert result.status is ExportStatus.EXPORTED, result.reason
+    [shipped] = store.rglob("server_config.yaml")
+    text = shipped.read_text()
+    assert CANARY not in text and "model: m" in text, text

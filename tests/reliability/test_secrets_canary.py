@@ -4,6 +4,7 @@ line and the process environment are scanned: no canary anywhere."""
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import subprocess
@@ -28,6 +29,35 @@ CANARIES = {
     "mlflow_token": "canary-mlflow-token-1d2e2s",
     "aws": "canary-aws-secret-4a5b6c1r",
     "nested_list": "canary-list-secret-7d8e0q",
+    # found by shape or by an unlisted/plural name, under ordinary keys
+    "plural": "canary-plural-keys-1p2q3r",
+    "openai_key": "canary-openai-key-4s5t6u",
+    "subscription": "canary-apim-subscr-7v8w9x",
+    "sig": "canary-azure-sas-sig-0y1z2a",
+    "amz": "canary-amz-signature-3b4c5d",
+    "goog": "canary-goog-signature-6e7f8g",
+    "query_key": "canary-query-key-9h0i1j",
+    "query_code": "canary-query-code-2k3l4m",
+    "fragment": "canary-fragment-token-5n6o7p",
+    "url_user": "canaryUrlUserToken8q9r0s",
+    "cli_list": "canary-cli-list-1t2u3v",
+    "cli_eq": "canary-cli-equals-4w5x6y",
+    "header_list": "canary-header-list-7z8a9b",
+    "env_ordinary": "canary-env-ordinary-0c1d2e",
+    "at_password": "canary-at-pass@word-3f4g5h",
+    "sk": "sk-proj-canarySkShape6i7j8k",
+    "hf": "hf_canaryHfShape9l0m1n2o",
+    "ghp": "ghp_canaryGhpShape3p4q5r6s7t",
+    "github_pat": "github_pat_11canaryPat_8u9v0w1x2y",
+    "slack": "xoxb-1234-canarySlack-3z4a5b",
+    "akia": "AKIACANARY0123456789",
+    "jwt": "eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiJjYW5hcnkifQ.canaryJwtSig6c7d",
+    "bearer": "canary-bearer-anywhere-8e9f0g",
+    "mlflow_tag": "canary-mlflow-tag-1h2i3j",
+    "uri_password": "canary-tracking-uri-pw-4k5l",
+    "journal": "canary-journal-metric-6m7n8o",
+    "yaml_artifact": "canary-yaml-artifact-9p0q1r",
+    "live_metric": "canary-live-metric-2s3t4u",
 }
 
 
@@ -48,9 +78,40 @@ aws_secret_access_key: {c["aws"]}
 servers:
   - name: a
     credentials: [{c["nested_list"]}]
+api_keys: [{c["plural"]}]
+openai_key: {c["openai_key"]}
+Ocp-Apim-Subscription-Key: {c["subscription"]}
+storage:
+  blob: "https://acct.blob.core.windows.net/c/b?sv=2020-01-01&sig={c["sig"]}"
+  s3: "https://b.s3.amazonaws.com/o?X-Amz-Date=20260101&X-Amz-Signature={c["amz"]}"
+  gcs: "https://storage.googleapis.com/b/o?X-Goog-Signature={c["goog"]}&X-Goog-Date=1"
+  maps: "https://maps.example/api?key={c["query_key"]}&q=1"
+  fn: "https://fn.azurewebsites.net/api/f?code={c["query_code"]}"
+  callback: "https://app.example/cb#access_token={c["fragment"]}&token_type=bearer"
+  repo: "https://{c["url_user"]}@github.com/org/repo.git"
+  db: "postgresql://evals:{c["at_password"]}@db:5432/x"
+launch:
+  argv: [eval, --api-key, {c["cli_list"]}, --n, "3"]
+  cmd: "python eval.py --password={c["cli_eq"]} --n 3"
+  http: [{{name: x-api-key, value: {c["header_list"]}}}, {{name: Accept, value: json}}]
+  endpoint: ${{oc.env:CANARY_ORDINARY}}
+shapes:
+  - {c["sk"]}
+  - {c["hf"]}
+  - {c["ghp"]}
+  - {c["github_pat"]}
+  - {c["slack"]}
+  - {c["akia"]}
+  - {c["jwt"]}
+  - "curl -H 'X-Trace: 1' -H 'Authorization: Bearer {c["bearer"]}'"
 exporters:
   local: {{enabled: true, root: {tmp_path / "local"}}}
-  mlflow: {{enabled: true, tracking_uri: "{server_uri}", tracking_token: {c["mlflow_token"]}, experiment_name: canary}}
+  mlflow:
+    enabled: true
+    tracking_uri: "{server_uri}"
+    tracking_token: {c["mlflow_token"]}
+    experiment_name: canary
+    tags: {{team_token: {c["mlflow_tag"]}, owner: evals}}
   wandb: {{enabled: true, mode: offline, project: canary, dir: {tmp_path / "wb"}, api_key: {c["wandb"]}}}
 """
 
@@ -62,17 +123,27 @@ def test_no_canary_reaches_any_backend_log_or_environment(
     caplog.set_level(logging.DEBUG)
     server = own_mlflow_server.start()
     monkeypatch.setenv("CANARY_POLICY_KEY", CANARIES["env"])
+    monkeypatch.setenv("CANARY_ORDINARY", CANARIES["env_ordinary"])
     environ_before = dict(os.environ)
-    config_text = canary_config(tmp_path, server.uri)
+    # the tracking URI carries a password (the server does not check it; the client sends it)
+    uri_with_password = server.uri.replace("http://", f"http://evals:{CANARIES['uri_password']}@")
+    config_text = canary_config(tmp_path, uri_with_password)
     saved = quickstart_run.with_name("eval_config.yaml")
     saved.write_text(config_text)
     quickstart_run.with_name("eval_aggregate_metrics.json").touch()
+    # the user's own files: a journal metric named like a secret, a YAML runtime artifact
+    journal = quickstart_run.with_name("eval_metrics.jsonl")
+    with journal.open("a") as fh:
+        fh.write(json.dumps({"step": 10_000, "time": 1.0, "metrics": {"api_key": CANARIES["journal"]}}) + "\n")
+    yaml_artifact = quickstart_run.with_name("eval_artifacts") / "server_config.yaml"
+    yaml_artifact.write_text(f"model: m\nopenai_key: {CANARIES['yaml_artifact']}\n")
+    user_files = {saved, journal, yaml_artifact}
     # live, from the eval's side
     live_out = tmp_path / "live" / "eval.jsonl"
     live_out.parent.mkdir()
-    with live_exporters(OmegaConf.create(config_text), live_out) as live:
+    with live_exporters(OmegaConf.create(config_text), live_out, teardown_timeout=180) as live:
         for step in range(5):
-            live.export_metrics({"reward": step / 5}, step=step)
+            live.export_metrics({"reward": step / 5, "api_key": CANARIES["live_metric"]}, step=step)
         live.export_rollouts([{"id": 1}])
         live.complete()
     assert all(r.lost == 0 and r.setup_error is None for r in live.reports), [
@@ -92,7 +163,7 @@ def test_no_canary_reaches_any_backend_log_or_environment(
     ]
     for root in roots:
         for p in root.rglob("*"):
-            if p.is_file() and p != saved:  # the eval's own saved config is the user's file
+            if p.is_file() and p not in user_files:
                 scanned.append((str(p), p.read_bytes()))
     scanned.append(("cli stdout+stderr", (proc.stdout + proc.stderr).encode()))
     scanned.append(("log records", "\n".join(r.getMessage() for r in caplog.records).encode()))
@@ -114,4 +185,5 @@ def test_no_canary_reaches_any_backend_log_or_environment(
     added = {k: v for k, v in os.environ.items() if environ_before.get(k) != v}
     for value in added.values():
         assert not any(c in value for c in CANARIES.values())
-    assert not any(c in v for c in CANARIES.values() if c != CANARIES["env"] for v in os.environ.values())
+    set_by_test = {CANARIES["env"], CANARIES["env_ordinary"]}
+    assert not any(c in v for c in CANARIES.values() if c not in set_by_test for v in os.environ.values())
