@@ -325,8 +325,8 @@ def remember_secrets(secrets: Iterable[str]) -> None:
 
 def redact_text(text: str, secrets: Iterable[str] = ()) -> str:
     """Replace every occurrence of a known secret, and anything secret-shaped, in free text."""
-    text = _replace_all(text, {s for s in secrets if len(s) >= MIN_REDACTED_SECRET} | _known_secrets)
-    return mask_uri_credentials(text)
+    text = mask_uri_credentials(text)  # shapes first: a known secret may be part of one
+    return _replace_all(text, {s for s in secrets if len(s) >= MIN_REDACTED_SECRET} | _known_secrets)
 
 
 def mask_secrets(config: Any, extra_secrets: Iterable[str] = ()) -> Any:
