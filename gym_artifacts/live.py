@@ -36,6 +36,8 @@ from gym_artifacts.worker import BackgroundWorker, Call, RecordSink, WorkerStats
 if TYPE_CHECKING:
     from typing_extensions import Self
 
+    from gym_artifacts.live_handle import HandleReceiver, LiveHandle, NoOpHandle
+
 logger = logging.getLogger(__name__)
 
 DEFAULT_TEARDOWN_TIMEOUT = 10.0  # idle: teardown gives up after this long without progress
@@ -367,6 +369,11 @@ class NoOpLiveRun:
     def export_rollouts(self, rollouts: list[Any]) -> None: ...
     def start_over(self) -> None: ...
     def complete(self) -> None: ...
+    def handle(self, host: str | None = None) -> NoOpHandle:
+        from gym_artifacts.live_handle import NoOpHandle
+
+        return NoOpHandle()
+
     def flush(self, timeout: float = DEFAULT_TEARDOWN_TIMEOUT) -> bool:
         return True
 
@@ -421,6 +428,8 @@ class LiveRun:
         install_log_redaction()
         masked, self._secrets = backend_config(config) if config is not None else ({}, frozenset())
         self._masked_config: dict[str, Any] = masked or {}
+        self._receiver: HandleReceiver | None = None  # started by the first handle()
+        self._handle_lock = threading.Lock()
         self.journal = MetricsJournal(run.metrics_journal_fpath, resume=resume)
         for exporter in self.exporters:
             exporter.setup(
@@ -441,13 +450,17 @@ class LiveRun:
         is refused, counted and reported at teardown; ``step=4.0`` and ``step="5"`` are read as
         integers.
         """
+        self._export_metrics_at(metrics, step, time.time())
+
+    def _export_metrics_at(self, metrics: Mapping[str, Any], step: Any, when: float) -> None:
+        """``export_metrics`` with the caller's time (a live handle's calls keep theirs)."""
         try:
             checked = checked_metrics(metrics)
             if step is None:
                 step = 0 if self._last_step is None else self._last_step + 1
             else:
                 step = normalize_step(step)
-            record = encode_record(checked, step, time.time())
+            record = encode_record(checked, step, when)
         except Exception as exc:  # never into the eval
             self.refused.add("export_metrics", exc)
             return
@@ -459,6 +472,20 @@ class LiveRun:
         self.journal.append_record(record)
         for exporter in self.exporters:
             exporter._enqueue_record(record)
+
+    def handle(self, host: str | None = None) -> LiveHandle:
+        """A picklable handle that Ray tasks and actors (any process that reaches ``host``) call
+        like this run: their calls land in this run's journal and backend runs. ``host``: the
+        address to listen on (default: Ray's node address when Ray runs here, else loopback)."""
+        from gym_artifacts.live_handle import HandleReceiver, LiveHandle, default_host
+
+        with self._handle_lock:
+            if self._receiver is None:
+                self._receiver = HandleReceiver(
+                    self._export_metrics_at, self.export_rollouts, host or default_host()
+                )
+            host_, port = self._receiver.address
+            return LiveHandle(host_, port, self._receiver.secret)
 
     def export_rollouts(self, rollouts: list[Any]) -> None:
         """Hand finished rollouts to every backend (the eval writes OUT.jsonl itself); never raises."""
@@ -507,6 +534,8 @@ class LiveRun:
         if self._closed:
             return self.reports
         self._closed = True
+        if self._receiver is not None:  # handles' calls after this point are not applied
+            self._receiver.close()
         timeout, hard_cap = teardown_limits(timeout, hard_cap)
         deadline = time.monotonic() + max(timeout, hard_cap)
         results: dict[str, LiveReport] = {}
