@@ -67,6 +67,10 @@ class LocalExporter(LiveExporter):
 
     name = "local"
     config_model = LocalSettings
+
+    @classmethod
+    def contract_settings(cls, folder: Path) -> dict[str, Any]:
+        return {"root": str(folder / "local")}
     settings: LocalSettings
 
     def __init__(self, settings: LocalSettings) -> None:

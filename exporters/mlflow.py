@@ -78,6 +78,13 @@ class MlflowExporter(LiveExporter):
     name = "mlflow"
     config_model = MlflowSettings
     sdk_module = "mlflow"
+
+    @classmethod
+    def contract_settings(cls, folder: Path) -> dict[str, Any]:
+        return {
+            "tracking_uri": f"sqlite:///{folder / 'mlflow.db'}",
+            "artifact_location": (folder / "mlartifacts").as_uri(),
+        }
     settings: MlflowSettings
 
     def __init__(self, settings: MlflowSettings) -> None:

@@ -161,6 +161,10 @@ class TensorboardExporter(LiveExporter):
     sdk_module = "tensorboard"
     settings: TensorboardSettings
 
+    @classmethod
+    def contract_settings(cls, folder: Path) -> dict[str, Any]:
+        return {"logdir": str(folder / "tensorboard")}
+
     def __init__(self, settings: TensorboardSettings) -> None:
         super().__init__(settings)
         self._writer: EventWriter | None = None

@@ -95,6 +95,10 @@ class WandbExporter(LiveExporter):
     name = "wandb"
     config_model = WandbSettings
     sdk_module = "wandb"
+
+    @classmethod
+    def contract_settings(cls, folder: Path) -> dict[str, Any]:
+        return {"mode": "offline", "dir": str(folder)}
     settings: WandbSettings
 
     def __init__(self, settings: WandbSettings) -> None:

@@ -21,6 +21,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
     from gym_artifacts.run import RunArtifacts
     from gym_artifacts.torn import PartialLine
 
@@ -105,11 +107,16 @@ class CannotCertify(Exception):
 
 
 class PostRunHooks(ABC):
-    """The one hook every backend implements."""
+    """The one hook every backend implements, and the settings its contract suite runs with."""
 
     @abstractmethod
     def _export(self, run: RunArtifacts, plan: ExportPlan) -> Sent:
         """Send everything the run has into one backend run; idempotent for ``plan.run_identity``."""
+
+    @classmethod
+    def contract_settings(cls, folder: Path) -> dict[str, Any]:
+        """Settings under which everything this backend stores lands inside ``folder`` (the suite's)."""
+        return {}
 
 
 class LiveHooks(ABC):
