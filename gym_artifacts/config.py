@@ -39,6 +39,17 @@ EXPORT_CONFIG_KEYS = frozenset(
 )
 
 
+def eval_config_only(config: Any) -> Any:
+    """The eval's own config as backends show it (params): without this tool's settings.
+
+    ``exporters.*``, NeMo Gym's flat exporter keys, ``upload_rollouts`` and ``resume`` say where
+    the run goes, not what the eval did; they stay in the files, not in the run's params.
+    """
+    if not isinstance(config, dict):
+        return config
+    return {k: v for k, v in config.items() if k not in EXPORT_CONFIG_KEYS}
+
+
 def check_export_config_keys(cfg: Any, source: str) -> None:
     """Refuse an unknown top-level key of an export config, suggesting the closest known one."""
     import difflib

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from gym_artifacts.config import load_yaml_config, raw_container, resolve_tolerant
+from gym_artifacts.config import eval_config_only, load_yaml_config, raw_container, resolve_tolerant
 from gym_artifacts.errors import ConfigError, RunError
 from gym_artifacts.jsonio import iter_jsonl
 from gym_artifacts.run import agent_label
@@ -60,7 +60,7 @@ def backend_config(run_config: Any | None) -> tuple[dict[str, Any] | None, froze
     shown, env_secrets = keep_env_interpolations(raw_container(run_config), resolved)
     secrets = frozenset(collect_secret_values(resolved) | env_secrets)
     remember_secrets(secrets)
-    return mask_secrets(shown, secrets), secrets
+    return mask_secrets(eval_config_only(shown), secrets), secrets
 
 
 def flatten(value: Any, prefix: str = "", sep: str = "/") -> dict[str, Scalar]:

@@ -36,7 +36,12 @@ def _live_backends() -> Iterator[None]:
 def config(store: Path, *names: str, resume: bool = False) -> dict:
     exporters = {"local": {"enabled": True, "root": str(store), "experiment": "live"}}
     exporters.update({n: {"enabled": True} for n in names})
-    return {"exporters": exporters, "resume": resume, "wandb_api_key": "sk-live-canary-123456"}
+    return {
+        "exporters": exporters,
+        "resume": resume,
+        "wandb_api_key": "sk-live-canary-123456",
+        "policy": {"base_url": "http://x", "api_key": "sk-live-canary-123456"},
+    }
 
 
 def local_run_dpath(store: Path, run: Path) -> Path:
@@ -118,7 +123,8 @@ def test_secrets_masked_before_log_config(tmp_path: Path) -> None:
     with live_exporters(config(tmp_path / "s", "recording"), tmp_path / "eval.jsonl"):
         pass
     [cfg] = [payload for kind, payload in RecordingLive.received if kind == "config"]
-    assert cfg["wandb_api_key"] == "***"
+    assert cfg["policy"]["api_key"] == "***"
+    assert "wandb_api_key" not in cfg and "exporters" not in cfg  # the tool's settings are no params
     assert "sk-live-canary-123456" not in json.dumps(cfg)
     assert (
         "sk-live-canary-123456"
