@@ -13,7 +13,7 @@ from gym_artifacts.errors import GymArtifactsError
 from gym_artifacts.exporter import Exporter
 from gym_artifacts.jsonio import canonical_json, iter_jsonl, json_safe
 from gym_artifacts.live import LiveExporter
-from gym_artifacts.payload import aggregate_metrics, count_lines, iter_journal, masked_json_artifact
+from gym_artifacts.payload import aggregate_metrics, count_lines, iter_journal, masked_artifact
 from gym_artifacts.run import RunArtifacts
 from gym_artifacts.secrets import mask_secrets
 
@@ -36,5 +36,5 @@ __all__ = [
     "iter_jsonl",
     "json_safe",
     "mask_secrets",
-    "masked_json_artifact",
+    "masked_artifact",
 ]
