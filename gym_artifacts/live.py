@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from gym_artifacts.backend import CannotCertify, LiveHooks, RunStatus
-from gym_artifacts.config import enabled_exporters, is_resume, normalize, resolve_tolerant
+from gym_artifacts.config import enabled_exporters, is_resume, normalize
 from gym_artifacts.errors import GymArtifactsError, ReceiptError
 from gym_artifacts.exporter import Exporter, ExportPlan, Sent
 from gym_artifacts.journal import MetricsJournal
@@ -34,8 +34,6 @@ from gym_artifacts.secrets import install_log_redaction, mask_secrets, redact_te
 from gym_artifacts.worker import BackgroundWorker, Call, RecordSink, WorkerStats
 
 if TYPE_CHECKING:
-    from typing_extensions import Self
-
     from gym_artifacts.live_handle import HandleReceiver, LiveHandle, NoOpHandle
 
 logger = logging.getLogger(__name__)
@@ -112,7 +110,6 @@ class LiveExporter(LiveHooks, Exporter):
         self.resume_run_id: str | None = None
         self.run_id: str | None = None
         self.reopened = False
-        self._global_config: Any = None
         self._worker: BackgroundWorker | None = None
         self._setup_error: str | None = None
         self._secrets: frozenset[str] = frozenset()
@@ -120,12 +117,6 @@ class LiveExporter(LiveHooks, Exporter):
         self._skipped = 0
         self._report: LiveReport | None = None
         self._previous_last_step: Callable[[], int | None] | None = None
-
-    @classmethod
-    def from_global_config(cls, cfg: Any) -> Self:
-        exporter = super().from_global_config(cfg)
-        exporter._global_config = cfg
-        return exporter
 
     # -- post-run export with certify / supersede ---------------------------------------------------
     def _export(self, run: RunArtifacts, plan: ExportPlan) -> Sent:
@@ -174,11 +165,9 @@ class LiveExporter(LiveHooks, Exporter):
         self._worker = BackgroundWorker(self.name, redact=self.redact, records=records)
         self._worker.submit(Call(self._do_setup, (run, resume), "setup"))
 
-    def export_config(self, config: Mapping[str, Any] | None = None) -> None:
-        """Log the (masked) config; by default the config this exporter was built from."""
+    def export_config(self, config: Mapping[str, Any]) -> None:
+        """Log the config (masked again here: a caller may pass an unmasked one)."""
         try:
-            if config is None:
-                config = resolve_tolerant(self._global_config) if self._global_config is not None else {}
             masked = mask_secrets(dict(config), self._secrets)
         except Exception as exc:
             logger.warning("%s: config not logged: %s", self.name, self.redact(str(exc)))

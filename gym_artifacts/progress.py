@@ -27,10 +27,9 @@ class Progress:
         self._last = 0.0
         self._shown = False
 
-    def update(self, label: str, done: int, total: int, rows: int | None = None) -> None:
-        """Bytes: ``done`` of ``total`` bytes (and ``rows`` records so far) of ``label``."""
-        extra = f", {rows:,} rows" if rows is not None else ""
-        self._draw(label, done, total, f"{_size(done)}/{_size(total)}{extra}")
+    def update(self, label: str, done: int, total: int) -> None:
+        """Bytes: ``done`` of ``total`` bytes of ``label``."""
+        self._draw(label, done, total, f"{_size(done)}/{_size(total)}")
 
     def count(self, label: str, done: int, total: int) -> None:
         """Items: ``done`` of ``total`` (for example runs exported)."""

@@ -41,7 +41,6 @@ class WorkerStats:
     failed_attempts: int = 0  # backend calls that raised (a batch is one attempt)
     dropped: int = 0
     undelivered: int = 0
-    failure_bursts: int = 0
     last_error: str | None = None
     dropped_kinds: dict[str, int] = field(default_factory=dict)
 
@@ -384,7 +383,6 @@ class BackgroundWorker:
         self.stats.last_error = self.redact(f"{type(exc).__name__}: {exc}".splitlines()[0][:500])
         self._burst += 1
         if self._burst == 1:
-            self.stats.failure_bursts += 1
             logger.warning(
                 "%s: %s failed (%s); backing off, further failures counted, not logged",
                 self.name, kind, self.stats.last_error,
