@@ -21,6 +21,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections import deque
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -77,6 +78,33 @@ def _measured(gc_off: bool) -> Iterator[dict]:
     finally:
         stats.update(clock.stop())
         gc.enable()
+
+
+class FloorFanout:
+    """The caller's own work with no worker anywhere: encode the record, append it to four
+    queues (journal and three backends) that nobody reads, cleared now and then."""
+
+    def __init__(self) -> None:
+        from gym_artifacts.metric_records import encode_record
+
+        self._encode = encode_record
+        self._queues: list[deque[bytes]] = [deque() for _ in range(4)]
+
+    def export_metrics(self, metrics: dict, step: int | None = None) -> None:
+        record = self._encode(metrics, step, time.time())
+        for queue in self._queues:
+            queue.append(record)  # type: ignore[arg-type]
+        if len(self._queues[0]) >= 1000:
+            for queue in self._queues:
+                queue.clear()
+
+
+def measure_floor(cfg: dict, out: str, calls: int, gc_off: bool, kill_pgid: int) -> dict:
+    """In the measured process: the same work and pacing with no thread or process behind it.
+    What the machine itself (scheduler, other processes on the cores) adds to such a call."""
+    with _measured(gc_off) as stats:
+        costs = paced_metric_costs(FloorFanout(), calls)
+    return {**tail_summary(costs), **stats}
 
 
 def measure_threads(cfg: dict, out: str, calls: int, gc_off: bool, kill_pgid: int) -> dict:
@@ -219,6 +247,8 @@ def run(tiny: bool) -> list[Row]:
             return result
 
         local_only = {"exporters": {"local": {"enabled": True, "root": str(tmp / "local")}}}
+        load_before = os.getloadavg()[0]
+        floor = one("floor", "floor", {}, False)
         alive = fresh_server("alive") if not tiny else None
         try:
             three = _config(tmp, alive.uri if alive is not None else "")
@@ -247,4 +277,7 @@ def run(tiny: bool) -> list[Row]:
         finally:
             if alive is not None:
                 alive.stop()
+        load = f"load average {load_before:.1f} at start, {os.getloadavg()[0]:.1f} at end"
+        name = "tail floor: the call's own work, no worker behind it"
+        rows.append(Row(name, _figure(floor), load, None, "reference", None))
     return rows
