@@ -79,8 +79,10 @@ def test_full_collection_time_is_independent_of_a_dead_backends_backlog(tmp_path
     assert proc.returncode == 0, proc.stderr[-3000:]
     r = json.loads(proc.stdout.strip().splitlines()[-1])
     assert r["pending"] >= BACKLOG, r  # the backlog really is queued behind the dead backend
-    # Deterministic: the queued calls add (almost) no object the collector tracks.
-    assert r["tracked_backlog"] - r["tracked_empty"] < BACKLOG // 100, r
+    # Deterministic: the queued calls add (almost) no object the collector tracks. What it may
+    # track is the one batch in flight (at most MAX_BATCH = 1,000 calls and their one-by-one
+    # fallback), whatever the backlog; queued as containers, the backlog adds 100,000 or more.
+    assert r["tracked_backlog"] - r["tracked_empty"] < 3 * 1000, r
     # Timed, calibrated in the same process: walking the same number of tracked calls costs
     # `walk`; the backlog may cost at most a quarter of that over an empty queue (noise margin).
     walk = r["control_ms"] - r["backlog_ms"]
