@@ -156,8 +156,10 @@ class ScopedMlflow:
     def set_status(self, run_id: str, status: str) -> None:
         self.client.update_run(run_id, status=status)
 
-    def terminate(self, run_id: str, status: str) -> None:
-        self.client.set_terminated(run_id, status=status, end_time=int(time.time() * 1000))
+    def terminate(self, run_id: str, status: str, end_ms: int | None = None) -> None:
+        """End the run at ``end_ms`` (the eval's end for a post-run export), else now."""
+        end = int(time.time() * 1000) if end_ms is None else end_ms
+        self.client.set_terminated(run_id, status=status, end_time=end)
 
     def set_tags(self, run_id: str, tags: dict[str, str]) -> None:
         """Tags in batches; under secret names (user tags, journal texts) or secret-shaped: masked."""

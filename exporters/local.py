@@ -37,6 +37,7 @@ from gym_artifacts.payload import (
 )
 from gym_artifacts.receipts import utc_now_iso
 from gym_artifacts.run import RunArtifacts
+from gym_artifacts.run_times import eval_times
 
 logger = logging.getLogger(__name__)
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
@@ -150,6 +151,7 @@ class LocalExporter(LiveExporter):
             "rows": rows,
             "omitted_rows": run.omitted_rows(),
             **partial_line_record(plan),
+            **eval_times(run),
             "upload_rollouts": plan.upload_rollouts,
         }
 

@@ -12,6 +12,7 @@ its run again. The SDK is imported only when a run is opened or exported.
 from __future__ import annotations
 
 import contextlib
+import getpass
 import logging
 import shutil
 import tempfile
@@ -38,6 +39,7 @@ from gym_artifacts.payload import (
 )
 from gym_artifacts.receipts import utc_now_iso
 from gym_artifacts.run import RunArtifacts
+from gym_artifacts.run_times import run_times
 
 from ._mlflow_client import IDENTITY_TAG, RequestLimits, ScopedMlflow, file_mtime_ms
 from ._mlflow_mapping import config_params, split_metrics, tag_value
@@ -50,6 +52,7 @@ KIND_TAG = "gym_artifacts.kind"
 SOURCE_TAG = "gym_artifacts.source"
 CERTIFIED_TAG = "gym_artifacts.certified"
 SUPERSEDED_TAG = "gym_artifacts.superseded_by"
+TIMES_TAG = "gym_artifacts.times_from"  # session, journal or files: where the run's times came from
 
 
 class MlflowSettings(ExporterConfig):
@@ -111,7 +114,17 @@ class MlflowExporter(LiveExporter):
         return ScopedMlflow(s.tracking_uri, token, limits)
 
     def _base_tags(self, run: RunArtifacts, kind: str) -> dict[str, str]:
-        return {KIND_TAG: kind, SOURCE_TAG: tag_value(str(run.stem)), **self.settings.tags}
+        """Our tags, plus MLflow's own Source and User columns: the run's files and who ran it."""
+        source = run.rollouts_fpath or run.artifacts_dpath
+        tags = {
+            KIND_TAG: kind,
+            SOURCE_TAG: tag_value(str(run.stem)),
+            "mlflow.source.name": tag_value(str(source)),
+            "mlflow.source.type": "LOCAL",
+        }
+        with contextlib.suppress(Exception):  # no user name in some containers
+            tags["mlflow.user"] = getpass.getuser()
+        return {**tags, **self.settings.tags}
 
     # -- live ----------------------------------------------------------------------------------
     def _setup(self) -> str:
@@ -206,13 +219,15 @@ class MlflowExporter(LiveExporter):
         if found:  # an earlier export died before its receipt: finish that run, never a second one
             run_id = str(found[0].info.run_id)
             logger.info("mlflow: completing run %s found by the run's identity", run_id)
-        else:
+        times = run_times(run)
+        if not found:
             tags = {IDENTITY_TAG: plan.run_identity, **self._base_tags(run, "post-run")}
-            run_id = ml.create_run(
-                experiment_id, self.settings.run_name or run.name, tags, int(time.time() * 1000)
-            )
+            if times is not None:
+                tags[TIMES_TAG] = times.source
+            start_ms = times.start_ms if times is not None else int(time.time() * 1000)
+            run_id = ml.create_run(experiment_id, self.settings.run_name or run.name, tags, start_ms)
         rows, sent = self._send_run(ml, run_id, run, plan)
-        ml.terminate(run_id, "FINISHED")
+        ml.terminate(run_id, "FINISHED", times.end_ms if times is not None else None)
         return Sent(backend_run_id=run_id, rows=rows, bytes=sent)
 
     def _certify(self, run: RunArtifacts, plan: ExportPlan, live_run_id: str) -> Sent:

@@ -37,6 +37,7 @@ from gym_artifacts.payload import (
     partial_line_record,
 )
 from gym_artifacts.run import RunArtifacts
+from gym_artifacts.run_times import run_times
 
 logger = logging.getLogger(__name__)
 _SCALARS = (str, int, float, bool, type(None))
@@ -270,6 +271,12 @@ class WandbExporter(LiveExporter):
             summary["acceptance/planned_rows"] = acceptance.planned_rows
             summary["acceptance/omitted_rows"] = acceptance.omitted_rows
             summary["acceptance/reason"] = acceptance.reason
+        times = run_times(run)  # W&B's API sets a run's start itself: the eval's times go here
+        if times is not None:
+            summary.update(
+                {"eval/start_time": times.iso(times.start), "eval/end_time": times.iso(times.end),
+                 "eval/duration_s": times.end - times.start, "eval/times_from": times.source}
+            )  # fmt: skip
         figures, reason = nvml_summary(run)
         for key, value in figures.items():
             summary[f"system/{key}"] = value

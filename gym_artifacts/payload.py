@@ -42,14 +42,42 @@ AGGREGATE_LEVELS = (
 Scalar = int | float | bool | str | None
 
 
+DERIVED_CONFIG = "derived_config.json"  # what a runtime session (reactor-runtime too) saves
+
+
 def load_run_config(run: RunArtifacts) -> Any | None:
-    """The run's saved config as a DictConfig (interpolations unresolved), or None."""
-    if not run.has_rollouts_file or not run.config_fpath.is_file():
+    """The run's config as a DictConfig (interpolations unresolved), or None.
+
+    ``OUT_config.yaml`` when the run has one; else the artifacts folder's ``derived_config.json``
+    (a reactor-style folder's only config), taken literally: its strings are never interpolated.
+    """
+    if run.has_rollouts_file and run.config_fpath.is_file():
+        try:
+            return load_yaml_config(run.config_fpath)
+        except ConfigError as exc:
+            raise RunError(str(exc)) from exc
+    derived = run.artifacts_dpath / DERIVED_CONFIG
+    if not derived.is_file():
         return None
-    try:
-        return load_yaml_config(run.config_fpath)
-    except ConfigError as exc:
-        raise RunError(str(exc)) from exc
+    from omegaconf import OmegaConf
+
+    from gym_artifacts.jsonio import read_json
+
+    data = read_json(derived, "derived config JSON")
+    if not isinstance(data, dict) or not data:
+        return None
+    return OmegaConf.create(_literal(data))
+
+
+def _literal(value: Any) -> Any:
+    """JSON as OmegaConf takes it literally: ``${`` escaped so nothing is interpolated."""
+    if isinstance(value, dict):
+        return {str(k): _literal(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_literal(v) for v in value]
+    if isinstance(value, str) and "${" in value:
+        return value.replace("${", "\\${")
+    return value
 
 
 def backend_config(run_config: Any | None) -> tuple[dict[str, Any] | None, frozenset[str]]:

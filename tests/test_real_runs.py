@@ -167,3 +167,85 @@ def test_missing_run_exits_2_and_writes_nothing(tmp_path: Path, command: list[st
         assert f"no run at {name}" in proc.stderr
         assert proc.stdout == ""
         assert list(work.iterdir()) == []
+
+
+@pytest.mark.parametrize("name", ["with-gpu-samples", "no-gpu"])
+def test_reactor_folder_exports_its_derived_config_as_params(reactor_fixture, tmp_path: Path, name: str) -> None:
+    from mlflow.tracking import MlflowClient
+    from omegaconf import OmegaConf
+
+    from gym_artifacts.export import export_run
+    from gym_artifacts.report import build_report
+
+    folder = reactor_fixture(name)
+    derived = json.loads((folder / "derived_config.json").read_text())
+    store = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    cfg = OmegaConf.create(
+        {"exporters": {"mlflow": {"enabled": True, "tracking_uri": store},
+                       "local": {"enabled": True, "root": str(tmp_path / "store")}}}
+    )  # fmt: skip
+    results = {r.exporter: r for r in export_run(folder, cfg)}
+    assert {r.status.value for r in results.values()} == {"EXPORTED"}, results
+    params = MlflowClient(store).get_run(results["mlflow"].backend_run_id).data.params
+    assert params["model"] == derived["model"] == "reactor-artifacts-fixture"
+    assert params["resolution.width"] == "64" and params["workload.layers"] == "3"
+    [run_dir] = (tmp_path / "store" / "default").iterdir()
+    assert json.loads((run_dir / "config.json").read_text()) == derived
+    page = build_report(folder, tmp_path / "r.html").read_text()
+    assert "no saved config" not in page and "reactor-artifacts-fixture" in page
+
+
+def _mlflow_export(run: Path, tmp_path: Path) -> object:
+    from mlflow.tracking import MlflowClient
+    from omegaconf import OmegaConf
+
+    from gym_artifacts.export import export_run
+
+    store = f"sqlite:///{tmp_path / 'times.db'}"
+    cfg = OmegaConf.create({"exporters": {"mlflow": {"enabled": True, "tracking_uri": store}}})
+    [result] = export_run(run, cfg)
+    assert result.status.value == "EXPORTED", result.reason
+    return MlflowClient(store).get_run(result.backend_run_id)
+
+
+def test_three_day_old_journal_gives_an_mlflow_run_three_days_ago(quickstart_run: Path, tmp_path: Path) -> None:
+    import getpass
+    import time
+
+    (quickstart_run.with_name("eval_artifacts") / "session_times.json").unlink()
+    journal = quickstart_run.with_name("eval_metrics.jsonl")
+    first = time.time() - 3 * 86400
+    lines = [json.loads(x) for x in journal.read_text().splitlines()]
+    for i, line in enumerate(lines):
+        line["time"] = first + 60 * i
+    journal.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    quickstart_run.with_name("eval_aggregate_metrics.json").touch()
+    run = _mlflow_export(quickstart_run, tmp_path)
+    assert run.info.start_time == int(first * 1000)
+    assert run.info.end_time == int((first + 60 * (len(lines) - 1)) * 1000)
+    assert run.data.tags["gym_artifacts.times_from"] == "journal"
+    assert run.data.tags["mlflow.source.name"] == str(quickstart_run.absolute())
+    assert run.data.tags["mlflow.user"] == getpass.getuser()
+
+
+def test_session_times_win_over_the_journal(quickstart_run: Path, tmp_path: Path) -> None:
+    import datetime as dt
+
+    times = json.loads((quickstart_run.with_name("eval_artifacts") / "session_times.json").read_text())
+    run = _mlflow_export(quickstart_run, tmp_path)
+    assert run.info.start_time == int(dt.datetime.fromisoformat(times["start"]).timestamp() * 1000)
+    assert run.info.end_time == int(dt.datetime.fromisoformat(times["end"]).timestamp() * 1000)
+    assert run.data.tags["gym_artifacts.times_from"] == "session"
+
+
+def test_without_session_or_journal_the_files_give_the_times(quickstart_run: Path, tmp_path: Path) -> None:
+    (quickstart_run.with_name("eval_artifacts") / "session_times.json").unlink()
+    quickstart_run.with_name("eval_metrics.jsonl").unlink()
+    old = 1_700_000_000
+    for f in quickstart_run.parent.rglob("*"):
+        if f.is_file():
+            os.utime(f, (old, old))
+    os.utime(quickstart_run.with_name("eval_aggregate_metrics.json"), (old + 100, old + 100))
+    run = _mlflow_export(quickstart_run, tmp_path)
+    assert (run.info.start_time, run.info.end_time) == (old * 1000, (old + 100) * 1000)
+    assert run.data.tags["gym_artifacts.times_from"] == "files"
