@@ -53,7 +53,9 @@ class RayCluster:
     def address(self) -> str:
         return f"127.0.0.1:{self.port}"
 
-    def _ray_start(self, *args: str, timeout: float) -> None:
+    def _ray_start(self, *args: str, timeout: float, attempts: int = 3) -> None:
+        """``ray start ARGS``; tried again when it fails (Ray gives a node 30 s to register,
+        which a loaded 2-core machine may miss), each failed attempt's processes killed."""
         cmd = [
             sys.executable, "-m", "ray.scripts.scripts", "start", *args,
             "--num-cpus", str(self.cpus_per_node), "--object-store-memory", str(OBJECT_STORE_BYTES),
@@ -61,19 +63,27 @@ class RayCluster:
         ]  # fmt: skip
         env = dict(os.environ, **self.env)
         env.pop("RAY_ADDRESS", None)
-        log = self.temp_dir / f"ray-start-{self.nodes}.log"
-        with open(log, "wb") as fh:
-            proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, env=env, start_new_session=True)
-        self.groups.append(proc.pid)  # the daemons it leaves keep its process group
-        try:
-            rc = proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            rc = None
-        if rc != 0:
+        output = ""
+        for attempt in range(attempts):
+            log = self.temp_dir / f"ray-start-{self.nodes}-{attempt}.log"
+            with open(log, "wb") as fh:
+                proc = subprocess.Popen(
+                    cmd, stdout=fh, stderr=subprocess.STDOUT, env=env, start_new_session=True
+                )
+            try:
+                rc = proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                rc = None
+            if rc == 0:
+                self.groups.append(proc.pid)  # the daemons it leaves keep its process group
+                self.nodes += 1
+                return
             output = log.read_text(errors="replace")[-3000:]
-            self.stop()
-            raise RuntimeError(f"ray start failed ({rc}): {output}")
-        self.nodes += 1
+            _kill(_descendants({pid for pid, pgid in _processes().items() if pgid == proc.pid}))
+            if "--head" in args:
+                break  # a head's port may be half taken: give up rather than guess
+        self.stop()
+        raise RuntimeError(f"ray start {' '.join(args[:2])} failed {attempt + 1} time(s): {output}")
 
     def start(self, nodes: int = 1, timeout: float = 180.0) -> RayCluster:
         """The head, then ``nodes - 1`` more nodes joining it; waits until all are up."""
@@ -131,16 +141,20 @@ class RayCluster:
 
     def stop(self) -> None:
         """TERM every node's processes, then KILL what is left; remove the temporary folder."""
-        pids = self._members()  # found before anything is killed
-        for sig, grace in ((signal.SIGTERM, 5.0), (signal.SIGKILL, 5.0)):
-            for pid in pids:
-                with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.kill(pid, sig)
-            deadline = time.monotonic() + grace
-            while time.monotonic() < deadline and any(_running(p) for p in pids):
-                time.sleep(0.1)
+        _kill(self._members())  # found before anything is killed
         self.groups.clear()
         shutil.rmtree(self.temp_dir, ignore_errors=True)
+
+
+def _kill(pids: set[int]) -> None:
+    """TERM, then KILL what is left after a grace period; waits until all are gone."""
+    for sig, grace in ((signal.SIGTERM, 5.0), (signal.SIGKILL, 5.0)):
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, sig)
+        deadline = time.monotonic() + grace
+        while time.monotonic() < deadline and any(_running(p) for p in pids):
+            time.sleep(0.1)
 
 
 def _stat_fields(pid: int) -> list[str] | None:

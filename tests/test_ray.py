@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 from typing import Any
 
@@ -208,41 +210,6 @@ def test_a_worker_killed_mid_export_is_retried_or_failed_and_a_rerun_converges(
     assert len(receipts(runs)) == 8
 
 
-LIVE_DRIVER = textwrap.dedent(
-    """
-    import json, sys
-    import ray
-    from gym_artifacts.live import live_exporters
-    address, out, cfg, actors, calls = json.loads(sys.argv[1])
-    ray.init(address=address, logging_level="ERROR")
-
-    @ray.remote(num_cpus=0, scheduling_strategy="SPREAD")
-    class Worker:
-        def __init__(self, live):
-            self.live = live  # the handle, unpickled in this actor's process
-
-        def work(self, i, n):
-            import os, time
-            costs = []
-            for j in range(n):
-                t = time.perf_counter_ns()
-                self.live.export_metrics({f"actor{i}/x": float(j)}, step=j)
-                costs.append(time.perf_counter_ns() - t)
-            self.live.export_rollouts([{"actor": i, "reward": 1.0}])
-            return {"costs": costs, "flushed": self.live.flush(120), "pid": os.getpid(),
-                    "node": ray.get_runtime_context().get_node_id(), "dropped": self.live.stats().dropped}
-
-    with live_exporters(cfg, out) as live:
-        handle = live.handle()
-        workers = [Worker.remote(handle) for _ in range(actors)]
-        done = ray.get([w.work.remote(i, calls) for i, w in enumerate(workers)], timeout=600)
-        live.flush(120)
-    print(json.dumps({"workers": done, "reports": [r.describe() for r in live.reports],
-                      "lost": [r.lost for r in live.reports], "journal_lost": live.journal_lost}))
-    """
-)
-
-
 def test_live_from_ray_actors_lands_once_in_one_backend_run_per_exporter(
     ray_cluster: RayCluster, tmp_path: Path, mlflow_server: MlflowServer
 ) -> None:
@@ -256,7 +223,7 @@ def test_live_from_ray_actors_lands_once_in_one_backend_run_per_exporter(
         "mlflow": {"enabled": True, "tracking_uri": mlflow_server.uri, "experiment_name": experiment},
     }}  # fmt: skip
     payload = json.dumps([ray_cluster.address, str(out), cfg, actors, calls])
-    proc = subprocess.run([sys.executable, "-c", LIVE_DRIVER, payload], capture_output=True, text=True,
+    proc = subprocess.run([sys.executable, str(REPO / "tests" / "ray_live_driver.py"), payload], capture_output=True, text=True,
                           timeout=900, env=driver_env(ray_cluster), cwd=tmp_path)  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
     report = json.loads(proc.stdout.strip().splitlines()[-1])
@@ -288,3 +255,38 @@ def test_live_from_ray_actors_lands_once_in_one_backend_run_per_exporter(
     median, p99 = costs[len(costs) // 2], costs[int(len(costs) * 0.99)]
     print(f"handle call cost in Ray actors: median {median / 1000:.1f} us, p99 {p99 / 1000:.1f} us")
     assert median < 200_000, (median, p99)
+
+
+def test_ctrl_c_cancels_the_cluster_export_cleanly_and_a_rerun_completes(
+    ray_cluster: RayCluster, tmp_path: Path
+) -> None:
+    runs = make_sweep(tmp_path / "runs", 40, rows=2000)  # slow enough to interrupt midway
+    store = tmp_path / "store"
+    args = [*map(str, runs), "-e", "local", f"exporters.local.root={store}", "--executor", "ray",
+            "--ray-address", ray_cluster.address]  # fmt: skip
+    driver = export_cli(ray_cluster, *args)
+    deadline = time.monotonic() + 240
+    while time.monotonic() < deadline and driver.poll() is None:
+        if (store / "default").is_dir() and any((store / "default").iterdir()):
+            break  # the cluster is exporting
+        time.sleep(0.05)
+    assert driver.poll() is None, "the export finished before it could be interrupted"
+    driver.send_signal(signal.SIGINT)
+    out, err = driver.communicate(timeout=60)
+    assert driver.returncode == 130, err[-3000:]
+    assert "Traceback" not in err, err[-3000:]
+    assert "interrupted:" in err and "not exported (cancelled)" in err
+    finished = json.loads(out)  # what finished is still printed, as valid JSON
+    assert len({r["run"] for r in finished}) < len(runs)
+    assert all(r["status"] == "EXPORTED" for r in finished)
+    # nothing keeps running on the cluster for the cancelled driver
+    end = time.monotonic() + 60
+    while ray_cluster.worker_pids("ray::ray_export_job") and time.monotonic() < end:
+        time.sleep(0.5)
+    assert not ray_cluster.worker_pids("ray::ray_export_job")
+    # a rerun completes what was cancelled: one run folder and one receipt per run
+    rc, again, err = results_of(export_cli(ray_cluster, *args))
+    assert rc == 0, err[-3000:]
+    assert {r["status"] for r in again} <= {"EXPORTED", "SKIPPED"}
+    assert len(list((store / "default").iterdir())) == len(runs)
+    assert len(receipts(runs)) == len(runs)
