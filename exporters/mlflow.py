@@ -40,6 +40,7 @@ from gym_artifacts.payload import (
 from gym_artifacts.receipts import utc_now_iso
 from gym_artifacts.run import RunArtifacts
 from gym_artifacts.run_times import run_times
+from gym_artifacts.spool import RolloutSpool
 
 from ._mlflow_client import IDENTITY_TAG, RequestLimits, ScopedMlflow, file_mtime_ms
 from ._mlflow_mapping import config_params, split_metrics, tag_value
@@ -94,8 +95,7 @@ class MlflowExporter(LiveExporter):
         super().__init__(settings)
         self._ml: ScopedMlflow | None = None
         self._status_before_reopen: str | None = None
-        self._spool_dir: tempfile.TemporaryDirectory[str] | None = None
-        self._spool: Any = None
+        self._rollouts: RolloutSpool | None = None
 
     def expected_errors(self) -> tuple[type[BaseException], ...]:
         import requests
@@ -181,30 +181,25 @@ class MlflowExporter(LiveExporter):
             self._ml.set_tags(self.run_id, texts)
 
     def _log_rollouts(self, rollouts: list[Any]) -> None:
-        if self._spool is None:
-            self._spool_dir = tempfile.TemporaryDirectory(prefix="gym-artifacts-mlflow-")
+        if self._rollouts is None:
             name = "rollouts.jsonl" if not self.reopened else f"rollouts.resumed-{int(time.time())}.jsonl"
-            self._spool = open(Path(self._spool_dir.name) / name, "ab")  # noqa: SIM115 - closed at teardown
-        self._spool.write(b"".join(canonical_json(r) + b"\n" for r in rollouts))
+            self._rollouts = RolloutSpool(name, prefix="gym-artifacts-mlflow-")
+        self._rollouts.append(rollouts)
 
     def _teardown(self, status: RunStatus) -> None:
         assert self._ml is not None and self.run_id is not None
         try:
-            if self._spool is not None:
-                self._spool.close()
-                self._ml.log_artifact(self.run_id, Path(self._spool.name), "rollouts")
+            spooled = self._rollouts.finish() if self._rollouts is not None else None
+            if spooled is not None:
+                self._ml.log_artifact(self.run_id, spooled, "rollouts")
         finally:
             self._close_spool()
             self._ml.terminate(self.run_id, status.value)
 
     def _close_spool(self) -> None:
-        if self._spool is not None:
-            with contextlib.suppress(OSError):
-                self._spool.close()
-            self._spool = None
-        if self._spool_dir is not None:
-            self._spool_dir.cleanup()
-            self._spool_dir = None
+        if self._rollouts is not None:
+            self._rollouts.discard()
+            self._rollouts = None
 
     def _release_reopened(self) -> None:
         assert self._ml is not None and self.run_id is not None

@@ -38,6 +38,7 @@ from gym_artifacts.payload import (
 )
 from gym_artifacts.run import RunArtifacts
 from gym_artifacts.run_times import run_times
+from gym_artifacts.spool import RolloutSpool
 
 logger = logging.getLogger(__name__)
 _SCALARS = (str, int, float, bool, type(None))
@@ -107,7 +108,7 @@ class WandbExporter(LiveExporter):
         self._wb_run: Any = None
         self._last_step = -1
         self._skipped_steps = 0
-        self._spooled: list[Any] = []
+        self._rollouts = RolloutSpool(prefix="gym-artifacts-wandb-")
 
     def expected_errors(self) -> tuple[type[BaseException], ...]:
         import wandb
@@ -192,20 +193,23 @@ class WandbExporter(LiveExporter):
         self._last_step = step
 
     def _log_rollouts(self, rollouts: list[Any]) -> None:
-        self._spooled.extend(rollouts)
+        self._rollouts.append(rollouts)  # on disk until teardown sends them as one table artifact
 
     def _teardown(self, status: RunStatus) -> None:
         wb_run, self._wb_run = self._wb_run, None
         try:
-            if self._spooled:
-                self._send_rollouts(wb_run, iter(self._spooled), f"live-rollouts-{wb_run.id}")
-                self._spooled = []
+            if self._rollouts.rows:
+                raw = self._rollouts.finish()
+                self._send_rollouts(wb_run, self._rollouts.records(), f"live-rollouts-{wb_run.id}", raw=raw)
         finally:
-            self._finish(wb_run, 0 if status is RunStatus.FINISHED else 1)
+            try:
+                self._finish(wb_run, 0 if status is RunStatus.FINISHED else 1)
+            finally:
+                self._rollouts.discard()
 
     def _release_reopened(self) -> None:
         wb_run, self._wb_run = self._wb_run, None
-        self._spooled = []
+        self._rollouts.discard()
         self._finish(wb_run, 0)
 
     # -- post-run --------------------------------------------------------------------------------

@@ -148,6 +148,10 @@ def test_live_run_config_metrics_and_rollouts(tmp_path: Path) -> None:
             live.export_metrics({"loss": 1 / (step + 1), "nested": {"acc": step / 5}}, step=step)
         live.export_rollouts([{"id": 1, "reward": 1.0}, {"id": 2, "reward": 0.0}])
         live.flush(60)
+        # Held on disk, not in memory, until teardown sends them as one table.
+        [exporter] = live.exporters
+        spooled = exporter._rollouts.path
+        assert spooled is not None and spooled.read_bytes().count(b"\n") == 2
         import wandb
 
         assert wandb.run is None  # our run never becomes the process's global run
@@ -159,6 +163,7 @@ def test_live_run_config_metrics_and_rollouts(tmp_path: Path) -> None:
     assert run.config["judge"] == {"api_key": "***", "model": "j"}
     table = json.loads(run.file(run.summary["rollouts"]["path"]).read_text())
     assert table["data"] == [[1, 1.0], [2, 0.0]]
+    assert not spooled.exists()  # the spool is removed once sent
 
 
 LIVE_SCRIPT = textwrap.dedent(
