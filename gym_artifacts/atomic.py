@@ -7,6 +7,7 @@ same folder, flushed and fsynced, then renamed over the final name with ``os.rep
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
 import tempfile
@@ -94,6 +95,16 @@ def link_or_copy(src: Path | str, dst: Path | str) -> int:
     return src.stat().st_size
 
 
+_PRETTY = orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS | orjson.OPT_APPEND_NEWLINE
+
+
 def dumps_pretty(obj: Any) -> bytes:
-    """JSON for people and diffs: indented, keys sorted, a final newline."""
-    return orjson.dumps(obj, option=orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS | orjson.OPT_APPEND_NEWLINE)
+    """JSON for people and diffs: indented, keys sorted, a final newline.
+
+    Integers past 64 bits (which orjson refuses) are written exactly, by the standard library.
+    """
+    try:
+        return orjson.dumps(obj, option=_PRETTY)
+    except (orjson.JSONEncodeError, TypeError):
+        text = json.dumps(obj, indent=2, sort_keys=True, ensure_ascii=False, default=str)
+        return text.encode("utf-8") + b"\n"

@@ -146,11 +146,16 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _looks_like_path(text: str) -> bool:
+    return "/" in text or os.sep in text or text.endswith((".jsonl", ".json"))
+
+
 def _split_items(items: Sequence[str]) -> tuple[list[str], list[str]]:
     runs: list[str] = []
     overrides: list[str] = []
     for item in items:
-        if "=" in item and not os.path.exists(item):
+        # ``key=value`` unless it names a file, or its "key" is a path (``runs/lr=0.1/eval.jsonl``)
+        if "=" in item and not os.path.exists(item) and not _looks_like_path(item.split("=", 1)[0]):
             overrides.append(item)
         else:
             runs.append(item)

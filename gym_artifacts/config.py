@@ -13,8 +13,14 @@ from typing import Any, TypeVar
 
 from pydantic import BaseModel, ConfigDict, TypeAdapter, ValidationError, field_validator
 
-from gym_artifacts.errors import ConfigError
-from gym_artifacts.jsonio import yaml_error_message
+from gym_artifacts.errors import ConfigError, RunError
+from gym_artifacts.jsonio import (
+    YamlTooLarge,
+    load_yaml_text,
+    read_regular_bytes,
+    yaml_error_message,
+    yaml_refusal,
+)
 
 DEFAULT_CONFIG_NAME = "default.yaml"
 
@@ -104,18 +110,20 @@ def load_yaml_config(fpath: Path | str) -> Any:
 
     oc = _omegaconf()
     fpath = Path(fpath)
+    if not fpath.exists():
+        raise ConfigError(f"{fpath}: config file not found")
     try:
-        text = fpath.read_text(encoding="utf-8")
-    except FileNotFoundError as exc:
-        raise ConfigError(f"{fpath}: config file not found") from exc
+        text = read_regular_bytes(fpath, "config").decode("utf-8")
     except UnicodeDecodeError as exc:
         raise ConfigError(f"{fpath}: config is not valid UTF-8 (byte {exc.start})") from exc
-    except OSError as exc:
-        raise ConfigError(f"{fpath}: cannot read config: {exc.strerror or exc}") from exc
+    except RunError as exc:
+        raise ConfigError(str(exc)) from exc
     try:
-        data = yaml.load(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
+        data = load_yaml_text(text)
     except yaml.YAMLError as exc:
         raise ConfigError(yaml_error_message(fpath, exc)) from exc
+    except (YamlTooLarge, RecursionError) as exc:
+        raise ConfigError(f"{fpath}: invalid YAML: {yaml_refusal(exc)}") from exc
     if data is None:
         data = {}
     if not isinstance(data, dict):

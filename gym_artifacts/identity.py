@@ -20,7 +20,15 @@ from typing import TYPE_CHECKING
 import blake3
 
 from gym_artifacts.errors import RunError
-from gym_artifacts.jsonio import canonical_json, canonical_record, read_json, read_line, read_yaml
+from gym_artifacts.jsonio import (
+    canonical_json,
+    canonical_record,
+    open_regular,
+    read_json,
+    read_line,
+    read_regular_bytes,
+    read_yaml,
+)
 from gym_artifacts.run import ROLLOUTS
 from gym_artifacts.torn import partial_last_line
 
@@ -47,7 +55,7 @@ def hash_bytes_file(fpath: Path) -> str:
     hasher = blake3.blake3(max_threads=blake3.blake3.AUTO)
     buffer = bytearray(_BYTES_BUFFER)
     view = memoryview(buffer)
-    with open(fpath, "rb", buffering=0) as fh:
+    with open_regular(fpath) as fh:
         while n := fh.readinto(buffer):
             hasher.update(view[:n])
     return _hex(hasher)
@@ -107,7 +115,7 @@ class JsonlDigest:
 def digest_jsonl_range(fpath: Path, start: int = 0, end: int | None = None) -> JsonlDigest:
     """Multiset digest of the records whose lines start within ``[start, end)`` of the file."""
     acc = JsonlDigest()
-    with open(fpath, "rb") as fh:
+    with open_regular(fpath) as fh:
         if start:
             fh.seek(start - 1)
             if fh.read(1) != b"\n":
@@ -168,11 +176,19 @@ def jsonl_digest(fpath: Path, workers: int | None = None, end: int | None = None
     return total
 
 
+# A JSON or YAML document is identified by its canonical form (formatting does not count) only
+# up to this size: parsing holds the whole document in memory (several times its size). A
+# bigger one is identified by its bytes, streamed in constant memory.
+CANONICAL_MAX_BYTES = 64 << 20
+
+
 def identity_of(fpath: Path) -> str:
-    """The content identity of one file, chosen by its kind (its name's ending)."""
+    """The content identity of one file, chosen by its kind (its name's ending) and size."""
     name = fpath.name.lower()
     if name.endswith(".jsonl"):
         return hash_jsonl_file(fpath)
+    if name.endswith((".json", ".yaml", ".yml")) and fpath.stat().st_size > CANONICAL_MAX_BYTES:
+        return hash_bytes_file(fpath)  # too big to parse whole: its bytes, streamed
     if name.endswith(".json"):
         return hash_json_file(fpath)
     if name.endswith((".yaml", ".yml")):
@@ -249,14 +265,14 @@ class IdentityCache:
         self.entries: dict[str, dict[str, object]] = {}
         self.dirty = False
         try:
-            data = json.loads(fpath.read_bytes())
+            data = json.loads(read_regular_bytes(fpath, "identity cache"))
             if (
                 isinstance(data, dict)
                 and data.get("version") == self.VERSION
                 and isinstance(data.get("entries"), dict)
             ):
                 self.entries = data["entries"]
-        except (OSError, ValueError):
+        except (OSError, ValueError, RunError):  # a cache that is not ours (even a FIFO): ignored
             pass
 
     def lookup(self, name: str, st: os.stat_result) -> tuple[str, int | None] | None:

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import stat
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import orjson
 
@@ -19,21 +21,83 @@ def _line_col(data: bytes, pos: int) -> tuple[int, int]:
     return line, col
 
 
+MAX_JSON_DEPTH = 256
+
+
+def _depth_exceeds(value: Any, limit: int) -> bool:
+    """Whether containers nest deeper than ``limit`` (an explicit stack: no recursion)."""
+    stack = [(value, 1)]
+    while stack:
+        node, depth = stack.pop()
+        if isinstance(node, dict):
+            children: Any = node.values()
+        elif isinstance(node, list):
+            children = node
+        else:
+            continue
+        if depth > limit:
+            return True
+        stack.extend((child, depth + 1) for child in children if isinstance(child, dict | list))
+    return False
+
+
+def _too_deep(data: bytes) -> json.JSONDecodeError:
+    message = f"nested deeper than {MAX_JSON_DEPTH} levels"
+    return json.JSONDecodeError(message, data.decode("utf-8", "replace"), 0)
+
+
 def loads_lenient(data: bytes) -> Any:
-    """Parse one JSON document; NaN, Infinity and integers past 64 bits are accepted as Python does."""
+    """Parse one JSON document; NaN, Infinity and integers past 64 bits are accepted as Python does.
+
+    A document nested deeper than ``MAX_JSON_DEPTH`` is refused (a JSONDecodeError): every
+    reader after this one may walk it recursively.
+    """
     try:
-        return orjson.loads(data)
-    except orjson.JSONDecodeError:
-        return json.loads(data.decode("utf-8"))
+        value = orjson.loads(data)
+    except orjson.JSONDecodeError as exc:
+        if "depth" in str(exc) or "recursion" in str(exc):
+            raise _too_deep(data) from None
+        try:
+            value = json.loads(data.decode("utf-8"))
+        except RecursionError:
+            raise _too_deep(data) from None
+    if data.count(b"[") + data.count(b"{") > MAX_JSON_DEPTH and _depth_exceeds(value, MAX_JSON_DEPTH):
+        raise _too_deep(data)
+    return value
+
+
+def open_regular(fpath: Path | str, what: str = "file") -> BinaryIO:
+    """``fpath`` opened for reading, or a RunError when it is not a regular file.
+
+    Opened without blocking, so a FIFO or a device named like a run file (a receipt, a cache)
+    is refused at once instead of waiting for a writer that never comes.
+    """
+    fpath = Path(fpath)
+    try:
+        fd = os.open(fpath, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    except OSError as exc:
+        raise RunError(f"{fpath}: cannot read {what}: {exc.strerror or exc}") from exc
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            raise RunError(f"{fpath}: not a regular file; refusing to read {what} from it")
+        os.set_blocking(fd, True)
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def read_regular_bytes(fpath: Path | str, what: str = "file") -> bytes:
+    """The bytes of a regular file (see :func:`open_regular`)."""
+    with open_regular(fpath, what) as fh:
+        return fh.read()
 
 
 def read_json(fpath: Path | str, what: str = "JSON") -> Any:
     """The parsed content of a JSON file, or a RunError naming the file, line and column."""
     fpath = Path(fpath)
-    try:
-        data = fpath.read_bytes()
-    except OSError as exc:
-        raise RunError(f"{fpath}: cannot read {what}: {exc.strerror or exc}") from exc
+    data = read_regular_bytes(fpath, what)
     try:
         return loads_lenient(data)
     except UnicodeDecodeError as exc:
@@ -62,11 +126,7 @@ def iter_jsonl(fpath: Path | str, what: str = "JSONL", end: int | None = None) -
     ``end``, when given, stops before the line starting at that offset (a torn last line).
     """
     fpath = Path(fpath)
-    try:
-        fh = open(fpath, "rb")  # noqa: SIM115 - closed by the ``with`` below, after the error check
-    except OSError as exc:
-        raise RunError(f"{fpath}: cannot read {what}: {exc.strerror or exc}") from exc
-    with fh:
+    with open_regular(fpath, what) as fh:
         lineno = 0
         while (end is None or fh.tell() < end) and (raw := read_line(fh, fpath, lineno + 1)):
             lineno += 1
@@ -145,22 +205,88 @@ def json_safe(value: Any) -> Any:
     return value
 
 
+MAX_YAML_VALUES = 200_000
+
+
+class YamlTooLarge(ValueError):
+    """A YAML document whose aliases would expand it past ``MAX_YAML_VALUES`` values."""
+
+
+def _expanded_values(root: Any) -> int:
+    """How many values the node graph holds once every alias is expanded (no recursion).
+
+    Each node's size is computed once (aliases share nodes), so a "billion laughs" document is
+    measured in time linear in its text, and refused before anything expands it.
+    """
+    import yaml
+
+    sizes: dict[int, int] = {}
+    stack: list[tuple[Any, bool]] = [(root, False)]
+    while stack:
+        node, children_done = stack.pop()
+        if id(node) in sizes:
+            continue
+        if isinstance(node, yaml.SequenceNode):
+            children = list(node.value)
+        elif isinstance(node, yaml.MappingNode):
+            children = [part for pair in node.value for part in pair]
+        else:
+            sizes[id(node)] = 1
+            continue
+        if children_done:
+            total = 1 + sum(sizes.get(id(c), 0) for c in children)
+            sizes[id(node)] = total
+            if total > MAX_YAML_VALUES:
+                return total
+            continue
+        if len(stack) > MAX_YAML_VALUES:
+            return len(stack)
+        stack.append((node, True))
+        stack.extend((c, False) for c in children if id(c) not in sizes)
+    return sizes.get(id(root), 0)
+
+
+def load_yaml_text(text: str) -> Any:
+    """Plain YAML content of one document, safely: no tags that build objects, and refused
+    (YamlTooLarge) when aliases would expand it past ``MAX_YAML_VALUES`` values."""
+    import yaml
+
+    loader_cls = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+    node = yaml.compose(text, Loader=loader_cls)
+    if node is None:
+        return None
+    values = _expanded_values(node)
+    if values > MAX_YAML_VALUES:
+        raise YamlTooLarge(
+            f"aliases would expand the document past {MAX_YAML_VALUES} values (an alias bomb?); refusing it"
+        )
+    loader = loader_cls("")
+    try:
+        return loader.construct_document(node)
+    finally:
+        loader.dispose()
+
+
 def read_yaml(fpath: Path | str) -> Any:
     """Plain YAML content (interpolations stay as written), or a RunError with the line."""
     import yaml
 
     fpath = Path(fpath)
     try:
-        text = fpath.read_text(encoding="utf-8")
+        text = read_regular_bytes(fpath, "YAML").decode("utf-8")
     except UnicodeDecodeError as exc:
         raise RunError(f"{fpath}: YAML is not valid UTF-8 (byte {exc.start})") from exc
-    except OSError as exc:
-        raise RunError(f"{fpath}: cannot read YAML: {exc.strerror or exc}") from exc
-    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
     try:
-        return yaml.load(text, Loader=loader)
+        return load_yaml_text(text)
     except yaml.YAMLError as exc:
         raise RunError(yaml_error_message(fpath, exc)) from exc
+    except (YamlTooLarge, RecursionError) as exc:
+        raise RunError(f"{fpath}: invalid YAML: {yaml_refusal(exc)}") from exc
+
+
+def yaml_refusal(exc: Exception) -> str:
+    """Why a YAML document was refused after it parsed."""
+    return "nested too deep" if isinstance(exc, RecursionError) else str(exc)
 
 
 def yaml_error_message(fpath: Path | str, exc: Exception) -> str:

@@ -164,6 +164,7 @@ class RunArtifacts(BaseModel):
         root = self.artifacts_dpath
         if not root.is_dir():
             return {}
+        self._check_inside(root, root.parent.resolve())  # the folder itself a link leaving the run
         real_root = root.resolve()
         files: dict[str, Path] = {}
         for dirpath, dirnames, filenames in os.walk(root, followlinks=False):
