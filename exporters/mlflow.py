@@ -26,6 +26,7 @@ from gym_artifacts.backend import CannotCertify
 from gym_artifacts.config import ExporterConfig
 from gym_artifacts.exporter import ExportPlan, Sent
 from gym_artifacts.jsonio import canonical_json, json_safe
+from gym_artifacts.layout import NVML_SUMMARY
 from gym_artifacts.live import LiveExporter, RunStatus
 from gym_artifacts.payload import (
     aggregate_metrics,
@@ -321,7 +322,7 @@ class MlflowExporter(LiveExporter):
             tags["gym_artifacts.nvml"] = tag_value(reason)
         if figures:
             numbers, _ = split_metrics(figures, prefix="system")
-            ts = file_mtime_ms(run.artifacts_dpath / "metrics_summary.json")
+            ts = file_mtime_ms(run.artifacts_dpath / NVML_SUMMARY)
             ml.log_metrics(run_id, ((k, v, ts, 0) for k, v in numbers.items()))
         steps: dict[int, int] = {}
 

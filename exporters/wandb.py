@@ -25,6 +25,7 @@ from pydantic import Field, SecretStr
 from gym_artifacts.config import ExporterConfig
 from gym_artifacts.exporter import ExportPlan, Sent
 from gym_artifacts.jsonio import iter_jsonl, json_safe
+from gym_artifacts.layout import NVML_SUMMARY, RECORDING
 from gym_artifacts.live import LiveExporter, RunStatus
 from gym_artifacts.payload import (
     NVML_SERIES,
@@ -298,13 +299,13 @@ class WandbExporter(LiveExporter):
         for key, value in partial_line_record(plan).items():
             wb_run.summary[f"rollouts/{key}"] = value
         artifacts = run.runtime_artifact_files()
-        recording = artifacts.get("recording.mp4")
+        recording = artifacts.get(RECORDING)
         if recording is not None:
             wb_run.summary["recording"] = wandb.Video(str(recording), format="mp4")
         groups = {
             "profile": [n for n in artifacts if n.startswith("profile")],
-            "nvml": [n for n in artifacts if n in (NVML_SERIES, "metrics_summary.json")],
-            "recording": [n for n in artifacts if n == "recording.mp4"],
+            "nvml": [n for n in artifacts if n in (NVML_SERIES, NVML_SUMMARY)],
+            "recording": [n for n in artifacts if n == RECORDING],
         }
         grouped = {n for names in groups.values() for n in names}
         groups["runtime"] = [n for n in artifacts if n not in grouped]

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 from gym_artifacts.config import eval_config_only, load_yaml_config, raw_container, resolve_tolerant
 from gym_artifacts.errors import ConfigError, RunError
 from gym_artifacts.jsonio import iter_jsonl
+from gym_artifacts.layout import DERIVED_CONFIG, NVML_SERIES, NVML_SUMMARY
 from gym_artifacts.run import agent_label
 from gym_artifacts.secrets import (
     collect_secret_values,
@@ -42,7 +43,6 @@ AGGREGATE_LEVELS = (
 Scalar = int | float | bool | str | None
 
 
-DERIVED_CONFIG = "derived_config.json"  # what a runtime session (reactor-runtime too) saves
 
 
 def load_run_config(run: RunArtifacts) -> Any | None:
@@ -208,8 +208,6 @@ def count_lines(fpath: Any) -> int:
     return count + (1 if tail_has_text else 0)
 
 
-NVML_SUMMARY = "metrics_summary.json"
-NVML_SERIES = "nvml_samples.jsonl"
 
 
 def metric_value(value: Any) -> float | None:

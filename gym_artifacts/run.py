@@ -9,6 +9,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from gym_artifacts import layout
 from gym_artifacts.errors import MissingRunError, RunError
 from gym_artifacts.flags import PARTIAL_OVERRIDE_FLAG
 from gym_artifacts.jsonio import read_json
@@ -62,8 +63,8 @@ class RunArtifacts(BaseModel):
         given = os.fspath(path)
         fpath = Path(given).expanduser().absolute()
         if fpath.is_dir():
-            if fpath.name.endswith("_artifacts"):
-                stem = fpath.with_name(fpath.name[: -len("_artifacts")])
+            if fpath.name.endswith(layout.ARTIFACTS_SUFFIX):
+                stem = fpath.with_name(fpath.name[: -len(layout.ARTIFACTS_SUFFIX)])
                 if stem.with_name(stem.name + ".jsonl").is_file():
                     return cls(stem=stem, artifacts_dpath=fpath, has_rollouts_file=True, source=given)
             return cls(stem=fpath, artifacts_dpath=fpath, has_rollouts_file=False, source=given)
@@ -74,7 +75,7 @@ class RunArtifacts(BaseModel):
         stem = fpath.with_suffix("")
         return cls(
             stem=stem,
-            artifacts_dpath=stem.with_name(stem.name + "_artifacts"),
+            artifacts_dpath=stem.with_name(stem.name + layout.ARTIFACTS_SUFFIX),
             has_rollouts_file=True,
             source=given,
         )
@@ -105,40 +106,40 @@ class RunArtifacts(BaseModel):
 
     @property
     def rollouts_fpath(self) -> Path | None:
-        return self._sibling(".jsonl") if self.has_rollouts_file else None
+        return self._sibling(layout.ROLLOUTS_SUFFIX) if self.has_rollouts_file else None
 
     @property
     def aggregate_metrics_fpath(self) -> Path:
-        return self._sibling("_aggregate_metrics.json")
+        return self._sibling(layout.AGGREGATE_SUFFIX)
 
     @property
     def config_fpath(self) -> Path:
-        return self._sibling("_config.yaml")
+        return self._sibling(layout.CONFIG_SUFFIX)
 
     @property
     def acceptance_fpath(self) -> Path:
-        return self._sibling("_acceptance.json")
+        return self._sibling(layout.ACCEPTANCE_SUFFIX)
 
     @property
     def metrics_journal_fpath(self) -> Path:
-        return self._sibling("_metrics.jsonl")
+        return self._sibling(layout.JOURNAL_SUFFIX)
 
     def export_done_fpath(self, exporter: str) -> Path:
         """The version-1 receipt of a post-run export to ``exporter``."""
-        return self._sibling(f"_{check_exporter_name(exporter)}_export_done.json")
+        return self.stem.with_name(layout.receipt_name(self.stem.name, check_exporter_name(exporter)))
 
     def run_id_marker_fpath(self, exporter: str) -> Path:
         """The marker naming the backend run a live run opened."""
-        return self._sibling(f"_{check_exporter_name(exporter)}_run_id")
+        return self.stem.with_name(layout.marker_name(self.stem.name, check_exporter_name(exporter)))
 
     @property
     def identity_cache_fpath(self) -> Path:
         """A hidden file beside the run remembering its files' identities (never part of the run)."""
-        return self.stem.with_name(f".{self.stem.name}.gymart-identities.json")
+        return self.stem.with_name(layout.identity_cache_name(self.stem.name))
 
     def export_lock_fpath(self, exporter: str) -> Path:
         """The lock held while one process exports this run to ``exporter``."""
-        return self._sibling(f"_{check_exporter_name(exporter)}_export.lock")
+        return self.stem.with_name(layout.lock_name(self.stem.name, check_exporter_name(exporter)))
 
     def _top_level_files(self) -> dict[str, Path]:
         files: dict[str, Path] = {}

@@ -15,11 +15,11 @@ from typing import TYPE_CHECKING, Any
 
 from gym_artifacts.errors import RunError
 from gym_artifacts.jsonio import read_json
+from gym_artifacts.layout import SESSION_TIMES
 
 if TYPE_CHECKING:
     from gym_artifacts.run import RunArtifacts
 
-SESSION_TIMES = "session_times.json"
 
 
 @dataclass(frozen=True)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from gym_artifacts.errors import GymArtifactsError, ReceiptError
+from gym_artifacts.layout import MARKER_SUFFIX, RECEIPT_SUFFIX
 from gym_artifacts.receipts import identity_differences, read_marker, read_receipt
 from gym_artifacts.registry import discover
 from gym_artifacts.run import RunArtifacts
@@ -16,7 +17,7 @@ def exporter_states(run: RunArtifacts, identities: dict[str, str]) -> dict[str, 
     parent, prefix = run.stem.parent, run.stem.name + "_"
     if parent.is_dir():
         for p in parent.iterdir():
-            for suffix in ("_export_done.json", "_run_id"):
+            for suffix in (RECEIPT_SUFFIX, MARKER_SUFFIX):
                 if p.name.startswith(prefix) and p.name.endswith(suffix):
                     names.add(p.name[len(prefix) : -len(suffix)])
     states: dict[str, dict[str, Any]] = {}

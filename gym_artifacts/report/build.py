@@ -15,6 +15,7 @@ from typing import Any
 from gym_artifacts.atomic import atomic_write_bytes
 from gym_artifacts.identity import content_identities
 from gym_artifacts.jsonio import json_safe, parse_jsonl_line, read_json, read_line
+from gym_artifacts.layout import RECORDING, SESSION_TIMES
 from gym_artifacts.payload import (
     aggregate_metrics,
     backend_config,
@@ -57,7 +58,7 @@ def _table(headers: list[str], rows: list[list[Any]], cls: str = "") -> str:
 
 def _summary(run: RunArtifacts, identities: dict[str, str]) -> str:
     parts = [f"<p>Run <code>{_e(run.source)}</code></p>"]
-    times_fpath = run.artifacts_dpath / "session_times.json"
+    times_fpath = run.artifacts_dpath / SESSION_TIMES
     if times_fpath.is_file():
         times = read_json(times_fpath)
         if isinstance(times, dict):
@@ -229,7 +230,7 @@ def _cell(value: Any) -> Any:
 
 
 def _recording(run: RunArtifacts, dest: Path, href: str | None) -> str:
-    fpath = run.artifacts_dpath / "recording.mp4"
+    fpath = run.artifacts_dpath / RECORDING
     if not fpath.is_file():
         return _missing("No recording in this run.")
     if fpath.stat().st_size <= EMBED_VIDEO_MAX and href is None:

@@ -20,11 +20,12 @@ from pathlib import Path
 from typing import Any
 
 from gym_artifacts.atomic import atomic_write_bytes, atomic_writer
+from gym_artifacts.layout import PROFILER_TRACE
 from gym_artifacts.ranks import is_rank_zero
 
 logger = logging.getLogger(__name__)
 
-TRACE_NAME = "profile.pt.trace.json.gz"
+TRACE_NAME = PROFILER_TRACE
 SUMMARY_NAME = "profile.summary.txt"
 
 

@@ -22,19 +22,22 @@ from typing import Any
 
 from gym_artifacts.atomic import TEMP_PREFIX, atomic_write_bytes, atomic_write_json
 from gym_artifacts.identity import identity_of
+from gym_artifacts.layout import (
+    ARTIFACTS_SUFFIX,
+    DERIVED_CONFIG,
+    MANIFEST,
+    NVML_SERIES,
+    NVML_SUMMARY,
+    RECORDING,
+    SESSION_START,
+    SESSION_TIMES,
+)
 from gym_artifacts.ranks import is_rank_zero
 from gym_artifacts.runtime.nvml import NVMLSampler
 from gym_artifacts.runtime.recording import assemble_recording
 
 logger = logging.getLogger(__name__)
 
-SESSION_START = "session_start.json"
-SESSION_TIMES = "session_times.json"
-NVML_SUMMARY = "metrics_summary.json"
-NVML_SERIES = "nvml_samples.jsonl"
-DERIVED_CONFIG = "derived_config.json"
-RECORDING = "recording.mp4"
-MANIFEST = "manifest.json"
 
 
 def _now() -> dt.datetime:
@@ -60,7 +63,7 @@ def artifacts_dpath_for(experiment_id: str, output_jsonl_fpath: str | os.PathLik
         return Path(explicit)
     if output_jsonl_fpath is not None:
         stem = Path(output_jsonl_fpath).with_suffix("")
-        return stem.with_name(stem.name + "_artifacts")
+        return stem.with_name(stem.name + ARTIFACTS_SUFFIX)
     return Path("/tmp") / f"experiment-{experiment_id}"
 
 
