@@ -26,6 +26,7 @@ from gym_artifacts.config import ExporterConfig
 from gym_artifacts.exporter import ExportPlan, Sent
 from gym_artifacts.journal import repair_partial_last_line
 from gym_artifacts.jsonio import canonical_json, json_safe, read_json
+from gym_artifacts.layout import RECORDING
 from gym_artifacts.live import LiveExporter, RunStatus
 from gym_artifacts.payload import (
     aggregate_metrics,
@@ -115,7 +116,7 @@ class LocalExporter(LiveExporter):
         from gym_artifacts.report import build_report
 
         try:
-            href = "artifacts/recording.mp4" if (dpath / "artifacts" / "recording.mp4").is_file() else None
+            href = f"artifacts/{RECORDING}" if (dpath / "artifacts" / RECORDING).is_file() else None
             build_report(run, dpath / "report.html", recording_href=href)
         except Exception as exc:
             logger.warning("local: report not written: %s", exc)
