@@ -98,6 +98,9 @@ class BackgroundWorker:
     LINGER = 0.05
     POLL = 0.002
     MAX_BATCH = 1000
+    # When ``stop`` gives up while a call is inside the backend, it waits this long for that
+    # call to return, so that a batch about to land (a journal write) is not reported lost.
+    GIVE_UP_GRACE = 0.25
     FALLBACK_PROBES = 3
 
     def __init__(
@@ -130,6 +133,11 @@ class BackgroundWorker:
         self._pid = os.getpid()
         self._accepting = True  # a plain flag: cheaper on the caller's path than Event.is_set()
         self._last_busy = 0.0
+        # Accounting: the calls the worker took from the queue and has not settled yet, and
+        # whether ``stop`` gave up (then it counted them, and the worker counts nothing more).
+        self._accounting = threading.Lock()  # worker and ``stop`` only, never the caller's path
+        self._in_flight = 0
+        self._abandoned = False
         self._thread = threading.Thread(target=self._run, name=f"gym-artifacts-{name}", daemon=True)
         self._thread.start()
         _live_workers.add(self)
@@ -204,7 +212,14 @@ class BackgroundWorker:
                 break
             finished = marker.done.wait(min(0.1, self._current_deadline() - now))
         if not finished:
-            self.stats.undelivered += sum(1 for item in list(self._queue) if not isinstance(item, _Marker))
+            grace_end = time.monotonic() + self.GIVE_UP_GRACE
+            while self._in_call is not None and time.monotonic() < grace_end:
+                time.sleep(0.005)
+            with self._accounting:
+                queued = sum(1 for item in list(self._queue) if not isinstance(item, _Marker))
+                self.stats.undelivered += queued + self._in_flight
+                self._in_flight = 0
+                self._abandoned = True
         return finished
 
     @property
@@ -215,14 +230,33 @@ class BackgroundWorker:
         """In a forked child the thread is gone: drop further calls rather than hang."""
         self._accepting = False
         self._queue = deque()
+        self._accounting = threading.Lock()  # the worker may have held it at the fork
         self._wake = threading.Event()
         self._stopping = threading.Event()
 
     # -- worker side ----------------------------------------------------------------------------
+    def _take(self) -> Call | _Marker | MetricRecord:
+        """The next queue item, counted in flight (under the lock ``stop`` counts with)."""
+        with self._accounting:
+            item = self._queue.popleft()
+            if not isinstance(item, _Marker):
+                self._in_flight += 1
+            return item
+
+    def _settle(self, delivered: int = 0, failed: int = 0, undelivered: int = 0) -> None:
+        """Count the fate of calls in flight, unless ``stop`` gave up and counted them already."""
+        with self._accounting:
+            if self._abandoned:
+                return
+            self.stats.delivered += delivered
+            self.stats.failed += failed
+            self.stats.undelivered += undelivered
+            self._in_flight -= delivered + failed + undelivered
+
     def _run(self) -> None:
         while True:
             try:
-                item = self._queue.popleft()
+                item = self._take()
             except IndexError:
                 # Right after work, poll briefly instead of sleeping on the event: a caller that
                 # logs again soon then pays no wake-up (Event.set takes a lock).
@@ -255,7 +289,7 @@ class BackgroundWorker:
                     following = queue[0]
                     if not isinstance(following, Call) or following.batch is not item.batch:
                         break
-                    group.append(queue.popleft())
+                    group.append(self._take())  # type: ignore[arg-type]
                 # a lone call goes through its own function; only a run of them through ``batch``
                 self._apply(item, group if len(group) > 1 else None)
             else:
@@ -268,7 +302,7 @@ class BackgroundWorker:
         entries = [decode_record(first)]
         queue = self._queue
         while queue and len(entries) < self.MAX_BATCH and is_record(queue[0]):
-            entries.append(decode_record(queue.popleft()))  # type: ignore[arg-type]
+            entries.append(decode_record(self._take()))  # type: ignore[arg-type]
         if len(entries) == 1:
             self._deliver(sink.kind, True, 1, sink.one, *entries[0])
         else:
@@ -307,7 +341,7 @@ class BackgroundWorker:
         :meth:`_apply_one_by_one`).
         """
         if droppable and self._past_deadline():
-            self.stats.undelivered += count
+            self._settle(undelivered=count)
             return
         wait = self._backoff_until - time.monotonic()
         if wait > 0:
@@ -318,8 +352,10 @@ class BackgroundWorker:
             else:
                 time.sleep(wait)
             if droppable and self._past_deadline():
-                self.stats.undelivered += count
+                self._settle(undelivered=count)
                 return
+        if droppable and self._abandoned:
+            return  # ``stop`` gave up and counted these calls: not applied after the report
         self._in_call = kind
         try:
             fn(*args)
@@ -328,9 +364,9 @@ class BackgroundWorker:
             if singles is None:
                 self._on_failure(kind, exc, count)
             else:
-                self._apply_one_by_one(kind, singles, exc)
+                self._apply_one_by_one(kind, droppable, singles, exc)
         else:
-            self.stats.delivered += count
+            self._settle(delivered=count)
             self._progress_at = time.monotonic()
             self._in_call = None
             self._on_success()
@@ -342,7 +378,11 @@ class BackgroundWorker:
             self._backoff_until = 0.0
 
     def _apply_one_by_one(
-        self, kind: str, singles: list[tuple[Callable[..., Any], tuple[Any, ...]]], batch_error: Exception
+        self,
+        kind: str,
+        droppable: bool,
+        singles: list[tuple[Callable[..., Any], tuple[Any, ...]]],
+        batch_error: Exception,
     ) -> None:
         """A batch failed: apply its calls alone, so that one poison value loses only its call.
 
@@ -352,6 +392,8 @@ class BackgroundWorker:
         succeeded = failed = 0
         error = batch_error
         for i, (fn, args) in enumerate(singles):
+            if droppable and self._abandoned:
+                return  # ``stop`` gave up and counted these calls
             if not succeeded and failed >= self.FALLBACK_PROBES:
                 failed += len(singles) - i
                 break
@@ -366,9 +408,8 @@ class BackgroundWorker:
         if not succeeded:
             self._on_failure(kind, error, failed)
             return
-        self.stats.delivered += succeeded
+        self._settle(delivered=succeeded, failed=failed)
         if failed:  # the backend works; only these calls' values were refused
-            self.stats.failed += failed
             self.stats.failed_attempts += failed
             self.stats.last_error = self.redact(f"{type(error).__name__}: {error}".splitlines()[0][:500])
             logger.warning(
@@ -378,7 +419,7 @@ class BackgroundWorker:
         self._on_success()
 
     def _on_failure(self, kind: str, exc: Exception, count: int = 1) -> None:
-        self.stats.failed += count
+        self._settle(failed=count)
         self.stats.failed_attempts += 1
         self.stats.last_error = self.redact(f"{type(exc).__name__}: {exc}".splitlines()[0][:500])
         self._burst += 1
