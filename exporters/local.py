@@ -24,7 +24,7 @@ from gym_artifacts.atomic import atomic_write_bytes, atomic_write_json, atomic_w
 from gym_artifacts.backend import CannotCertify
 from gym_artifacts.config import ExporterConfig
 from gym_artifacts.exporter import ExportPlan, Sent
-from gym_artifacts.journal import repair_partial_last_line
+from gym_artifacts.journal import journal_line, repair_partial_last_line
 from gym_artifacts.jsonio import canonical_json, json_safe, read_json
 from gym_artifacts.layout import RECORDING
 from gym_artifacts.live import LiveExporter, RunStatus
@@ -189,8 +189,7 @@ class LocalExporter(LiveExporter):
             return 0
         with atomic_writer(dpath / "metrics.jsonl") as fh:
             for entry in iter_journal(run):
-                line = {"step": entry.step, "time": entry.time, "metrics": entry.metrics}
-                fh.write(canonical_json(line) + b"\n")
+                fh.write(journal_line(entry.metrics, entry.step, entry.time) + b"\n")
             return fh.tell()
 
     # -- live ----------------------------------------------------------------------------------
@@ -236,13 +235,13 @@ class LocalExporter(LiveExporter):
 
     def _log_metrics(self, metrics: dict[str, Any], step: int, timestamp: float) -> None:
         assert self._metrics_fh is not None
-        line = canonical_json({"step": step, "time": timestamp, "metrics": metrics})
+        line = journal_line(metrics, step, timestamp)
         self._metrics_fh.write(line + b"\n")
         self._metrics_fh.flush()
 
     def _log_metrics_batch(self, entries: list[tuple[dict[str, Any], int, float]]) -> None:
         assert self._metrics_fh is not None
-        lines = [canonical_json({"step": step, "time": ts, "metrics": m}) for m, step, ts in entries]
+        lines = [journal_line(m, step, ts) for m, step, ts in entries]
         self._metrics_fh.write(b"\n".join(lines) + b"\n")
         self._metrics_fh.flush()
 

@@ -2,22 +2,64 @@
 
 Written on its own background worker (the caller only enqueues), one complete JSON line per
 metric call, flushed after every batch, so a killed process leaves every written line readable.
-The post-run export sends it with the original steps and times.
+The post-run export sends it with the original steps and times. The line format
+(``journal_line``), the writer (``MetricsJournal``) and the reader (``iter_journal``) live here
+only; the local backend writes its copy with ``journal_line`` too.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
+import math
+import numbers
 import os
 import threading
 import time
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
-from gym_artifacts.jsonio import canonical_json
+from gym_artifacts.errors import RunError
+from gym_artifacts.jsonio import canonical_json, iter_jsonl
 from gym_artifacts.metric_records import MetricEntry, MetricRecord
+from gym_artifacts.secrets import mask_secret_named
 from gym_artifacts.worker import BackgroundWorker, Call, RecordSink
+
+if TYPE_CHECKING:
+    from gym_artifacts.run import RunArtifacts
+
+
+def journal_line(metrics: dict[str, Any], step: int | None, when: float) -> bytes:
+    """One journal line, without its newline: ``{"metrics": ..., "step": ..., "time": ...}``."""
+    return canonical_json({"step": step, "time": when, "metrics": metrics})
+
+
+@dataclass(frozen=True)
+class JournalEntry:
+    """One live ``export_metrics`` call as the journal recorded it."""
+
+    step: int | None
+    time: float
+    metrics: dict[str, Any]
+
+
+def iter_journal(run: RunArtifacts) -> Iterator[JournalEntry]:
+    """The live metrics journal's entries, in order; a malformed line names file and line."""
+    fpath = run.metrics_journal_fpath
+    if not run.has_rollouts_file or not fpath.is_file():
+        return
+    for lineno, record in iter_jsonl(fpath, "metrics journal"):
+        if not isinstance(record, dict) or not isinstance(record.get("metrics"), dict):
+            raise RunError(f"{fpath}:{lineno}: journal line must be an object with 'metrics'")
+        step = record.get("step")
+        when = record.get("time")
+        if step is not None and (not isinstance(step, int) or isinstance(step, bool)):
+            raise RunError(f"{fpath}:{lineno}: journal 'step' must be an integer")
+        if not isinstance(when, numbers.Real) or isinstance(when, bool) or not math.isfinite(when):
+            raise RunError(f"{fpath}:{lineno}: journal 'time' must be a number of seconds")
+        yield JournalEntry(step, float(when), mask_secret_named(record["metrics"]))
 
 
 def repair_partial_last_line(fpath: Path) -> None:
@@ -118,14 +160,13 @@ class MetricsJournal:
     def _write(self, metrics: dict[str, Any], step: int | None, when: float) -> None:
         if self._fh is None:
             raise RuntimeError(f"journal {self.fpath} is not open")
-        line = canonical_json({"step": step, "time": when, "metrics": metrics})
-        self._fh.write(line + b"\n")
+        self._fh.write(journal_line(metrics, step, when) + b"\n")
         self._fh.flush()  # one complete line reaches the OS per call: a kill loses none of them
 
     def _write_batch(self, entries: list[MetricEntry]) -> None:
         if self._fh is None:
             raise RuntimeError(f"journal {self.fpath} is not open")
-        lines = [canonical_json({"step": step, "time": when, "metrics": m}) for m, step, when in entries]
+        lines = [journal_line(m, step, when) for m, step, when in entries]
         self._fh.write(b"\n".join(lines) + b"\n")
         self._fh.flush()  # complete lines only, one write per batch
 

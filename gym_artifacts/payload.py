@@ -8,7 +8,6 @@ and times. Backends only map these onto their own API.
 from __future__ import annotations
 
 import contextlib
-import math
 import numbers
 import tempfile
 from collections.abc import Iterator
@@ -18,13 +17,16 @@ from typing import TYPE_CHECKING, Any
 
 from gym_artifacts.config import eval_config_only, load_yaml_config, raw_container, resolve_tolerant
 from gym_artifacts.errors import ConfigError, RunError
+
+# The journal reader lives in journal.py; backends may keep reading it from here.
+from gym_artifacts.journal import JournalEntry as JournalEntry
+from gym_artifacts.journal import iter_journal as iter_journal
 from gym_artifacts.jsonio import iter_jsonl
 from gym_artifacts.layout import DERIVED_CONFIG, NVML_SERIES, NVML_SUMMARY
 from gym_artifacts.run import agent_label
 from gym_artifacts.secrets import (
     collect_secret_values,
     keep_env_interpolations,
-    mask_secret_named,
     mask_secrets,
     remember_secrets,
 )
@@ -129,32 +131,6 @@ def aggregate_metrics(entries: list[dict[str, Any]]) -> dict[str, Scalar]:
             if level in entry and entry[level] is not None:
                 out.update(flatten(entry[level], f"{label}/{level}"))
     return out
-
-
-@dataclass(frozen=True)
-class JournalEntry:
-    """One live ``export_metrics`` call as the journal recorded it."""
-
-    step: int | None
-    time: float
-    metrics: dict[str, Any]
-
-
-def iter_journal(run: RunArtifacts) -> Iterator[JournalEntry]:
-    """The live metrics journal's entries, in order; a malformed line names file and line."""
-    fpath = run.metrics_journal_fpath
-    if not run.has_rollouts_file or not fpath.is_file():
-        return
-    for lineno, record in iter_jsonl(fpath, "metrics journal"):
-        if not isinstance(record, dict) or not isinstance(record.get("metrics"), dict):
-            raise RunError(f"{fpath}:{lineno}: journal line must be an object with 'metrics'")
-        step = record.get("step")
-        when = record.get("time")
-        if step is not None and (not isinstance(step, int) or isinstance(step, bool)):
-            raise RunError(f"{fpath}:{lineno}: journal 'step' must be an integer")
-        if not is_number(when) or isinstance(when, bool) or not math.isfinite(when):
-            raise RunError(f"{fpath}:{lineno}: journal 'time' must be a number of seconds")
-        yield JournalEntry(step, float(when), mask_secret_named(record["metrics"]))
 
 
 MASKABLE_MAX_BYTES = 16 << 20

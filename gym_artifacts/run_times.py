@@ -73,7 +73,7 @@ def _session(run: RunArtifacts) -> RunTimes | None:
 
 
 def _journal(run: RunArtifacts) -> RunTimes | None:
-    from gym_artifacts.payload import iter_journal
+    from gym_artifacts.journal import iter_journal
 
     first = last = None
     try:
