@@ -108,7 +108,7 @@ def mlflow_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
     """One real mlflow server for the whole session."""
     from tests.mlflow_server import MlflowServer, free_port
 
-    server = MlflowServer(tmp_path_factory.mktemp("mlflow-server"), free_port()).start()
+    server = MlflowServer(tmp_path_factory.mktemp("mlflow-server"), free_port()).start(timeout=180)
     yield server
     server.stop()
 

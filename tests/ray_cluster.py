@@ -17,6 +17,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -53,18 +54,18 @@ class RayCluster:
     def address(self) -> str:
         return f"127.0.0.1:{self.port}"
 
-    def _ray_start(self, *args: str, timeout: float, attempts: int = 3) -> None:
-        """``ray start ARGS``; tried again when it fails (Ray gives a node 30 s to register,
-        which a loaded 2-core machine may miss), each failed attempt's processes killed."""
-        cmd = [
-            sys.executable, "-m", "ray.scripts.scripts", "start", *args,
-            "--num-cpus", str(self.cpus_per_node), "--object-store-memory", str(OBJECT_STORE_BYTES),
-            "--node-ip-address", "127.0.0.1", "--disable-usage-stats",
-        ]  # fmt: skip
+    def _ray_start(self, make_args: Callable[[], list[str]], timeout: float, attempts: int = 3) -> None:
+        """``ray start`` with ``make_args()``, tried again when it fails (Ray gives a node 30 s to
+        register, which a loaded 2-core machine may miss), each failed attempt's processes killed."""
         env = dict(os.environ, **self.env)
         env.pop("RAY_ADDRESS", None)
         output = ""
         for attempt in range(attempts):
+            cmd = [
+                sys.executable, "-m", "ray.scripts.scripts", "start", *make_args(),
+                "--num-cpus", str(self.cpus_per_node), "--object-store-memory", str(OBJECT_STORE_BYTES),
+                "--node-ip-address", "127.0.0.1", "--disable-usage-stats",
+            ]  # fmt: skip
             log = self.temp_dir / f"ray-start-{self.nodes}-{attempt}.log"
             with open(log, "wb") as fh:
                 proc = subprocess.Popen(
@@ -80,26 +81,30 @@ class RayCluster:
                 return
             output = log.read_text(errors="replace")[-3000:]
             _kill(_descendants({pid for pid, pgid in _processes().items() if pgid == proc.pid}))
-            if "--head" in args:
-                break  # a head's port may be half taken: give up rather than guess
-        self.stop()
-        raise RuntimeError(f"ray start {' '.join(args[:2])} failed {attempt + 1} time(s): {output}")
+        raise RuntimeError(f"ray start failed {attempts} times: {output}")
 
-    def start(self, nodes: int = 1, timeout: float = 180.0) -> RayCluster:
-        """The head, then ``nodes - 1`` more nodes joining it; waits until all are up."""
-        self._ray_start(
+    def _head_args(self) -> list[str]:
+        self.port = free_port()  # a fresh port for each attempt
+        return [
             "--head", "--port", str(self.port), "--include-dashboard", "false",
             "--ray-client-server-port", str(free_port()), "--dashboard-port", str(free_port()),
             "--temp-dir", str(self.temp_dir),
-            timeout=timeout,
-        )  # fmt: skip
-        for _ in range(nodes - 1):
-            self.add_node(timeout)
+        ]  # fmt: skip
+
+    def start(self, nodes: int = 1, timeout: float = 180.0) -> RayCluster:
+        """The head, then ``nodes - 1`` more nodes joining it; waits until all are up."""
+        try:
+            self._ray_start(self._head_args, timeout)
+            for _ in range(nodes - 1):
+                self.add_node(timeout)
+        except BaseException:
+            self.stop()
+            raise
         return self
 
     def add_node(self, timeout: float = 180.0) -> None:
         """One more node joining the head, as ``ray start --address`` on another machine would."""
-        self._ray_start("--address", self.address, timeout=timeout)
+        self._ray_start(lambda: ["--address", self.address], timeout)
         self.wait_for_nodes(self.nodes, timeout)
 
     def wait_for_nodes(self, count: int, timeout: float) -> None:

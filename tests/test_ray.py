@@ -158,21 +158,58 @@ def test_two_drivers_export_the_same_runs_at_once_exactly_once(
     assert_once_each(mlflow_server, experiment, runs)
 
 
-KILLED_DRIVER = textwrap.dedent(
+HOOKED_DRIVER = textwrap.dedent(
     """
     import json, sys
     import ray
     from gym_artifacts.executor import export_runs
-    address, flag, repo, runs, overrides, retries = json.loads(sys.argv[1])
-    ray.init(address=address, logging_level="ERROR", runtime_env={
-        "worker_process_setup_hook": "tests.ray_hooks.die_once_before_mlflow_terminate",
-        "env_vars": {"GA_TEST_DIE_FLAG": flag, "PYTHONPATH": repo},
-    })
+    address, hook, env_vars, runs, overrides, retries = json.loads(sys.argv[1])
+    ray.init(address=address, logging_level="ERROR",
+             runtime_env={"worker_process_setup_hook": hook, "env_vars": env_vars})
     out = export_runs(runs, overrides=overrides, exporters=["local", "mlflow"], executor="ray",
                       ray_retries=retries)
     print(json.dumps([r.to_json() for r in out]))
     """
 )
+
+
+def hooked_driver(
+    cluster: RayCluster,
+    hook: str,
+    env_vars: dict[str, str],
+    runs: list[Path],
+    overrides: list[str],
+    retries: int,
+) -> subprocess.Popen[str]:
+    """A driver whose Ray workers run ``hook`` (tests/ray_hooks.py) before any task."""
+    payload = json.dumps([cluster.address, f"tests.ray_hooks.{hook}", {**env_vars, "PYTHONPATH": str(REPO)},
+                          list(map(str, runs)), overrides, retries])  # fmt: skip
+    return subprocess.Popen([sys.executable, "-c", HOOKED_DRIVER, payload], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=driver_env(cluster))  # fmt: skip
+
+
+def driver_results(proc: subprocess.Popen[str], timeout: float = 300) -> list[dict[str, Any]]:
+    out, err = proc.communicate(timeout=timeout)
+    assert proc.returncode == 0, err[-3000:]
+    return [r for run in json.loads(out.strip().splitlines()[-1]) for r in run]
+
+
+def test_without_file_locks_two_drivers_still_export_exactly_once(
+    ray_cluster: RayCluster, tmp_path: Path, mlflow_server: MlflowServer
+) -> None:
+    """As on a network filesystem that does not honour locks: the backends' guards alone."""
+    runs = make_sweep(tmp_path / "runs", 10)
+    experiment = "no-file-locks"
+    overrides = [f"exporters.local.root={tmp_path / 'store'}", f"exporters.mlflow.tracking_uri={mlflow_server.uri}",
+                 f"exporters.mlflow.experiment_name={experiment}"]  # fmt: skip
+    drivers = [hooked_driver(ray_cluster, "no_file_locks", {}, runs, overrides, 2) for _ in range(2)]
+    first, second = (driver_results(d) for d in drivers)
+    for a, b in zip(first, second, strict=True):
+        assert a["status"] != "FAILED" and b["status"] != "FAILED", (a, b)
+        assert a["backend_run_id"] == b["backend_run_id"], (a, b)
+    assert len(list((tmp_path / "store" / "default").iterdir())) == 10
+    assert len(receipts(runs)) == 20
+    assert_once_each(mlflow_server, experiment, runs)
 
 
 @pytest.mark.parametrize("retries", [0, 2])
@@ -184,14 +221,10 @@ def test_a_worker_killed_mid_export_is_retried_or_failed_and_a_rerun_converges(
     flag = tmp_path / "died"
     overrides = [f"exporters.local.root={tmp_path / 'store'}", f"exporters.mlflow.tracking_uri={mlflow_server.uri}",
                  f"exporters.mlflow.experiment_name={experiment}"]  # fmt: skip
-    payload = json.dumps(
-        [ray_cluster.address, str(flag), str(REPO), list(map(str, runs)), overrides, retries]
-    )
-    proc = subprocess.run([sys.executable, "-c", KILLED_DRIVER, payload], capture_output=True, text=True,
-                          timeout=300, env=driver_env(ray_cluster), cwd=tmp_path)  # fmt: skip
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    proc = hooked_driver(ray_cluster, "die_once_before_mlflow_terminate", {"GA_TEST_DIE_FLAG": str(flag)},
+                         runs, overrides, retries)  # fmt: skip
+    results = driver_results(proc)
     assert flag.is_file(), "no worker was killed"
-    results = [r for run in json.loads(proc.stdout.splitlines()[-1]) for r in run]
     mlflow_results = [r for r in results if r["exporter"] == "mlflow"]
     failed = [r for r in mlflow_results if r["status"] == "FAILED"]
     if retries:  # Ray ran the task again on a fresh worker: it found the run by its identity
