@@ -15,8 +15,9 @@ import logging
 import mimetypes
 import os
 import posixpath
+import threading
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -27,20 +28,83 @@ IDENTITY_TAG = "gym_artifacts.identity"
 logger = logging.getLogger(__name__)
 
 
+CONNECT_TIMEOUT = 10.0  # a server that does not even accept the connection is not waited for
+
+
+class DeadlinePassed(Exception):
+    """The overall time allowed for one backend's export ran out."""
+
+
 @dataclass(frozen=True)
 class RequestLimits:
-    """How long one request may take and how often it is retried."""
+    """How long one request may take, how often it is retried, and the overall deadline.
+
+    ``deadline`` (seconds, from when the client is made) bounds every request together,
+    retries included, whatever the server does: one that never answers or drips a byte at a
+    time (no read timeout ever fires) ends in DeadlinePassed. None: no overall deadline.
+    """
 
     timeout: float
     retries: int
     backoff: float = 1.0
+    deadline: float | None = None
+
+
+class Deadline:
+    """When a client's requests must have ended, and the request runner that keeps to it."""
+
+    def __init__(self, seconds: float | None) -> None:
+        self.seconds = seconds
+        self.at = None if seconds is None else time.monotonic() + seconds
+
+    def remaining(self) -> float | None:
+        if self.at is None:
+            return None
+        left = self.at - time.monotonic()
+        if left <= 0:
+            raise DeadlinePassed(f"export deadline of {self.seconds:g} s passed (server not answering)")
+        return left
+
+    def timeout(self, per_request: float) -> tuple[float, float]:
+        """(connect, read) timeouts for the next request: within both limits."""
+        left = self.remaining()
+        read = per_request if left is None else min(per_request, left)
+        return min(CONNECT_TIMEOUT, read), read
+
+    def run(self, fn: Callable[[], Any]) -> Any:
+        """``fn()``, or DeadlinePassed once the deadline passes while it still runs.
+
+        The request runs on a daemon thread: a server that drips bytes keeps every read
+        timeout from firing, so only leaving the thread behind bounds the wait.
+        """
+        left = self.remaining()
+        if left is None:
+            return fn()
+        outcome: dict[str, Any] = {}
+
+        def target() -> None:
+            try:
+                outcome["value"] = fn()
+            except BaseException as exc:  # handed to the caller's thread below
+                outcome["error"] = exc
+
+        thread = threading.Thread(target=target, name="gym-artifacts-mlflow-request", daemon=True)
+        thread.start()
+        thread.join(left)
+        if thread.is_alive():
+            raise DeadlinePassed(f"export deadline of {self.seconds:g} s passed (server not answering)")
+        if "error" in outcome:
+            raise outcome["error"]
+        return outcome["value"]
 
 
 def _is_rest(uri: str) -> bool:
     return uri.startswith(("http://", "https://"))
 
 
-def _scoped_rest_store(tracking_uri: str, token: str | None, limits: RequestLimits) -> Any:
+def _scoped_rest_store(
+    tracking_uri: str, token: str | None, limits: RequestLimits, deadline: Deadline
+) -> Any:
     from mlflow.store.tracking.rest_store import RestStore
     from mlflow.utils.proto_json_utils import parse_dict
     from mlflow.utils.rest_utils import MlflowHostCreds, http_request, verify_rest_response
@@ -64,14 +128,16 @@ def _scoped_rest_store(tracking_uri: str, token: str | None, limits: RequestLimi
             response_proto = response_proto or api.Response()
             body = json.loads(json_body) if json_body is not None else None
             payload = {"params": body} if method == "GET" else {"json": body}
-            response = http_request(
-                self.get_host_creds(),
-                endpoint,
-                method,
-                max_retries=limits.retries,
-                backoff_factor=limits.backoff if limits.retries else 0,
-                timeout=limits.timeout,
-                **payload,
+            response = deadline.run(
+                lambda: http_request(
+                    self.get_host_creds(),
+                    endpoint,
+                    method,
+                    max_retries=limits.retries,
+                    backoff_factor=limits.backoff if limits.retries else 0,
+                    timeout=deadline.timeout(limits.timeout),
+                    **payload,
+                )
             )
             response = verify_rest_response(response, endpoint)
             if response.status_code == 204 or not response.text.strip():
@@ -91,12 +157,13 @@ class ScopedMlflow:
         self.tracking_uri = tracking_uri
         self.token = token
         self.limits = limits
+        self.deadline = Deadline(limits.deadline)
         self._artifact_uris: dict[str, str] = {}
         self.client = MlflowClient(tracking_uri=tracking_uri)
         if _is_rest(tracking_uri):
             from mlflow.tracking._tracking_service.client import TrackingServiceClient
 
-            store = _scoped_rest_store(tracking_uri, token, limits)
+            store = _scoped_rest_store(tracking_uri, token, limits, self.deadline)
 
             class ScopedTrackingClient(TrackingServiceClient):  # type: ignore[misc]
                 @property
@@ -238,16 +305,20 @@ class ScopedMlflow:
         for attempt in range(self.limits.retries + 1):
             try:
                 with open(local_path, "rb") as fh:  # reopened per attempt: a retried body is whole
-                    response = http_request(
-                        creds, endpoint, "PUT", data=fh, extra_headers={"Content-Type": mime},
-                        max_retries=0, timeout=self.limits.timeout,
+                    response = self.deadline.run(
+                        lambda fh=fh: http_request(  # type: ignore[misc]
+                            creds, endpoint, "PUT", data=fh, extra_headers={"Content-Type": mime},
+                            max_retries=0, timeout=self.deadline.timeout(self.limits.timeout),
+                        )
                     )  # fmt: skip
                 augmented_raise_for_status(response)
                 return
+            except DeadlinePassed:
+                raise
             except Exception:
                 if attempt == self.limits.retries:
                     raise
-                time.sleep(self.limits.backoff * (2**attempt))
+                time.sleep(min(self.limits.backoff * (2**attempt), self.deadline.remaining() or float("inf")))
 
 
 def _batches(items: Sequence[Any], size: int) -> Iterable[Sequence[Any]]:

@@ -43,7 +43,7 @@ from gym_artifacts.run import RunArtifacts
 from gym_artifacts.run_times import run_times
 from gym_artifacts.spool import RolloutSpool
 
-from ._mlflow_client import IDENTITY_TAG, RequestLimits, ScopedMlflow, file_mtime_ms
+from ._mlflow_client import IDENTITY_TAG, DeadlinePassed, RequestLimits, ScopedMlflow, file_mtime_ms
 from ._mlflow_mapping import config_params, split_metrics, tag_value
 from ._mlflow_traces import log_rollout_traces
 from ._rollouts import iter_rollouts
@@ -72,6 +72,9 @@ class MlflowSettings(ExporterConfig):
     live_request_retries: int = Field(default=0, ge=0, le=10)
     export_request_timeout: float = Field(default=120.0, gt=0, le=3600)
     export_request_retries: int = Field(default=5, ge=0, le=20)
+    # The whole post-run export to an MLflow server (every request and retry) ends within this
+    # many seconds, FAILED when the server does not answer (a black hole, a byte at a time).
+    export_deadline: float = Field(default=600.0, gt=0, le=24 * 3600)
     # Every rollout also as an MLflow trace with its verdicts as feedback (off by default: one
     # request per rollout; figures in BENCHMARKS.md).
     log_traces: bool = False
@@ -102,14 +105,18 @@ class MlflowExporter(LiveExporter):
         import requests
         from mlflow.exceptions import MlflowException
 
-        return (*super().expected_errors(), MlflowException, requests.RequestException, ValueError)
+        return (
+            *super().expected_errors(), MlflowException, requests.RequestException, ValueError, DeadlinePassed
+        )
 
     def _client(self, *, live: bool) -> ScopedMlflow:
         s = self.settings
         limits = (
             RequestLimits(s.live_request_timeout, s.live_request_retries, backoff=0.5)
             if live
-            else RequestLimits(s.export_request_timeout, s.export_request_retries, backoff=1.0)
+            else RequestLimits(
+                s.export_request_timeout, s.export_request_retries, backoff=1.0, deadline=s.export_deadline
+            )
         )
         token = s.tracking_token.get_secret_value() if s.tracking_token else None
         return ScopedMlflow(s.tracking_uri, token, limits)

@@ -110,3 +110,56 @@ def http_fault(fault: HttpFault) -> Iterator[tuple[str, HttpFault]]:
     finally:
         server.shutdown()
         server.server_close()
+
+
+@dataclass
+class DripServer:
+    """Answers every request with a 200 whose body arrives one byte every ``interval`` seconds,
+    forever: no read timeout ever fires, only an overall deadline ends the client's wait."""
+
+    sock: socket.socket
+    interval: float = 1.0
+    requests: int = 0
+    stopped: threading.Event = field(default_factory=threading.Event)
+
+    @property
+    def uri(self) -> str:
+        return f"http://127.0.0.1:{self.sock.getsockname()[1]}"
+
+    def serve(self) -> None:
+        self.sock.settimeout(0.2)
+        while not self.stopped.is_set():
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                continue
+            threading.Thread(target=self._drip, args=(conn,), daemon=True).start()
+
+    def _drip(self, conn: socket.socket) -> None:
+        with contextlib.suppress(OSError), conn:
+            conn.settimeout(0.5)
+            with contextlib.suppress(OSError):
+                conn.recv(65536)
+            self.requests += 1
+            conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 100000000\r\n\r\n")
+            while not self.stopped.wait(self.interval):
+                conn.sendall(b" ")
+
+    def close(self) -> None:
+        self.stopped.set()
+        self.sock.close()
+
+
+@contextlib.contextmanager
+def drip_server(interval: float = 1.0) -> Iterator[DripServer]:
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(64)
+    server = DripServer(sock, interval)
+    thread = threading.Thread(target=server.serve, daemon=True)
+    thread.start()
+    try:
+        yield server
+    finally:
+        server.close()
+        thread.join(2)
