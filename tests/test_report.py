@@ -63,8 +63,9 @@ def test_quickstart_report(browser: Any, quickstart_run: Path, tmp_path: Path) -
     assert opened.requests[0] == report.as_uri()
     # every chart has drawn data
     charts = page.eval_on_selector_all(
-        "svg.chart",
-        "els => els.map(e => ({n: +e.dataset.points, drawn: e.querySelectorAll('polyline[points]:not([points=\"\"]), rect.bar').length}))",
+        "div.chart",
+        "els => els.map(e => ({n: +e.dataset.points, "
+        "drawn: e.querySelectorAll('[id*=\"-series-\"] > path, [id*=\"-bar-\"] > path').length}))",
     )
     assert len(charts) >= 3 and all(c["n"] > 0 and c["drawn"] > 0 for c in charts), charts
     # the recording's metadata loads
@@ -133,7 +134,7 @@ def test_missing_pieces_are_said_plainly(browser: Any, quickstart_run: Path, tmp
     assert "No recording in this run." in page.inner_text("#recording")
     assert "No GPU samples were recorded" in page.inner_text("#gpu")
     assert "No step metrics were logged live" in page.inner_text("#steps")
-    assert page.locator("svg.chart").count() == 0  # no empty charts
+    assert page.locator("div.chart").count() == 0  # no empty charts
     page.close()
 
 
@@ -148,7 +149,7 @@ def test_gpu_series_are_drawn(browser: Any, quickstart_run: Path, tmp_path: Path
     opened = open_report(browser, build_report(quickstart_run, tmp_path / "gpu.html"))
     gpu = opened.page.inner_text("#gpu")
     assert "GPU 0" in gpu and "GPU 1" in gpu and "peak_vram_gb" in gpu
-    assert opened.page.locator("#gpu svg.chart").count() == 6
+    assert opened.page.locator("#gpu div.chart").count() == 6
     opened.page.close()
 
 
@@ -164,3 +165,45 @@ def test_local_backend_writes_the_report_and_cli_report(
     assert "http://" not in page.replace("http://127.0.0.1:8000", "") and "https://" not in page
     assert main(["report", str(quickstart_run), "-o", str(tmp_path / "r.html")]) == 0
     assert Path(capsys.readouterr().out.strip()) == tmp_path / "r.html"
+
+
+def test_recording_plays_at_its_own_size(browser: Any, quickstart_run: Path, tmp_path: Path) -> None:
+    from tests.media import write_dash_chunks
+
+    chunks = write_dash_chunks(tmp_path / "rec", frames=10, fps=10, width=320, height=240)
+    with open(quickstart_run.with_name("eval_artifacts") / "recording.mp4", "wb") as out:
+        out.write((tmp_path / "rec" / "init.mp4").read_bytes())
+        for chunk in chunks:
+            out.write(chunk.read_bytes())
+    opened = open_report(browser, build_report(quickstart_run, tmp_path / "rec.html"))
+    size = opened.page.evaluate(
+        """() => new Promise(resolve => {
+            const v = document.getElementById('recording-video');
+            const done = () => setTimeout(() => resolve([v.videoWidth, v.videoHeight, v.clientWidth, v.clientHeight]), 50);
+            if (v.readyState >= 1) done(); else v.addEventListener('loadedmetadata', done);
+            setTimeout(() => resolve(null), 15000);
+        })"""
+    )
+    assert size == [320, 240, 320, 240]
+    assert "320 x 240 px" in opened.page.inner_text("#recording")
+    opened.page.close()
+
+
+def test_trace_only_profile_shows_top_operations(browser: Any, reactor_fixture, tmp_path: Path) -> None:
+    folder = reactor_fixture("no-gpu")
+    (folder / "profile.summary.txt").unlink()
+    opened = open_report(browser, build_report(folder, tmp_path / "trace.html"))
+    text = opened.page.inner_text("#profile")
+    assert "From the trace" in text
+    rows = opened.page.locator("#profile table tbody tr").count()
+    assert 1 <= rows <= 15
+    assert "aten::" in text or "chunk_" in text
+    opened.page.close()
+
+
+def test_aggregate_table_has_one_column_per_agent(browser: Any, quickstart_run: Path, tmp_path: Path) -> None:
+    opened = open_report(browser, build_report(quickstart_run, tmp_path / "agg.html"))
+    headers = opened.page.locator("#aggregate table thead th").all_inner_texts()
+    agents = [e["agent_ref"]["name"] for e in json.loads(quickstart_run.with_name("eval_aggregate_metrics.json").read_text())]
+    assert headers == ["level", "metric", *agents]
+    opened.page.close()

@@ -88,21 +88,26 @@ def _summary(run: RunArtifacts, identities: dict[str, str]) -> str:
 
 
 def _aggregate(run: RunArtifacts) -> str:
+    """A table with one row per (level, metric) and one column per agent."""
     if not run.has_rollouts_file or not run.aggregate_metrics_fpath.is_file():
         return _missing("No aggregate metrics: the run has no aggregate metrics file.")
     entries = run.read_aggregate_metrics()
-    rows = []
+    agents: list[str] = []
+    cells: dict[tuple[str, str], dict[str, Any]] = {}
     for key, value in aggregate_metrics(entries).items():
         agent, _, rest = key.partition("/")
         level, _, name = rest.partition("/")
-        rows.append([agent, level, name, f"{value:.6g}" if isinstance(value, float) else value])
+        if agent not in agents:
+            agents.append(agent)
+        cells.setdefault((level, name), {})[agent] = f"{value:.6g}" if isinstance(value, float) else value
+    rows = [[level, name, *(row.get(a, "") for a in agents)] for (level, name), row in cells.items()]
     failed = [e for e in entries if e.get("aggregation_error")]
     note = (
         _missing(f"{len(failed)} agent(s) failed to aggregate: {failed[0]['aggregation_error']}")
         if failed
         else ""
     )
-    return note + _table(["agent", "level", "metric", "value"], rows, "aggregate")
+    return note + _table(["level", "metric", *agents], rows, "aggregate")
 
 
 def _steps(run: RunArtifacts) -> str:
@@ -237,14 +242,31 @@ def _recording(run: RunArtifacts, dest: Path, href: str | None) -> str:
         src = "data:video/mp4;base64," + base64.b64encode(fpath.read_bytes()).decode()
     else:
         src = href or os.path.relpath(fpath, dest.parent)
-    return f'<video id="recording-video" controls preload="metadata" src="{_e(src)}"></video>'
+    # the page's script sizes the video to its own width and height once they are known
+    return (
+        f'<video id="recording-video" controls preload="metadata" src="{_e(src)}"></video>'
+        '<p id="recording-size" class="note"></p>'
+    )
+
+
+TOP_OPERATIONS = 15
+TRACE_MAX_BYTES = 64 << 20  # a bigger (compressed) trace is not parsed for the report
 
 
 def _profile(run: RunArtifacts) -> str:
+    """The profiler's top operations: from its summary table, else from the trace itself."""
     fpath = run.artifacts_dpath / "profile.summary.txt"
-    if not fpath.is_file():
-        return _missing("No profiler summary in this run.")
-    lines = fpath.read_text(errors="replace").splitlines()
+    if fpath.is_file():
+        table = _summary_table(fpath.read_text(errors="replace").splitlines())
+        if table:
+            return table
+    trace = run.artifacts_dpath / "profile.pt.trace.json.gz"
+    if trace.is_file():
+        return _trace_table(trace)
+    return _missing("No profiler summary or trace in this run.")
+
+
+def _summary_table(lines: list[str]) -> str:
     rows: list[list[str]] = []
     header: list[str] | None = None
     for line in lines:
@@ -256,8 +278,36 @@ def _profile(run: RunArtifacts) -> str:
             if len(cells) == len(header):
                 rows.append(cells)
     if not header or not rows:
-        return f"<pre>{_e(chr(10).join(lines[:40]))}</pre>"
-    return _table(header, rows[:15], "profile")
+        return f"<pre>{_e(chr(10).join(lines[:40]))}</pre>" if any(x.strip() for x in lines) else ""
+    return _table(header, rows[:TOP_OPERATIONS], "profile")
+
+
+def _trace_table(trace: Path) -> str:
+    """Top operations by total time, from the chrome trace's complete (``X``) events."""
+    import gzip
+
+    if trace.stat().st_size > TRACE_MAX_BYTES:
+        return _missing(f"The profiler trace is over {TRACE_MAX_BYTES >> 20} MB; open it in a trace viewer.")
+    try:
+        with gzip.open(trace, "rb") as fh:
+            data = json.load(fh)
+        events = data["traceEvents"] if isinstance(data, dict) else data
+    except (OSError, ValueError, KeyError, EOFError) as exc:
+        return _missing(f"The profiler trace cannot be read: {exc}")
+    totals: dict[tuple[str, str], list[float]] = {}
+    for ev in events if isinstance(events, list) else []:
+        if not isinstance(ev, dict) or ev.get("ph") != "X" or not isinstance(ev.get("dur"), int | float):
+            continue
+        acc = totals.setdefault((str(ev.get("name")), str(ev.get("cat") or "")), [0.0, 0])
+        acc[0] += float(ev["dur"])
+        acc[1] += 1
+    if not totals:
+        return _missing("The profiler trace holds no timed operations.")
+    top = sorted(totals.items(), key=lambda kv: -kv[1][0])[:TOP_OPERATIONS]
+    rows = [[name, cat, int(n), f"{total / 1000:.3f}", f"{total / n:.1f}"] for (name, cat), (total, n) in top]
+    return "<p>From the trace (no summary table in this run).</p>" + _table(
+        ["operation", "category", "calls", "total (ms)", "mean (us)"], rows, "profile"
+    )
 
 
 def build_report(

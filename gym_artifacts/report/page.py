@@ -21,18 +21,28 @@ code, pre { font-family: ui-monospace, SFMono-Regular, Menlo, monospace; font-si
 pre.config { background: #f3f4f6; padding: 8px; max-height: 360px; overflow: auto; }
 .missing { color: #92400e; background: #fffbeb; border: 1px solid #fde68a; padding: 6px 10px; border-radius: 6px; }
 .charts { display: flex; flex-wrap: wrap; gap: 12px; }
-svg.chart { background: #fff; border: 1px solid #e5e7eb; border-radius: 6px; }
-svg .grid { stroke: #f1f5f9; } svg .frame { fill: none; stroke: #9ca3af; }
-svg .tick { font-size: 10px; fill: #6b7280; } svg .axis-label { font-size: 11px; fill: #374151; }
-svg .chart-title { font-size: 12px; font-weight: 600; fill: #111827; } svg .legend { font-size: 10px; }
-svg .bar { fill: #2563eb; opacity: 0.8; }
+div.chart { background: #fff; border: 1px solid #e5e7eb; border-radius: 6px; }
+div.chart svg { display: block; font-family: system-ui, sans-serif; }
 .table-controls { margin: 8px 0; } .table-controls input { padding: 4px 8px; width: 320px; }
-video { max-width: 100%; background: #000; border-radius: 6px; }
+video { background: #000; border-radius: 6px; } .note { color: #6b7280; font-size: 12px; }
 """
 
 SCRIPT = r"""
 (function () {
   "use strict";
+  var video = document.getElementById("recording-video");
+  if (video) {
+    var sized = function () {  // play at the recording's own size, not a stretched box
+      if (!video.videoWidth) return;
+      video.width = video.videoWidth;
+      video.height = video.videoHeight;
+      var size = document.getElementById("recording-size");
+      if (size) size.textContent = video.videoWidth + " x " + video.videoHeight + " px, " +
+        (isFinite(video.duration) ? video.duration.toFixed(1) + " s" : "");
+    };
+    video.addEventListener("loadedmetadata", sized);
+    sized();
+  }
   var PAGE = 50;
   var source = document.getElementById("rollout-data");
   var data = source ? JSON.parse(source.textContent) : null;
