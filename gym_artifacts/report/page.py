@@ -1,8 +1,16 @@
-"""The report's markup: one HTML file with its styles and its one small script inline."""
+"""The report's markup: one HTML file with its styles and its one small script inline.
+
+A large run's rollout rows are embedded gzip-compressed (base64) and unpacked by the browser's
+own DecompressionStream: the page stays one offline file, a fraction of the rows' JSON size.
+"""
 
 from __future__ import annotations
 
+import base64
+import gzip
 import html
+
+PACK_ABOVE_BYTES = 256 << 10  # rows JSON larger than this is embedded compressed
 
 STYLE = """
 body { font: 14px/1.45 system-ui, -apple-system, "Segoe UI", sans-serif; margin: 0; color: #111827; background: #f9fafb; }
@@ -44,8 +52,19 @@ SCRIPT = r"""
     sized();
   }
   var PAGE = 50;
-  var source = document.getElementById("rollout-data");
-  var data = source ? JSON.parse(source.textContent) : null;
+  // Rows come as JSON, or (large runs) as gzip in base64, unpacked here without any request.
+  function loadRows() {
+    var packed = document.getElementById("rollout-data-gz");
+    if (!packed) {
+      var source = document.getElementById("rollout-data");
+      return Promise.resolve(source ? JSON.parse(source.textContent) : null);
+    }
+    var text = atob(packed.textContent.trim()), bytes = new Uint8Array(text.length);
+    for (var i = 0; i < text.length; i++) bytes[i] = text.charCodeAt(i);
+    var stream = new Blob([bytes]).stream().pipeThrough(new DecompressionStream("gzip"));
+    return new Response(stream).text().then(JSON.parse);
+  }
+  loadRows().then(function (data) {
   var table = document.getElementById("rollout-table");
   if (data && table) {
     var rows = data.rows, columns = data.columns, order = rows.map(function (_, i) { return i; });
@@ -105,6 +124,10 @@ SCRIPT = r"""
   }
   window.__reportReadyMs = performance.now();
   document.body.dataset.ready = "1";
+  }).catch(function (error) {
+    console.error("rollout rows could not be read: " + error);
+    document.body.dataset.ready = "1";
+  });
 })();
 """
 
@@ -116,11 +139,12 @@ def render_page(*, title: str, sections: list[tuple[str, str, str]], rollouts_js
         f'<section id="{sid}"><h2>{html.escape(name)}</h2>{content}</section>'
         for sid, name, content in sections
     )
-    data = (
-        f'<script type="application/json" id="rollout-data">{rollouts_json}</script>'
-        if rollouts_json != "null"
-        else ""
-    )
+    data = ""
+    if rollouts_json != "null" and len(rollouts_json) > PACK_ABOVE_BYTES:
+        packed = base64.b64encode(gzip.compress(rollouts_json.encode("utf-8"), 6, mtime=0)).decode()
+        data = f'<script type="application/octet-stream" id="rollout-data-gz">{packed}</script>'
+    elif rollouts_json != "null":
+        data = f'<script type="application/json" id="rollout-data">{rollouts_json}</script>'
     return (
         '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
         '<meta name="viewport" content="width=device-width, initial-scale=1">'
