@@ -6,6 +6,9 @@ Writes ``eval.jsonl`` (300 rollouts), ``eval_aggregate_metrics.json`` (NeMo Gym 
 ``eval_config.yaml`` (with an ``${oc.env:...}`` secret), ``eval_metrics.jsonl`` (a live journal)
 and ``eval_artifacts/`` (session times, NVML summary, a gzip profiler trace, a recording).
 Deterministic except the recording's encoder metadata.
+
+Needs PyAV and numpy for the recording: ``pip install -e '.[recording,test]'`` (or ``pip install
+av numpy``); without them it says so and stops before writing anything.
 """
 
 from __future__ import annotations
@@ -18,6 +21,12 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent.parent))
+
+try:
+    import av  # noqa: F401
+    import numpy  # noqa: F401
+except ImportError as exc:  # say what is missing instead of a traceback from the middle of a run
+    sys.exit(f"make_run.py needs PyAV and numpy for the recording ({exc}): pip install av numpy")
 
 from tests.media import write_recording  # noqa: E402
 
