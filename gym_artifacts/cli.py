@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     from gym_artifacts.executor import RunResults
 
 from gym_artifacts.flags import PARTIAL_OVERRIDE_FLAG, STALE_OVERRIDE_FLAG
+from gym_artifacts.progress import human_bytes
 from gym_artifacts.secrets import install_log_redaction
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
@@ -273,15 +274,6 @@ def _print_results(outputs: Sequence[RunResults], ns: argparse.Namespace) -> Non
         print(format_results_table(results))
 
 
-def _human_bytes(n: int) -> str:
-    size = float(n)
-    for unit in ("B", "KB", "MB", "GB"):
-        if size < 1024 or unit == "GB":
-            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
-        size /= 1024
-    return f"{n} B"
-
-
 def format_table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
     """A plain text table, columns padded to their widest cell."""
     widths = [len(h) for h in headers]
@@ -313,7 +305,7 @@ def format_results_table(results: Sequence[dict[str, Any]]) -> str:
             r["status"],
             r["backend_run_id"] or "-",
             str(r["rows"]),
-            _human_bytes(r["bytes"]),
+            human_bytes(r["bytes"]),
             f"{r['seconds']:.2f}",
             r["reason"] or "",
         ]

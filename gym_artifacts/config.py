@@ -13,14 +13,8 @@ from typing import Any, TypeVar
 
 from pydantic import BaseModel, ConfigDict, TypeAdapter, ValidationError, field_validator
 
-from gym_artifacts.errors import ConfigError, RunError
-from gym_artifacts.jsonio import (
-    YamlTooLarge,
-    load_yaml_text,
-    read_regular_bytes,
-    yaml_error_message,
-    yaml_refusal,
-)
+from gym_artifacts.errors import ConfigError, RunError, first_validation_error
+from gym_artifacts.jsonio import read_yaml
 
 DEFAULT_CONFIG_NAME = "default.yaml"
 
@@ -105,25 +99,15 @@ def parse_flag(value: Any, key: str) -> bool:
 
 
 def load_yaml_config(fpath: Path | str) -> Any:
-    """A DictConfig from a YAML file; errors name the file and line."""
-    import yaml
-
+    """A DictConfig from a YAML file; errors name the file and line (the run's YAML reader's)."""
     oc = _omegaconf()
     fpath = Path(fpath)
     if not fpath.exists():
         raise ConfigError(f"{fpath}: config file not found")
     try:
-        text = read_regular_bytes(fpath, "config").decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise ConfigError(f"{fpath}: config is not valid UTF-8 (byte {exc.start})") from exc
+        data = read_yaml(fpath, "config")
     except RunError as exc:
         raise ConfigError(str(exc)) from exc
-    try:
-        data = load_yaml_text(text)
-    except yaml.YAMLError as exc:
-        raise ConfigError(yaml_error_message(fpath, exc)) from exc
-    except (YamlTooLarge, RecursionError) as exc:
-        raise ConfigError(f"{fpath}: invalid YAML: {yaml_refusal(exc)}") from exc
     if data is None:
         data = {}
     if not isinstance(data, dict):
@@ -271,10 +255,8 @@ def validate_settings(model: type[SettingsT], section: dict[str, Any], name: str
     try:
         return model.model_validate(section)
     except ValidationError as exc:
-        err = exc.errors()[0]
-        loc = ".".join(str(p) for p in err["loc"])
-        msg = err["msg"]
-        if err["type"] == "extra_forbidden":
+        loc, msg, kind = first_validation_error(exc)
+        if kind == "extra_forbidden":
             known = ", ".join(sorted(model.model_fields))
             msg = f"unknown setting (known: {known})"
         raise ConfigError(f"exporters.{name}.{loc}: {msg}") from exc

@@ -2,6 +2,14 @@
 
 from __future__ import annotations
 
+from typing import Any
+
+
+def first_validation_error(exc: Any) -> tuple[str, str, str]:
+    """A pydantic ValidationError's first problem: ``(dotted location, message, error type)``."""
+    err = exc.errors()[0]
+    return ".".join(str(p) for p in err["loc"]), err["msg"], err["type"]
+
 
 class GymArtifactsError(Exception):
     """Base of every error this package raises on bad input (never for a bug)."""

@@ -244,7 +244,8 @@ def content_identities(
     return identities
 
 
-def _stat_key(st: os.stat_result) -> list[int]:
+def stat_key(st: os.stat_result) -> list[int]:
+    """What says a file is unchanged since it was last looked at: device, inode, size, mtime, ctime."""
     return [st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns]
 
 
@@ -278,7 +279,7 @@ class IdentityCache:
     def lookup(self, name: str, st: os.stat_result) -> tuple[str, int | None] | None:
         """(identity, record count or None) when the file is unchanged since it was hashed."""
         entry = self.entries.get(name)
-        if not isinstance(entry, dict) or entry.get("key") != _stat_key(st):
+        if not isinstance(entry, dict) or entry.get("key") != stat_key(st):
             return None
         identity, records = entry.get("identity"), entry.get("records")
         if not isinstance(identity, str):
@@ -293,8 +294,8 @@ class IdentityCache:
         identity: str,
         records: int | None = None,
     ) -> None:
-        key = _stat_key(before)
-        if key != _stat_key(after) or time.time_ns() - before.st_mtime_ns < self.RACY_NS:
+        key = stat_key(before)
+        if key != stat_key(after) or time.time_ns() - before.st_mtime_ns < self.RACY_NS:
             self.entries.pop(name, None)
             self.dirty = True
             return

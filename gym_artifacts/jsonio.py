@@ -267,15 +267,15 @@ def load_yaml_text(text: str) -> Any:
         loader.dispose()
 
 
-def read_yaml(fpath: Path | str) -> Any:
+def read_yaml(fpath: Path | str, what: str = "YAML") -> Any:
     """Plain YAML content (interpolations stay as written), or a RunError with the line."""
     import yaml
 
     fpath = Path(fpath)
     try:
-        text = read_regular_bytes(fpath, "YAML").decode("utf-8")
+        text = read_regular_bytes(fpath, what).decode("utf-8")
     except UnicodeDecodeError as exc:
-        raise RunError(f"{fpath}: YAML is not valid UTF-8 (byte {exc.start})") from exc
+        raise RunError(f"{fpath}: {what} is not valid UTF-8 (byte {exc.start})") from exc
     try:
         return load_yaml_text(text)
     except yaml.YAMLError as exc:

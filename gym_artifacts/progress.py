@@ -7,7 +7,8 @@ import time
 from typing import TextIO
 
 
-def _size(n: float) -> str:
+def human_bytes(n: float) -> str:
+    """``532 B``, ``1.5 KB``, ``2.0 GB`` (binary multiples): the one byte format of progress and tables."""
     for unit in ("B", "KB", "MB", "GB", "TB"):
         if n < 1024 or unit == "TB":
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
@@ -29,7 +30,7 @@ class Progress:
 
     def update(self, label: str, done: int, total: int) -> None:
         """Bytes: ``done`` of ``total`` bytes of ``label``."""
-        self._draw(label, done, total, f"{_size(done)}/{_size(total)}")
+        self._draw(label, done, total, f"{human_bytes(done)}/{human_bytes(total)}")
 
     def count(self, label: str, done: int, total: int) -> None:
         """Items: ``done`` of ``total`` (for example runs exported)."""

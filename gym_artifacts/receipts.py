@@ -9,7 +9,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from gym_artifacts.atomic import atomic_write_json
-from gym_artifacts.errors import ReceiptError
+from gym_artifacts.errors import ReceiptError, first_validation_error
 from gym_artifacts.jsonio import read_json
 
 RECEIPT_VERSION = 1
@@ -53,9 +53,8 @@ class RunIdMarker(BaseModel):
 
 
 def _first_error(exc: ValidationError) -> str:
-    err = exc.errors()[0]
-    loc = ".".join(str(p) for p in err["loc"]) or "(top level)"
-    return f"{loc}: {err['msg']}"
+    loc, msg, _ = first_validation_error(exc)
+    return f"{loc or '(top level)'}: {msg}"
 
 
 def read_receipt(fpath: Path) -> Receipt | None:

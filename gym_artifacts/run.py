@@ -10,7 +10,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from gym_artifacts import layout
-from gym_artifacts.errors import MissingRunError, RunError
+from gym_artifacts.errors import MissingRunError, RunError, first_validation_error
 from gym_artifacts.flags import PARTIAL_OVERRIDE_FLAG
 from gym_artifacts.jsonio import read_json
 from gym_artifacts.staleness import stale_reason
@@ -224,9 +224,8 @@ class RunArtifacts(BaseModel):
         try:
             return Acceptance.model_validate(data)
         except ValidationError as exc:
-            err = exc.errors()[0]
-            loc = ".".join(str(p) for p in err["loc"]) or "(top level)"
-            raise RunError(f"{fpath}: invalid acceptance record at {loc}: {err['msg']}") from exc
+            loc, msg, _ = first_validation_error(exc)
+            raise RunError(f"{fpath}: invalid acceptance record at {loc or '(top level)'}: {msg}") from exc
 
     def omitted_rows(self) -> int:
         """How many planned rows an accepted partial stage omitted (0 when none was)."""
