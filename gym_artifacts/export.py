@@ -26,7 +26,7 @@ from gym_artifacts.config import (
 )
 from gym_artifacts.errors import ConfigError, GymArtifactsError, ReceiptError, RunError
 from gym_artifacts.exporter import ExportPlan, ExportResult, ExportStatus
-from gym_artifacts.identity import content_identities, run_identity, stat_key
+from gym_artifacts.identity import content_identities, run_identity
 from gym_artifacts.locking import LockBusy, exclusive_lock
 from gym_artifacts.payload import backend_config, load_run_config
 from gym_artifacts.receipts import (
@@ -43,7 +43,7 @@ from gym_artifacts.secrets import collect_secret_values, install_log_redaction, 
 logger = logging.getLogger(__name__)
 
 LOCK_WAIT_SECONDS = float(os.environ.get("GYM_ARTIFACTS_LOCK_WAIT", "600"))
-Signatures = dict[str, tuple[int, ...]]
+Signatures = dict[str, tuple[int, int, int]]
 
 
 def select_exporters(cfg: Any, names: Sequence[str] | None) -> list[str]:
@@ -76,8 +76,16 @@ def validate_exporter_settings(cfg: Any, names: Sequence[str]) -> None:
 
 
 def file_signatures(run: RunArtifacts) -> Signatures:
-    """``{artifact: stat key}`` (the identity cache's test of "unchanged"): any write changes it."""
-    return {name: tuple(stat_key(fpath.stat())) for name, fpath in run.artifact_files().items()}
+    """``{artifact: (size, mtime_ns, inode)}``: any write to the run changes it.
+
+    Not ``identity.stat_key``: that one includes ctime, which a backend's own hard link to a run
+    file (the local backend's ``link_or_copy``) changes without changing the content.
+    """
+    out: Signatures = {}
+    for name, fpath in run.artifact_files().items():
+        st = fpath.stat()
+        out[name] = (st.st_size, st.st_mtime_ns, st.st_ino)
+    return out
 
 
 def _changed_message(receipt_fpath: Path, receipt: Receipt, diffs: list[str]) -> str:
