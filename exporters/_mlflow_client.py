@@ -28,7 +28,7 @@ IDENTITY_TAG = "gym_artifacts.identity"
 logger = logging.getLogger(__name__)
 
 
-CONNECT_TIMEOUT = 10.0  # a server that does not even accept the connection is not waited for
+CONNECT_TIMEOUT_S = 10.0  # a server that does not even accept the connection is not waited for
 
 
 class DeadlinePassed(Exception):
@@ -69,7 +69,7 @@ class Deadline:
         """(connect, read) timeouts for the next request: within both limits."""
         left = self.remaining()
         read = per_request if left is None else min(per_request, left)
-        return min(CONNECT_TIMEOUT, read), read
+        return min(CONNECT_TIMEOUT_S, read), read
 
     def run(self, fn: Callable[[], Any]) -> Any:
         """``fn()``, or DeadlinePassed once the deadline passes while it still runs.

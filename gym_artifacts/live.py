@@ -38,7 +38,7 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-DEFAULT_TEARDOWN_TIMEOUT = 10.0  # idle: teardown gives up after this long without progress
+DEFAULT_TEARDOWN_TIMEOUT_S = 10.0  # idle: teardown gives up after this long without progress
 DEFAULT_TEARDOWN_HARD_CAP = 120.0  # and in any case after this long
 TEARDOWN_TIMEOUT_ENV = "GYM_ARTIFACTS_TEARDOWN_IDLE_S"
 TEARDOWN_HARD_CAP_ENV = "GYM_ARTIFACTS_TEARDOWN_MAX_S"
@@ -57,7 +57,7 @@ def teardown_limits(idle: float | None = None, hard_cap: float | None = None) ->
             logger.warning("%s=%r is not a number of seconds; using %s", env, raw, default)
             return default
 
-    return pick(idle, TEARDOWN_TIMEOUT_ENV, DEFAULT_TEARDOWN_TIMEOUT), pick(
+    return pick(idle, TEARDOWN_TIMEOUT_ENV, DEFAULT_TEARDOWN_TIMEOUT_S), pick(
         hard_cap, TEARDOWN_HARD_CAP_ENV, DEFAULT_TEARDOWN_HARD_CAP
     )
 
@@ -199,13 +199,13 @@ class LiveExporter(LiveHooks, Exporter):
         """Record that the eval finished, so ``export --certify`` may complete this live run."""
         self._submit(Call(self._do_complete, (identities,), "complete"))
 
-    def flush(self, timeout: float = DEFAULT_TEARDOWN_TIMEOUT) -> bool:
+    def flush(self, timeout: float = DEFAULT_TEARDOWN_TIMEOUT_S) -> bool:
         """Wait (up to ``timeout``) until every earlier call was applied."""
         return self._worker.flush(timeout) if self._worker is not None else True
 
     def teardown(
         self,
-        timeout: float = DEFAULT_TEARDOWN_TIMEOUT,
+        timeout: float = DEFAULT_TEARDOWN_TIMEOUT_S,
         status: RunStatus = RunStatus.FINISHED,
         hard_cap: float | None = None,
     ) -> LiveReport:
@@ -363,7 +363,7 @@ class NoOpLiveRun:
 
         return NoOpHandle()
 
-    def flush(self, timeout: float = DEFAULT_TEARDOWN_TIMEOUT) -> bool:
+    def flush(self, timeout: float = DEFAULT_TEARDOWN_TIMEOUT_S) -> bool:
         return True
 
     def teardown(
@@ -390,7 +390,7 @@ class _OnceIdentities:
             if not self._done:
                 from gym_artifacts.identity import content_identities
 
-                self._journal.flush(DEFAULT_TEARDOWN_TIMEOUT)
+                self._journal.flush(DEFAULT_TEARDOWN_TIMEOUT_S)
                 try:
                     self._value = content_identities(self._run)
                 except GymArtifactsError as exc:
@@ -500,7 +500,7 @@ class LiveRun:
         for exporter in self.exporters:
             exporter.complete(identities)
 
-    def flush(self, timeout: float = DEFAULT_TEARDOWN_TIMEOUT) -> bool:
+    def flush(self, timeout: float = DEFAULT_TEARDOWN_TIMEOUT_S) -> bool:
         """Wait until the journal and every backend applied what was handed to them."""
         deadline = time.monotonic() + timeout
         ok = self.journal.flush(timeout)

@@ -35,7 +35,7 @@ logger = logging.getLogger(__name__)
 
 _HEADER = struct.Struct("!I")
 MAX_FRAME_BYTES = 64 * 1024 * 1024
-SEND_INTERVAL = 0.05  # a worker's buffer is shipped at least this often
+SEND_INTERVAL_S = 0.05  # a worker's buffer is shipped at least this often
 BATCH_CALLS = 1000  # ... or as soon as this many calls wait
 MAX_BUFFERED_METRICS = 100_000  # per worker process, while the driver is unreachable
 
@@ -223,7 +223,7 @@ class _Sender:
         unsent: tuple[dict[str, Any], int] | None = None
         while True:
             if unsent is None:
-                self.wake.wait(SEND_INTERVAL)
+                self.wake.wait(SEND_INTERVAL_S)
                 self.wake.clear()
                 unsent = self._next_frame()
                 if unsent is None:

@@ -20,7 +20,7 @@ class Progress:
     """``update(label, done, total)`` redraws one line; nothing at all off a terminal."""
 
     WIDTH = 28
-    MIN_INTERVAL = 0.1
+    MIN_INTERVAL_S = 0.1
 
     def __init__(self, stream: TextIO | None = None, enabled: bool | None = None) -> None:
         self.stream = stream or sys.stderr
@@ -40,7 +40,7 @@ class Progress:
         if not self.enabled:
             return
         now = time.monotonic()
-        if now - self._last < self.MIN_INTERVAL and done < total:
+        if now - self._last < self.MIN_INTERVAL_S and done < total:
             return
         self._last = now
         share = done / total if total else 1.0

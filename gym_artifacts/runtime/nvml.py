@@ -27,7 +27,7 @@ from gym_artifacts.runtime.stats import SeriesStats
 
 logger = logging.getLogger(__name__)
 
-MIN_INTERVAL = 0.1
+MIN_INTERVAL_S = 0.1
 # Decimal gigabytes, as reactor-runtime writes its ``*_gb`` keys (``used / 1e9``).
 GB = 1e9
 # What each headline figure aggregates (written beside them, so no reader has to guess).
@@ -149,8 +149,8 @@ class NVMLSampler:
         cuda_uuid: Callable[[int], str | None] = _torch_cuda_uuid,
         publish_otel: bool = True,
     ) -> None:
-        if not interval >= MIN_INTERVAL:
-            raise ValueError(f"NVML sampling interval must be at least {MIN_INTERVAL} s, not {interval}")
+        if not interval >= MIN_INTERVAL_S:
+            raise ValueError(f"NVML sampling interval must be at least {MIN_INTERVAL_S} s, not {interval}")
         self.interval = float(interval)
         self.cuda_devices = None if devices is None else list(devices)
         self.series_fpath = series_fpath
