@@ -94,7 +94,11 @@ def backend_config(run_config: Any | None) -> tuple[dict[str, Any] | None, froze
 
 
 def flatten(value: Any, prefix: str = "", sep: str = "/") -> dict[str, Scalar]:
-    """Nested dicts and lists as ``{"a/b/[0]": leaf}``; leaves are kept as they are."""
+    """Nested dicts and lists as ``{"a/b.0/c": leaf}``; leaves are kept as they are.
+
+    A list index is written ``.i`` (not ``[i]``), a form every backend accepts as it is, so a
+    metric has the same name in the local backend, MLflow, W&B and TensorBoard.
+    """
     out: dict[str, Scalar] = {}
 
     def walk(node: Any, path: str) -> None:
@@ -105,7 +109,7 @@ def flatten(value: Any, prefix: str = "", sep: str = "/") -> dict[str, Scalar]:
                 walk(child, f"{path}{sep}{key}" if path else str(key))
         elif isinstance(node, list | tuple):
             for i, child in enumerate(node):
-                walk(child, f"{path}[{i}]" if path else f"[{i}]")
+                walk(child, f"{path}.{i}" if path else str(i))
         else:
             out[path] = node
 

@@ -83,7 +83,7 @@ def test_post_run_export_reads_back(
     agg = json.loads(quickstart_run.with_name("eval_aggregate_metrics.json").read_text())
     [pass1] = acc.Scalars("aggregate/weather_agent/key_metrics/pass@1")
     assert pass1.value == pytest.approx(agg[1]["key_metrics"]["pass@1"])
-    assert "aggregate/retrieval_agent/group_level_metrics[1]/mean/reward" in acc.Tags()["scalars"]
+    assert "aggregate/retrieval_agent/group_level_metrics.1/mean/reward" in acc.Tags()["scalars"]
     # the config, masked
     [(_, config)] = texts(acc, "config")
     assert json.loads(config.strip("`\njson"))["policy_api_key"] == "***"

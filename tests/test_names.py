@@ -1,0 +1,42 @@
+"""A metric has one name in every backend; the only differences are the documented ones."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from omegaconf import OmegaConf
+
+from gym_artifacts.export import export_run
+from tests.test_wandb import wandb_section
+from tests.wandb_records import offline_runs
+
+
+def mlflow_name(local_name: str) -> str:
+    """README's mapping: MLflow forbids '@', written '_at_'; nothing else changes."""
+    return local_name.replace("@", "_at_")
+
+
+def test_aggregate_metric_names_agree_across_local_mlflow_and_wandb(quickstart_run: Path, tmp_path: Path) -> None:
+    from mlflow.tracking import MlflowClient
+
+    store = f"sqlite:///{tmp_path / 'names.db'}"
+    cfg = OmegaConf.create(
+        {"exporters": {"local": {"enabled": True, "root": str(tmp_path / "store")},
+                       "mlflow": {"enabled": True, "tracking_uri": store},
+                       "wandb": wandb_section(tmp_path)}}
+    )  # fmt: skip
+    results = {r.exporter: r for r in export_run(quickstart_run, cfg)}
+    assert {r.status.value for r in results.values()} == {"EXPORTED"}, results
+    [run_dir] = (tmp_path / "store" / "default").iterdir()
+    local = {
+        k: v for k, v in json.loads((run_dir / "summary.json").read_text()).items()
+        if isinstance(v, int | float) and not isinstance(v, bool) and k != "omitted_rows"
+    }  # fmt: skip
+    assert "arithmetic_agent/group_level_metrics.0/mean/reward" in local  # list levels: ".i", never "[i]"
+    assert not any("[" in k for k in local)
+    mlflow_metrics = MlflowClient(store).get_run(results["mlflow"].backend_run_id).data.metrics
+    [wb] = offline_runs(tmp_path / "wb")
+    for name, value in local.items():
+        assert mlflow_metrics[mlflow_name(name)] == value, name
+        assert wb.summary[f"aggregate/{name}"] == value, name
