@@ -17,6 +17,7 @@ from gym_artifacts.live import LiveExporter
 from gym_artifacts.payload import aggregate_metrics, count_lines, masked_artifact
 from gym_artifacts.run import RunArtifacts
 from gym_artifacts.secrets import mask_secrets
+from gym_artifacts.spool import RolloutSpool
 
 __all__ = [
     "CannotCertify",
@@ -25,6 +26,7 @@ __all__ = [
     "ExporterConfig",
     "GymArtifactsError",
     "LiveExporter",
+    "RolloutSpool",
     "RunArtifacts",
     "RunStatus",
     "Sent",

@@ -34,7 +34,6 @@ class Receipt(BaseModel):
     rows: int = 0
     bytes: int = 0
     upload_rollouts: bool | None = None
-    certified_live_run: bool = False
 
 
 class RunIdMarker(BaseModel):
