@@ -12,7 +12,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks.common import Row, peak_rss_mb
 
-BENCHMARKS = ["live", "tail", "identity", "large_export", "recording", "nvml", "startup", "ray_scale"]
+BENCHMARKS = ["live", "tail", "identity", "large_export", "recording", "nvml", "startup", "ray_scale", "llm_backends"]
 
 
 def format_rows(rows: list[Row]) -> str:

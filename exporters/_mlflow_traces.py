@@ -51,9 +51,9 @@ def build_trace(
 
     tid_uuid = trace_uuid(run_id, r.row)
     trace_id = "tr-" + tid_uuid.hex
-    start_ms = int(r.time * 1000) if r.time is not None else fallback_ms + r.row
-    latency = r.extra.get("latency_s")
-    duration_ms = int(latency * 1000) if isinstance(latency, int | float) and latency >= 0 else 0
+    start, end = r.times(fallback_ms / 1000)
+    start_ms = int(start.timestamp() * 1000)
+    duration_ms = int((end - start).total_seconds() * 1000)
     inputs, outputs = _text(r.request, secrets), _text(r.response, secrets)
     attributes = {
         "mlflow.traceRequestId": json.dumps(trace_id),

@@ -9,21 +9,25 @@ the same objects, a changed run names new ones.
 
 from __future__ import annotations
 
+import datetime as dt
+import json
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gym_artifacts.jsonio import iter_jsonl
+from gym_artifacts.jsonio import iter_jsonl, json_safe
 from gym_artifacts.payload import metric_value
 from gym_artifacts.run import agent_label
+from gym_artifacts.secrets import redact_text
 
 NAMESPACE = uuid.UUID("5f0c1b7e-6d43-5b9a-9a43-6b1d2e0f8c21")
 REQUEST_KEYS = ("responses_create_params", "request", "input", "prompt")
 RESPONSE_KEYS = ("response", "output", "completion")
-# Fields that place a rollout rather than judge it: never reported as verdicts.
-PLACEMENT_KEYS = frozenset({"task_index", "repeat", "rollout_index", "index"})
+# Numeric fields that place or time a rollout rather than judge it: never reported as verdicts.
+PLACEMENT_KEYS = frozenset({"task_index", "repeat", "rollout_index", "index", "timestamp", "time"})
+TIMING_PREFIXES = ("latency", "duration", "elapsed")
 
 
 def stable_id(*parts: object) -> str:
@@ -50,6 +54,15 @@ class Rollout:
     def reward(self) -> float | None:
         return self.verdicts.get("reward")
 
+    def times(self, fallback_s: float) -> tuple[dt.datetime, dt.datetime]:
+        """Start and end (UTC): the rollout's own time, else ``fallback_s`` plus its row in
+        milliseconds (keeps rows in order); the end adds ``latency_s`` when the record has one."""
+        start_s = self.time if self.time is not None else fallback_s + self.row / 1000
+        start = dt.datetime.fromtimestamp(start_s, dt.timezone.utc)
+        latency = self.extra.get("latency_s")
+        seconds = latency if isinstance(latency, int | float) and latency > 0 else 0
+        return start, start + dt.timedelta(seconds=seconds)
+
 
 def _first(record: dict[str, Any], keys: tuple[str, ...]) -> tuple[str | None, Any]:
     for key in keys:
@@ -70,7 +83,8 @@ def rollout_from_record(row: int, record: Any) -> Rollout:
         if key in (request_key, response_key, "agent_ref"):
             continue
         number = metric_value(value) if not isinstance(value, str) else None
-        if number is not None and key not in PLACEMENT_KEYS and number == number:  # NaN is no verdict
+        is_verdict = key not in PLACEMENT_KEYS and not key.startswith(TIMING_PREFIXES)
+        if number is not None and is_verdict and number == number:  # NaN is no verdict
             verdicts[key] = number
         else:
             extra[key] = value
@@ -118,3 +132,16 @@ def request_text(request: Any) -> str:
                 if isinstance(item, dict) and isinstance(item.get("content"), str):
                     return item["content"]
     return "" if request is None else str(request)
+
+
+def as_object(value: Any, key: str) -> dict[str, Any]:
+    """Trace platforms want objects for inputs and outputs: a dict as is, else ``{key: value}``."""
+    return value if isinstance(value, dict) else {key: value}
+
+
+def masked(value: Any, secrets: frozenset[str]) -> Any:
+    """JSON-safe ``value`` with every known secret replaced (a JSON round trip only when any)."""
+    value = json_safe(value)
+    if not secrets:
+        return value
+    return json.loads(redact_text(json.dumps(value, default=str), secrets))

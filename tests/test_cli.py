@@ -31,9 +31,14 @@ def test_exporters_lists_without_importing_any_sdk() -> None:
     assert proc.returncode == 0, proc.stderr
     assert re.search(r"^local\s+yes\s+yes", proc.stdout, re.M)
     # the LLM-eval backends are listed, with whether their SDK is installed and what they can do
-    for name, sdk in (("tensorboard", "tensorboard"),):
+    expected = (
+        ("tensorboard", "tensorboard", "live, post-run"),
+        ("langsmith", "langsmith", "post-run only"),
+        ("phoenix", "phoenix", "post-run only"),
+    )
+    for name, sdk, modes in expected:
         installed = "yes" if importlib.util.find_spec(sdk) is not None else "no"
-        assert re.search(rf"^{name}\s+no\s+{installed}\s+live, post-run\s", proc.stdout, re.M), proc.stdout
+        assert re.search(rf"^{name}\s+no\s+{installed}\s+{modes}\s", proc.stdout, re.M), proc.stdout
     imported = {line.split("|")[-1].strip() for line in proc.stderr.splitlines() if "|" in line}
     for sdk in ("wandb", "mlflow", "torch", "av", "tensorboard", "langsmith", "phoenix"):
         assert not any(m == sdk or m.startswith(sdk + ".") for m in imported), sdk

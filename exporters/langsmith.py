@@ -1,0 +1,230 @@
+"""The LangSmith backend: NeMo Gym's mapping, post-run, with deterministic ids (SDK imported lazily).
+
+Mapping (as NeMo Gym's own LangSmith exporter): a dataset with one example per task (inputs: the
+task's request, NeMo Gym's ``responses_create_params``), an experiment (a LangSmith project whose
+reference dataset is that dataset, its metadata holding the masked config and the aggregate
+metrics), one root run per rollout (inputs: the request; outputs: the response; the rollout's
+place and other fields as metadata; linked to its task's example), and each numeric verdict
+(``reward`` first) as feedback on the run.
+
+Exactly once: dataset and experiment are found by name before any is created; example, run and
+feedback ids are uuid5 of the run's identity (and task, row, verdict), so a retry sends the same
+ids and LangSmith keeps the first copy (it answers a repeated id with 409, which the client and
+this exporter treat as "already there"). Post-run only: the rollouts of a live eval are
+exported once the run is finished.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+from pydantic import Field, SecretStr
+
+from gym_artifacts.config import ExporterConfig
+from gym_artifacts.errors import GymArtifactsError
+from gym_artifacts.exporter import Exporter, ExportPlan, Sent
+from gym_artifacts.jsonio import json_safe
+from gym_artifacts.payload import aggregate_metrics, complete_rollouts
+from gym_artifacts.run import RunArtifacts
+
+from ._rollouts import Rollout, as_object, iter_rollouts, masked
+
+BATCH = 100
+
+
+class LangsmithSettings(ExporterConfig):
+    """Settings of ``exporters.langsmith``."""
+
+    api_url: str = "https://api.smith.langchain.com"
+    api_key: SecretStr | None = None
+    # Default names: ``<run name>-<identity>`` for the dataset, the same plus ``-rollouts`` for
+    # the experiment.
+    dataset_name: str | None = None
+    experiment_name: str | None = None
+    request_timeout: float = Field(default=60.0, gt=0, le=3600)
+
+
+class IngestFailed(GymArtifactsError):
+    """LangSmith refused a batch of runs (the client reports it to a callback, not by raising)."""
+
+
+def _default_name(run: RunArtifacts, plan: ExportPlan) -> str:
+    return f"{run.name}-{plan.run_identity.split(':')[-1][:12]}"
+
+
+class LangsmithExporter(Exporter):
+    """LangSmith datasets, experiments, runs and feedback through the ``langsmith`` client."""
+
+    name = "langsmith"
+    config_model = LangsmithSettings
+    sdk_module = "langsmith"
+    settings: LangsmithSettings
+
+    def expected_errors(self) -> tuple[type[BaseException], ...]:
+        import requests
+        from langsmith.utils import LangSmithError
+
+        return (*super().expected_errors(), LangSmithError, requests.RequestException, ValueError)
+
+    def _client(self, errors: list[BaseException]) -> Any:
+        from langsmith import Client
+
+        key = self.settings.api_key.get_secret_value() if self.settings.api_key else None
+        return Client(
+            api_url=self.settings.api_url,
+            api_key=key,
+            timeout_ms=int(self.settings.request_timeout * 1000),
+            auto_batch_tracing=False,
+            # Plain JSON batch ingestion (``POST /runs/batch``); asking /info is not needed.
+            info={"version": "", "batch_ingest_config": {"use_multipart_endpoint": False}},
+            tracing_error_callback=errors.append,
+        )
+
+    def _export(self, run: RunArtifacts, plan: ExportPlan) -> Sent:
+        from langsmith.utils import LangSmithNotFoundError
+
+        errors: list[BaseException] = []
+        client = self._client(errors)
+        name = _default_name(run, plan)
+        dataset_name = self.settings.dataset_name or name
+        project_name = self.settings.experiment_name or f"{name}-rollouts"
+        namespace = uuid.uuid5(uuid.NAMESPACE_URL, f"gym-artifacts/langsmith/{plan.run_identity}")
+        if client.has_dataset(dataset_name=dataset_name):
+            dataset = client.read_dataset(dataset_name=dataset_name)
+        else:
+            dataset = client.create_dataset(
+                dataset_name,
+                description=f"Tasks of the eval run {run.name}",
+                metadata={"gym_artifacts.identity": plan.run_identity},
+            )
+        try:
+            project = client.read_project(project_name=project_name)
+        except LangSmithNotFoundError:
+            project = client.create_project(
+                project_name,
+                reference_dataset_id=dataset.id,
+                metadata=self._experiment_metadata(run, plan),
+                upsert=True,
+            )
+        rows = 0
+        rollouts = run.rollouts_fpath
+        if plan.upload_rollouts and rollouts is not None and rollouts.is_file():
+            with complete_rollouts(rollouts, plan) as complete:
+                rows = self._send_rollouts(
+                    client,
+                    iter_rollouts(complete),
+                    dataset.id,
+                    project.id,
+                    project_name,
+                    namespace,
+                    plan,
+                    errors,
+                )
+        return Sent(backend_run_id=str(project.id), rows=rows)
+
+    @staticmethod
+    def _experiment_metadata(run: RunArtifacts, plan: ExportPlan) -> dict[str, Any]:
+        metadata: dict[str, Any] = {"gym_artifacts.identity": plan.run_identity, "config": plan.config}
+        if run.has_rollouts_file and run.aggregate_metrics_fpath.is_file():
+            metadata["aggregate_metrics"] = aggregate_metrics(run.read_aggregate_metrics())
+        return masked(json_safe(metadata), plan.secrets)
+
+    def _send_rollouts(
+        self,
+        client: Any,
+        rollouts: Iterator[Rollout],
+        dataset_id: Any,
+        session_id: Any,
+        project_name: str,
+        namespace: uuid.UUID,
+        plan: ExportPlan,
+        errors: list[BaseException],
+    ) -> int:
+        seen_tasks: set[str] = set()
+        examples: list[dict[str, Any]] = []
+        runs: list[dict[str, Any]] = []
+        verdicts: list[tuple[str, Rollout]] = []
+        rows = 0
+
+        def flush() -> None:
+            if examples:
+                ids = [e["id"] for e in examples]
+                present = {str(e.id) for e in client.list_examples(dataset_id=dataset_id, example_ids=ids)}
+                missing = [e for e in examples if e["id"] not in present]
+                if missing:  # an earlier attempt may have sent some: LangSmith refuses a repeated id
+                    client.create_examples(dataset_id=dataset_id, examples=missing)
+                examples.clear()
+            if runs:
+                client.batch_ingest_runs(create=list(runs))
+                runs.clear()
+                if errors:
+                    raise IngestFailed(f"LangSmith refused runs: {errors[0]}")
+            for run_id, r in verdicts:
+                self._feedback(client, run_id, r, session_id)
+            verdicts.clear()
+
+        for r in rollouts:
+            rows += 1
+            example_id = str(uuid.uuid5(namespace, f"example/{r.task}"))
+            if r.task not in seen_tasks:
+                seen_tasks.add(r.task)
+                examples.append(
+                    {
+                        "id": example_id,
+                        "inputs": masked(as_object(r.request, "responses_create_params"), plan.secrets),
+                        "metadata": {"task": r.task},
+                    }
+                )
+            run_id = str(uuid.uuid5(namespace, f"run/{r.row}"))
+            runs.append(self._run_dict(r, run_id, example_id, project_name, plan))
+            verdicts.append((run_id, r))
+            if len(runs) == BATCH:
+                flush()
+        flush()
+        return rows
+
+    @staticmethod
+    def _run_dict(
+        r: Rollout, run_id: str, example_id: str, project_name: str, plan: ExportPlan
+    ) -> dict[str, Any]:
+        start, end = r.times(0.0)
+        metadata = {
+            "task": r.task,
+            "repeat": r.repeat,
+            "row": r.row,
+            "agent": r.agent,
+            **r.extra,
+            **r.verdicts,
+        }
+        return {
+            "id": run_id,
+            "trace_id": run_id,
+            "dotted_order": f"{start.strftime('%Y%m%dT%H%M%S%fZ')}{run_id}",
+            "name": r.agent,
+            "run_type": "chain",
+            "inputs": masked(as_object(r.request, "responses_create_params"), plan.secrets),
+            "outputs": masked(as_object(r.response, "response"), plan.secrets),
+            "start_time": start,
+            "end_time": end,
+            "reference_example_id": example_id,
+            "session_name": project_name,
+            "extra": {"metadata": masked(json_safe(metadata), plan.secrets)},
+        }
+
+    @staticmethod
+    def _feedback(client: Any, run_id: str, r: Rollout, session_id: Any) -> None:
+        from langsmith.utils import LangSmithConflictError
+
+        for key, score in r.verdicts.items():
+            with contextlib.suppress(LangSmithConflictError):  # an earlier attempt sent this id
+                client.create_feedback(
+                    run_id,
+                    key,
+                    score=score,
+                    trace_id=run_id,
+                    session_id=session_id,
+                    feedback_id=uuid.uuid5(uuid.UUID(run_id), key),
+                )

@@ -1,0 +1,180 @@
+"""The Phoenix backend: a dataset of tasks and an experiment of rollouts (``arize-phoenix-client``).
+
+Mapping: a dataset with one example per task (input: the task's request, NeMo Gym's
+``responses_create_params``; metadata: ``task``), an experiment on it whose metadata hold the
+run's identity, the masked config and the aggregate metrics, one experiment run per rollout
+(output: the response; repetition: the rollout's ``repeat`` + 1, else its occurrence of the task)
+and each numeric verdict (``reward`` first) as a ``CODE`` evaluation of that run.
+
+Exactly once: Phoenix assigns its own ids, so everything is found before it is created: the
+dataset by name, the experiment by the identity in its metadata, and the runs already in the
+experiment by (example, repetition); only missing runs are logged. Evaluations are upserts keyed
+by (run, name) in Phoenix, so a retry rewrites them in place. Post-run only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from pydantic import Field, SecretStr
+
+from gym_artifacts.config import ExporterConfig
+from gym_artifacts.exporter import Exporter, ExportPlan, Sent
+from gym_artifacts.payload import aggregate_metrics, complete_rollouts
+from gym_artifacts.run import RunArtifacts
+
+from ._rollouts import Rollout, as_object, iter_rollouts, masked
+
+IDENTITY_KEY = "gym_artifacts.identity"
+
+
+class PhoenixSettings(ExporterConfig):
+    """Settings of ``exporters.phoenix``."""
+
+    base_url: str = "http://127.0.0.1:6006"
+    api_key: SecretStr | None = None
+    dataset_name: str | None = None  # default ``<run name>-<identity>``
+    experiment_name: str | None = None  # default the run's name
+    request_timeout: int = Field(default=60, gt=0, le=3600)
+
+
+class PhoenixExporter(Exporter):
+    """Phoenix datasets and experiments through ``phoenix.client.Client``."""
+
+    name = "phoenix"
+    config_model = PhoenixSettings
+    sdk_module = "phoenix"  # the client lives in the phoenix namespace package (phoenix.client)
+    settings: PhoenixSettings
+
+    def expected_errors(self) -> tuple[type[BaseException], ...]:
+        import httpx
+
+        return (*super().expected_errors(), httpx.HTTPError, ValueError)
+
+    def _client(self) -> Any:
+        from phoenix.client import Client
+
+        key = self.settings.api_key.get_secret_value() if self.settings.api_key else None
+        return Client(base_url=self.settings.base_url, api_key=key)
+
+    def _export(self, run: RunArtifacts, plan: ExportPlan) -> Sent:
+        client = self._client()
+        rollouts = run.rollouts_fpath
+        if not (plan.upload_rollouts and rollouts is not None and rollouts.is_file()):
+            return Sent(
+                backend_run_id=None, note="no rollouts sent: Phoenix holds runs only as an experiment"
+            )
+        with complete_rollouts(rollouts, plan) as complete:
+            tasks, repetitions = self._tasks(iter_rollouts(complete), plan)
+            dataset = self._dataset(client, run, plan, tasks)
+            example_of_task = {str(e["metadata"].get("task")): e["id"] for e in dataset.examples}
+            experiment_id = self._experiment(client, run, plan, dataset.id, repetitions)
+            rows = self._send_runs(client, experiment_id, example_of_task, iter_rollouts(complete), plan)
+        return Sent(backend_run_id=experiment_id, rows=rows)
+
+    @staticmethod
+    def _tasks(rollouts: Iterable[Rollout], plan: ExportPlan) -> tuple[dict[str, Any], int]:
+        """Each task's request (its first rollout's, masked) and the most repetitions of a task."""
+        tasks: dict[str, Any] = {}
+        occurrences: dict[str, int] = {}
+        for r in rollouts:
+            occurrences[r.task] = occurrences.get(r.task, 0) + 1
+            if r.task not in tasks:
+                tasks[r.task] = masked(as_object(r.request, "responses_create_params"), plan.secrets)
+        return tasks, max(occurrences.values(), default=1)
+
+    def _dataset(self, client: Any, run: RunArtifacts, plan: ExportPlan, tasks: dict[str, Any]) -> Any:
+        import httpx
+
+        name = self.settings.dataset_name or f"{run.name}-{plan.run_identity.split(':')[-1][:12]}"
+        try:
+            return client.datasets.get_dataset(dataset=name, timeout=self.settings.request_timeout)
+        except (ValueError, httpx.HTTPStatusError):
+            pass  # not there yet
+        return client.datasets.create_dataset(
+            name=name,
+            inputs=list(tasks.values()),
+            outputs=[{} for _ in tasks],
+            metadata=[{"task": task} for task in tasks],
+            dataset_description=f"Tasks of the eval run {run.name} ({plan.run_identity})",
+            timeout=self.settings.request_timeout,
+        )
+
+    def _experiment(
+        self, client: Any, run: RunArtifacts, plan: ExportPlan, dataset_id: str, repetitions: int
+    ) -> str:
+        for experiment in client.experiments.list(
+            dataset_id=dataset_id, timeout=self.settings.request_timeout
+        ):
+            if (experiment.get("metadata") or {}).get(IDENTITY_KEY) == plan.run_identity:
+                return str(experiment["id"])
+        metadata: dict[str, Any] = {IDENTITY_KEY: plan.run_identity, "config": plan.config}
+        if run.has_rollouts_file and run.aggregate_metrics_fpath.is_file():
+            metadata["aggregate_metrics"] = aggregate_metrics(run.read_aggregate_metrics())
+        created = client.experiments.create(
+            dataset_id=dataset_id,
+            experiment_name=self.settings.experiment_name or run.name,
+            experiment_metadata=masked(metadata, plan.secrets),
+            repetitions=repetitions,
+            timeout=self.settings.request_timeout,
+        )
+        return str(created["id"])
+
+    def _existing_runs(self, client: Any, experiment_id: str) -> dict[tuple[str, int], str]:
+        """``{(example id, repetition): run id}`` of the runs the experiment already holds."""
+        found: dict[tuple[str, int], str] = {}
+        cursor = None
+        while True:
+            params: dict[str, Any] = {"limit": 1000}
+            if cursor:
+                params["cursor"] = cursor
+            response = client._client.get(f"v1/experiments/{experiment_id}/runs", params=params)
+            response.raise_for_status()
+            body = response.json()
+            for item in body["data"]:
+                found[(item["dataset_example_id"], item["repetition_number"])] = item["id"]
+            cursor = body.get("next_cursor")
+            if not cursor:
+                return found
+
+    def _send_runs(
+        self,
+        client: Any,
+        experiment_id: str,
+        example_of_task: dict[str, str],
+        rollouts: Iterable[Rollout],
+        plan: ExportPlan,
+    ) -> int:
+        existing = self._existing_runs(client, experiment_id)
+        occurrences: dict[str, int] = {}
+        rows = 0
+        for r in rollouts:
+            rows += 1
+            occurrences[r.task] = occurrences.get(r.task, 0) + 1
+            repetition = r.repeat + 1 if r.repeat is not None else occurrences[r.task]
+            example_id = example_of_task[r.task]
+            start, end = r.times(0.0)
+            run_id = existing.get((example_id, repetition))
+            if run_id is None:
+                logged = client.experiments.log_run(
+                    experiment_id=experiment_id,
+                    dataset_example_id=example_id,
+                    output=masked(as_object(r.response, "response"), plan.secrets),
+                    start_time=start,
+                    end_time=end,
+                    repetition_number=repetition,
+                    timeout=self.settings.request_timeout,
+                )
+                run_id = logged["id"]
+            for name, score in r.verdicts.items():
+                client.experiments.log_evaluation(
+                    experiment_run_id=run_id,
+                    name=name,
+                    annotator_kind="CODE",
+                    start_time=end,
+                    end_time=end,
+                    score=score,
+                    timeout=self.settings.request_timeout,
+                )
+        return rows

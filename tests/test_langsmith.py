@@ -1,0 +1,146 @@
+"""The LangSmith backend: the real ``langsmith`` client against a local endpoint answering as
+LangSmith's API does (tests/langsmith_api.py); asserts on what the client sent and reads back
+through the same client."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from omegaconf import OmegaConf
+
+pytest.importorskip("langsmith")
+
+from langsmith import Client
+
+from gym_artifacts.export import export_run
+from gym_artifacts.exporter import ExportStatus
+from gym_artifacts.run import RunArtifacts
+from tests.langsmith_api import LangsmithApi
+
+# The client's older read methods (list_runs, list_feedback) warn of a migration; they still
+# speak the documented REST endpoints this local endpoint answers.
+pytestmark = pytest.mark.filterwarnings("ignore:.*deprecated and will be removed after")
+REPO = Path(__file__).resolve().parent.parent
+POLICY_CANARY = "sk-policy-canary-langsmith-61c2"
+API_KEY = "lsv2_pt_canary-key-0d93"
+
+
+@pytest.fixture
+def langsmith_api() -> Iterator[LangsmithApi]:
+    api = LangsmithApi().start()
+    yield api
+    api.stop()
+
+
+def ls_cfg(url: str) -> Any:
+    return OmegaConf.create(
+        {"exporters": {"langsmith": {"enabled": True, "api_url": url, "api_key": API_KEY}}}
+    )
+
+
+def records(quickstart_run: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in quickstart_run.read_text().splitlines()]
+
+
+def sent_run_ids(api: LangsmithApi) -> list[str]:
+    return [
+        run["id"]
+        for q in api.state.requests
+        if q.path == "/runs/batch"
+        for run in json.loads(q.body).get("post", [])
+    ]
+
+
+def assert_read_back_once(api: LangsmithApi, project_id: str, quickstart_run: Path) -> None:
+    client = Client(api_url=api.url, api_key=API_KEY, auto_batch_tracing=False)
+    rows = records(quickstart_run)
+    runs = list(client.list_runs(project_id=project_id))
+    by_row = {r.extra["metadata"]["row"]: r for r in runs}
+    assert len(runs) == len(by_row) == len(rows)  # every rollout once
+    feedback = {(str(f.run_id), f.key): f.score for f in client.list_feedback(run_ids=[r.id for r in runs])}
+    assert len(feedback) == len(rows)
+    project = client.read_project(project_id=project_id)
+    examples = list(client.list_examples(dataset_id=project.reference_dataset_id))
+    assert len(examples) == len({r["task_index"] for r in rows})  # one example per task
+    example_by_id = {str(e.id): e for e in examples}
+    for row, record in enumerate(rows):
+        run = by_row[row]
+        assert run.inputs == record["responses_create_params"]
+        assert run.outputs == record["response"]
+        assert feedback[(str(run.id), "reward")] == record["reward"]
+        example = example_by_id[str(run.reference_example_id)]
+        assert example.metadata["task"] == str(record["task_index"])
+    assert project.metadata["config"]["policy_api_key"] == "***"
+
+
+def test_export_reads_back_through_the_client(
+    quickstart_run: Path, langsmith_api: LangsmithApi, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("POLICY_API_KEY", POLICY_CANARY)
+    [result] = export_run(quickstart_run, ls_cfg(langsmith_api.url))
+    assert result.status is ExportStatus.EXPORTED, result.reason
+    assert result.rows == 300
+    assert_read_back_once(langsmith_api, result.backend_run_id, quickstart_run)
+    # no secret in any request: the config's secret nowhere, the API key only in its header
+    for q in langsmith_api.state.requests:
+        wire = q.path.encode() + q.body + json.dumps(q.headers).encode()
+        assert POLICY_CANARY.encode() not in wire, q.path
+        assert API_KEY.encode() not in q.path.encode() + q.body, q.path
+        assert {k.lower(): v for k, v in q.headers.items()}.get("x-api-key") == API_KEY
+    sent = len(langsmith_api.state.requests)
+    [again] = export_run(quickstart_run, ls_cfg(langsmith_api.url))
+    assert again.status is ExportStatus.SKIPPED
+    assert len(langsmith_api.state.requests) == sent  # nothing contacted
+
+
+def test_sigkilled_export_rerun_sends_the_same_ids_and_duplicates_nothing(
+    quickstart_run: Path, langsmith_api: LangsmithApi
+) -> None:
+    """Killed after the second batch of runs went out, before their feedback: the rerun sends
+    every id again, identical, and LangSmith keeps one of each."""
+    script = textwrap.dedent(
+        f"""
+        import os, signal, sys
+        from gym_artifacts._builtin_exporters import langsmith as ls
+        real, calls = ls.LangsmithExporter._feedback, []
+        def feedback(client, run_id, r, session_id):
+            calls.append(run_id)
+            if len(calls) == 150:
+                os.kill(os.getpid(), signal.SIGKILL)
+            real(client, run_id, r, session_id)
+        ls.LangsmithExporter._feedback = staticmethod(feedback)
+        from gym_artifacts.cli import main
+        sys.exit(main(["export", {str(quickstart_run)!r}, "-e", "langsmith",
+                       "exporters.langsmith.api_url={langsmith_api.url}",
+                       "exporters.langsmith.api_key={API_KEY}"]))
+        """
+    )
+    proc = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, timeout=180)
+    assert proc.returncode == -9, proc.stderr.decode()[-2000:]
+    assert not RunArtifacts.from_path(quickstart_run).export_done_fpath("langsmith").exists()
+    first_attempt = sent_run_ids(langsmith_api)
+    assert len(first_attempt) == 200 and len(langsmith_api.state.feedback) == 149
+    [result] = export_run(quickstart_run, ls_cfg(langsmith_api.url))
+    assert result.status is ExportStatus.EXPORTED, result.reason
+    second_attempt = sent_run_ids(langsmith_api)[len(first_attempt) :]
+    assert second_attempt[:200] == first_attempt  # stable ids across the retry
+    assert len(langsmith_api.state.sessions) == 1 and len(langsmith_api.state.datasets) == 1
+    assert_read_back_once(langsmith_api, result.backend_run_id, quickstart_run)
+
+
+def test_refused_runs_fail_the_export_without_a_receipt(
+    quickstart_run: Path, langsmith_api: LangsmithApi
+) -> None:
+    """The client reports a refused batch to a callback instead of raising: it must not pass."""
+    langsmith_api.state.refuse_runs = True
+    [result] = export_run(quickstart_run, ls_cfg(langsmith_api.url))
+    assert result.status is ExportStatus.FAILED
+    assert "refused runs" in (result.reason or "")
+    assert not RunArtifacts.from_path(quickstart_run).export_done_fpath("langsmith").exists()

@@ -1,0 +1,111 @@
+"""The Phoenix backend against a real ``phoenix serve`` on 127.0.0.1 (SQLite working directory),
+read back through Phoenix's own client."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from omegaconf import OmegaConf
+
+pytest.importorskip("phoenix.client")
+
+from phoenix.client import Client
+
+from gym_artifacts.export import export_run
+from gym_artifacts.exporter import ExportStatus
+from gym_artifacts.run import RunArtifacts
+from tests.phoenix_server import PhoenixServer, phoenix_bin
+
+REPO = Path(__file__).resolve().parent.parent
+CANARY = "sk-phoenix-canary-2b7e40"
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def phoenix(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PhoenixServer]:
+    binary = phoenix_bin()
+    if binary is None:
+        pytest.skip(
+            "no phoenix server binary: .ci/run builds .venv-phoenix (or set GYM_ARTIFACTS_PHOENIX_BIN)"
+        )
+    server = PhoenixServer(tmp_path_factory.mktemp("phoenix"), binary).start()
+    yield server
+    server.stop()
+
+
+def px_cfg(url: str, dataset: str) -> Any:
+    section = {"enabled": True, "base_url": url, "dataset_name": dataset}
+    return OmegaConf.create({"exporters": {"phoenix": section}})
+
+
+def assert_read_back_once(url: str, experiment_id: str, dataset: str, quickstart_run: Path) -> None:
+    client = Client(base_url=url)
+    records = [json.loads(line) for line in quickstart_run.read_text().splitlines()]
+    ds = client.datasets.get_dataset(dataset=dataset)
+    assert len(ds.examples) == len({r["task_index"] for r in records})  # one example per task
+    example_task = {e["id"]: e["metadata"]["task"] for e in ds.examples}
+    experiment = client.experiments.get_experiment(experiment_id=experiment_id)
+    runs = experiment["task_runs"]
+    keys = {(example_task[r["dataset_example_id"]], r["repetition_number"]) for r in runs}
+    assert len(runs) == len(keys) == len(records)  # every rollout once
+    by_key = {(example_task[r["dataset_example_id"]], r["repetition_number"]): r for r in runs}
+    rewards = {
+        e["experiment_run_id"]: e["result"]["score"]
+        for e in experiment["evaluation_runs"]
+        if e["name"] == "reward"
+    }
+    assert len(rewards) == len(records)
+    for record in records:
+        run = by_key[(str(record["task_index"]), record["repeat"] + 1)]
+        assert run["output"] == record["response"]
+        assert rewards[run["id"]] == record["reward"]
+    meta = client.experiments.get(experiment_id=experiment_id)["metadata"]
+    assert meta["config"]["policy_api_key"] == "***"
+
+
+def test_export_reads_back_and_skips_second_time(
+    quickstart_run: Path, phoenix: PhoenixServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("POLICY_API_KEY", CANARY)
+    [result] = export_run(quickstart_run, px_cfg(phoenix.url, "quickstart-a"))
+    assert result.status is ExportStatus.EXPORTED, result.reason
+    assert_read_back_once(phoenix.url, result.backend_run_id, "quickstart-a", quickstart_run)
+    db = b"".join(p.read_bytes() for p in phoenix.root.rglob("*.db*") if p.is_file())
+    assert CANARY.encode() not in db
+    [again] = export_run(quickstart_run, px_cfg(phoenix.url, "quickstart-a"))
+    assert again.status is ExportStatus.SKIPPED
+
+
+def test_sigkilled_export_rerun_leaves_no_duplicate(quickstart_run: Path, phoenix: PhoenixServer) -> None:
+    script = textwrap.dedent(
+        f"""
+        import os, signal, sys
+        from phoenix.client.resources.experiments import Experiments
+        real, calls = Experiments.log_run, []
+        def log_run(self, **kw):
+            calls.append(1)
+            if len(calls) == 120:
+                os.kill(os.getpid(), signal.SIGKILL)
+            return real(self, **kw)
+        Experiments.log_run = log_run
+        from gym_artifacts.cli import main
+        sys.exit(main(["export", {str(quickstart_run)!r}, "-e", "phoenix",
+                       "exporters.phoenix.base_url={phoenix.url}", "exporters.phoenix.dataset_name=quickstart-b"]))
+        """
+    )
+    proc = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, timeout=300)
+    assert proc.returncode == -9, proc.stderr.decode()[-2000:]
+    assert not RunArtifacts.from_path(quickstart_run).export_done_fpath("phoenix").exists()
+    [result] = export_run(quickstart_run, px_cfg(phoenix.url, "quickstart-b"))
+    assert result.status is ExportStatus.EXPORTED, result.reason
+    client = Client(base_url=phoenix.url)
+    dataset = client.datasets.get_dataset(dataset="quickstart-b")
+    assert len(client.experiments.list(dataset_id=dataset.id)) == 1
+    assert_read_back_once(phoenix.url, result.backend_run_id, "quickstart-b", quickstart_run)
