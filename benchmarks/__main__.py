@@ -12,7 +12,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks.common import Row, peak_rss_mb
 
-BENCHMARKS = ["live", "tail", "identity", "large_export", "recording", "nvml", "startup", "ray_scale", "llm_backends"]
+BENCHMARKS = [
+    "live", "tail", "identity", "large_export", "recording", "nvml", "startup", "ray_scale", "llm_backends",
+]  # fmt: skip
 
 
 def format_rows(rows: list[Row]) -> str:

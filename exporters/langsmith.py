@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 from pydantic import Field, SecretStr
@@ -62,6 +63,12 @@ class LangsmithExporter(Exporter):
     config_model = LangsmithSettings
     sdk_module = "langsmith"
     settings: LangsmithSettings
+
+    @classmethod
+    def contract_settings(cls, folder: Path) -> dict[str, Any] | None:
+        """None: LangSmith is a hosted service (tests/test_langsmith.py runs the real client
+        against a local endpoint)."""
+        return None
 
     def expected_errors(self) -> tuple[type[BaseException], ...]:
         import requests

@@ -73,6 +73,7 @@ class LocalExporter(LiveExporter):
     @classmethod
     def contract_settings(cls, folder: Path) -> dict[str, Any]:
         return {"root": str(folder / "local")}
+
     settings: LocalSettings
 
     def __init__(self, settings: LocalSettings) -> None:

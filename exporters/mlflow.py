@@ -93,6 +93,7 @@ class MlflowExporter(LiveExporter):
             "tracking_uri": f"sqlite:///{folder / 'mlflow.db'}",
             "artifact_location": (folder / "mlartifacts").as_uri(),
         }
+
     settings: MlflowSettings
 
     def __init__(self, settings: MlflowSettings) -> None:

@@ -102,6 +102,7 @@ class WandbExporter(LiveExporter):
     @classmethod
     def contract_settings(cls, folder: Path) -> dict[str, Any]:
         return {"mode": "offline", "dir": str(folder)}
+
     settings: WandbSettings
 
     def __init__(self, settings: WandbSettings) -> None:
