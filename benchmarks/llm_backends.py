@@ -15,7 +15,7 @@ from pathlib import Path
 from benchmarks.common import Row, make_run
 from benchmarks.large_export import _copy_baseline, _ours
 
-TRACE_ROWS = 2_000
+TRACE_ROWS = 1_000
 
 
 def _dir_mb(path: Path) -> float:

@@ -57,9 +57,7 @@ def assert_read_back_once(url: str, experiment_id: str, dataset: str, quickstart
     assert len(runs) == len(keys) == len(records)  # every rollout once
     by_key = {(example_task[r["dataset_example_id"]], r["repetition_number"]): r for r in runs}
     rewards = {
-        e["experiment_run_id"]: e["result"]["score"]
-        for e in experiment["evaluation_runs"]
-        if e["name"] == "reward"
+        e.experiment_run_id: e.result["score"] for e in experiment["evaluation_runs"] if e.name == "reward"
     }
     assert len(rewards) == len(records)
     for record in records:
