@@ -144,7 +144,9 @@ class Handler(BaseHTTPRequestHandler):
             return 200, req
         if parts == ["feedback"] and method == "GET":
             run_ids = set(query.get("run", []))
-            return 200, [f for f in s.feedback.values() if not run_ids or f["run_id"] in run_ids]
+            offset, limit = int(query.get("offset", ["0"])[0]), int(query.get("limit", ["100"])[0])
+            found = [f for f in s.feedback.values() if not run_ids or f["run_id"] in run_ids]
+            return 200, found[offset : offset + limit]
         return 404, {"detail": f"no route {method} {path}"}
 
     def _session_id(self, run: dict[str, Any]) -> str | None:
