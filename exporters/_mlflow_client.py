@@ -14,13 +14,14 @@ import json
 import logging
 import mimetypes
 import os
-import posixpath
+import re
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote, unquote
 
 from gym_artifacts.secrets import mask_secrets
 
@@ -282,9 +283,10 @@ class ScopedMlflow:
         if base is None:
             self.client.log_artifact(run_id, str(local_path), artifact_dir)
             return size
-        self._put(
-            base, posixpath.join("/", *([artifact_dir] if artifact_dir else []), local_path.name), local_path
-        )
+        check_artifact_name(local_path.name)
+        segments = [*(artifact_dir.split("/") if artifact_dir else []), local_path.name]
+        # every segment escaped: "#", "%", "?" and spaces are part of the name, not of the URL
+        self._put(base, "/" + "/".join(quote(seg, safe="") for seg in segments), local_path)
         return size
 
     def _http_artifact_base(self, artifact_uri: str) -> str | None:
@@ -319,6 +321,31 @@ class ScopedMlflow:
                 if attempt == self.limits.retries:
                     raise
                 time.sleep(min(self.limits.backoff * (2**attempt), self.deadline.remaining() or float("inf")))
+
+
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+
+
+def check_artifact_name(name: str) -> None:
+    """Refuse (ValueError) an artifact name MLflow cannot store exactly.
+
+    A control character (a newline) cannot travel in a URL path; an ``mlflow server`` decodes
+    %-escapes in a path (``100%25.txt`` would be stored as ``100%.txt``) and refuses ``#``; its
+    client cannot download a name holding ``?``. Every other character (a lone ``%``, spaces,
+    ``&``, ``+``, quotes, unicode) is stored as is.
+    """
+    decoded = name
+    for _ in range(10):  # as the server decodes: until nothing changes
+        once = unquote(decoded)
+        if once == decoded:
+            break
+        decoded = once
+    if _CONTROL.search(decoded):
+        raise ValueError(f"artifact name {name!r} holds a control character; MLflow cannot store it exactly")
+    if decoded != name:
+        raise ValueError(f"artifact name {name!r} holds a %-escape, which an MLflow server decodes")
+    if "#" in decoded or "?" in decoded:
+        raise ValueError(f"artifact name {name!r} holds '#' or '?', which MLflow cannot store and read back")
 
 
 def _batches(items: Sequence[Any], size: int) -> Iterable[Sequence[Any]]:

@@ -43,7 +43,14 @@ from gym_artifacts.run import RunArtifacts
 from gym_artifacts.run_times import run_times
 from gym_artifacts.spool import RolloutSpool
 
-from ._mlflow_client import IDENTITY_TAG, DeadlinePassed, RequestLimits, ScopedMlflow, file_mtime_ms
+from ._mlflow_client import (
+    IDENTITY_TAG,
+    DeadlinePassed,
+    RequestLimits,
+    ScopedMlflow,
+    check_artifact_name,
+    file_mtime_ms,
+)
 from ._mlflow_mapping import config_params, split_metrics, tag_value
 from ._mlflow_traces import log_rollout_traces
 from ._rollouts import iter_rollouts
@@ -217,6 +224,8 @@ class MlflowExporter(LiveExporter):
 
     # -- post-run --------------------------------------------------------------------------------
     def _export_post_run(self, run: RunArtifacts, plan: ExportPlan) -> Sent:
+        for rel in run.runtime_artifact_files():  # refused before anything is sent
+            check_artifact_name(rel)
         ml = self._client(live=False)
         experiment_id = ml.experiment_id(self.settings.experiment_name, self.settings.artifact_location)
         found = ml.find_runs(experiment_id, IDENTITY_TAG, plan.run_identity)
