@@ -315,45 +315,29 @@ def format_results_table(results: Sequence[dict[str, Any]]) -> str:
 
 def cmd_status(ns: argparse.Namespace) -> int:
     from gym_artifacts.errors import GymArtifactsError, MissingRunError
-    from gym_artifacts.identity import content_identities, run_identity
-    from gym_artifacts.run import RunArtifacts
-    from gym_artifacts.status import exporter_states
+    from gym_artifacts.status import run_status
 
     try:
-        run = RunArtifacts.from_path(ns.run).require_present()
-        logger.info("checking what keeps %s from a faithful export", ns.run)
-        missing = run.missing_for_export(rollouts_required=True)
-        torn = run.partial_rollouts_line()
-        logger.info("hashing the run's files")
-        identities = content_identities(run)
+        state = run_status(ns.run)
     except MissingRunError as exc:
         print(f"gym-artifacts: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
     except GymArtifactsError as exc:
         print(f"gym-artifacts: error: {exc}", file=sys.stderr)
         return EXIT_FAILED
-    logger.info("reading receipts and live-run markers")
-    exporters = exporter_states(run, identities)
-    report = {
-        "run": ns.run,
-        "partial_last_line_bytes": torn.partial_bytes if torn else None,
-        "missing_for_export": missing,
-        "run_identity": run_identity(identities),
-        "identities": identities,
-        "exporters": exporters,
-    }
     if ns.json:
-        print(json.dumps(report, indent=2))
+        print(json.dumps(state.to_json(), indent=2))
         return EXIT_OK
     print(f"run: {ns.run}")
-    if torn is not None and run.rollouts_fpath is not None:
-        print(f"rollouts: {torn.describe(run.rollouts_fpath)}")
+    if state.partial_line is not None and state.run.rollouts_fpath is not None:
+        print(f"rollouts: {state.partial_line.describe(state.run.rollouts_fpath)}")
+    missing = state.missing_for_export
     print(f"exportable: {'yes' if missing is None else 'no: ' + missing}")
-    print(f"run identity: {report['run_identity']}")
-    print(format_table(["artifact", "identity"], [[k, v] for k, v in identities.items()]))
+    print(f"run identity: {state.run_identity}")
+    print(format_table(["artifact", "identity"], [[k, v] for k, v in state.identities.items()]))
     print()
     rows = []
-    for name, info in exporters.items():
+    for name, info in state.exporters.items():
         detail = info.get("backend_run_id") or info.get("error") or ""
         if info.get("differences"):
             detail += " (" + ", ".join(info["differences"]) + ")"
