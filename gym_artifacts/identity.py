@@ -29,7 +29,7 @@ from gym_artifacts.jsonio import (
     read_regular_bytes,
     read_yaml,
 )
-from gym_artifacts.run import ROLLOUTS
+from gym_artifacts.run import METRICS_JOURNAL, ROLLOUTS
 from gym_artifacts.torn import partial_last_line
 
 if TYPE_CHECKING:
@@ -226,7 +226,7 @@ def content_identities(
             if cached is not None:
                 identities[name], records = cached
             elif name.endswith(".jsonl"):
-                torn = partial_last_line(fpath) if name == ROLLOUTS else None
+                torn = partial_last_line(fpath) if name in (ROLLOUTS, METRICS_JOURNAL) else None
                 digest = jsonl_digest(fpath, end=torn.complete_bytes if torn else None)
                 identities[name], records = digest.hexdigest(), digest.count
             else:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import math
 import numbers
 import os
@@ -25,7 +26,10 @@ from gym_artifacts.errors import RunError
 from gym_artifacts.jsonio import canonical_json, iter_jsonl
 from gym_artifacts.metric_records import MetricEntry, MetricRecord
 from gym_artifacts.secrets import mask_secret_named
+from gym_artifacts.torn import partial_last_line
 from gym_artifacts.worker import BackgroundWorker, Call, RecordSink
+
+logger = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
     from gym_artifacts.run import RunArtifacts
@@ -46,11 +50,17 @@ class JournalEntry:
 
 
 def iter_journal(run: RunArtifacts) -> Iterator[JournalEntry]:
-    """The live metrics journal's entries, in order; a malformed line names file and line."""
+    """The live metrics journal's entries, in order; a malformed line names file and line.
+
+    A torn last line (its writer was interrupted) is left out, with a warning naming the file.
+    """
     fpath = run.metrics_journal_fpath
     if not run.has_rollouts_file or not fpath.is_file():
         return
-    for lineno, record in iter_jsonl(fpath, "metrics journal"):
+    torn = partial_last_line(fpath)  # a writer interrupted mid-line (killed, disk full)
+    if torn is not None:
+        logger.warning("%s; that line is left out", torn.describe(fpath))
+    for lineno, record in iter_jsonl(fpath, "metrics journal", end=torn.complete_bytes if torn else None):
         if not isinstance(record, dict) or not isinstance(record.get("metrics"), dict):
             raise RunError(f"{fpath}:{lineno}: journal line must be an object with 'metrics'")
         step = record.get("step")
