@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 import sys
-import time
-from typing import TextIO
+from typing import Any, TextIO
 
 
 def human_bytes(n: float) -> str:
@@ -17,42 +16,46 @@ def human_bytes(n: float) -> str:
 
 
 class Progress:
-    """``update(label, done, total)`` redraws one line; nothing at all off a terminal."""
+    """A tqdm progress line on stderr (nothing at all off a terminal).
 
-    WIDTH = 28
+    ``update(label, done, total)`` counts bytes (hashing), except for ``export_run``'s
+    ``exporting to <name>`` steps, which count exporters; ``count`` counts items (runs).
+    """
+
     MIN_INTERVAL_S = 0.1
 
     def __init__(self, stream: TextIO | None = None, enabled: bool | None = None) -> None:
         self.stream = stream or sys.stderr
         self.enabled = self.stream.isatty() if enabled is None else enabled
-        self._last = 0.0
-        self._shown = False
+        self._bar: Any = None
+        self._kind: tuple[str, int] | None = None
 
     def update(self, label: str, done: int, total: int) -> None:
-        """Bytes: ``done`` of ``total`` bytes of ``label``."""
-        self._draw(label, done, total, f"{human_bytes(done)}/{human_bytes(total)}")
+        """Bytes: ``done`` of ``total`` bytes of ``label`` (exporters for ``exporting to ...``)."""
+        unit = "exporter" if label.startswith("exporting to ") else "B"
+        self._draw(label, done, total, unit)
 
     def count(self, label: str, done: int, total: int) -> None:
         """Items: ``done`` of ``total`` (for example runs exported)."""
-        self._draw(label, done, total, f"{done:,}/{total:,}")
+        self._draw(label, done, total, "run")
 
-    def _draw(self, label: str, done: int, total: int, amount: str) -> None:
+    def _draw(self, label: str, done: int, total: int, unit: str) -> None:
         if not self.enabled:
             return
-        now = time.monotonic()
-        if now - self._last < self.MIN_INTERVAL_S and done < total:
-            return
-        self._last = now
-        share = done / total if total else 1.0
-        filled = int(share * self.WIDTH)
-        bar = "#" * filled + "-" * (self.WIDTH - filled)
-        line = f"\r[{bar}] {share:4.0%} {amount}  {label[:60]}"
-        self.stream.write(line.ljust(110))
-        self.stream.flush()
-        self._shown = True
+        from tqdm import tqdm
+
+        if self._bar is None or self._kind != (unit, total):
+            self.close()
+            self._bar = tqdm(
+                total=total, unit=unit, unit_scale=unit == "B", unit_divisor=1024, file=self.stream,
+                leave=False, dynamic_ncols=True, mininterval=self.MIN_INTERVAL_S, ascii=True,
+            )  # fmt: skip
+            self._kind = (unit, total)
+        self._bar.set_description_str(label[:60], refresh=False)
+        self._bar.update(max(0, done - self._bar.n))
 
     def close(self) -> None:
-        if self.enabled and self._shown:
-            self.stream.write("\r" + " " * 110 + "\r")
-            self.stream.flush()
-            self._shown = False
+        if self._bar is not None:
+            self._bar.close()
+            self._bar = None
+            self._kind = None

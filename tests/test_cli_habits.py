@@ -86,3 +86,22 @@ def test_a_runs_own_saved_config_may_hold_anything(
     saved = quickstart_run.with_name("eval_config.yaml")
     saved.write_text(saved.read_text() + "\nmy_eval_specific_key: 3\n")
     assert main(["export", str(quickstart_run), "-c", str(local_config)]) == 0
+
+
+def test_progress_line_counts_exporters_as_exporters_and_bytes_as_bytes() -> None:
+    import io
+
+    from gym_artifacts.progress import Progress
+
+    stream = io.StringIO()
+    progress = Progress(stream=stream, enabled=True)
+    progress.MIN_INTERVAL_S = 0  # draw every update
+    progress.update("hashing rollouts.jsonl", 3 << 20, 6 << 20)
+    progress.update("exporting to local", 1, 2)
+    progress.update("exporting to mlflow", 2, 2)
+    progress.close()
+    text = stream.getvalue()
+    assert "3.00M/6.00M" in text and "B" in text  # bytes, scaled
+    assert "1/2" in text and "exporter" in text
+    assert "1 B/2 B" not in text and "1B/2B" not in text
+    assert Progress(stream=io.StringIO()).enabled is False  # never off a terminal
