@@ -57,7 +57,7 @@ def _page(tmp_path: Path, body: str) -> Path:
     return page
 
 
-@pytest.mark.parametrize("seed", [0, 1, 2])
+@pytest.mark.parametrize("seed", [0])
 def test_every_mark_lies_inside_its_chart(browser: Any, tmp_path: Path, seed: int) -> None:  # noqa: F811
     rng = random.Random(seed)
     data = _series(rng)
