@@ -13,7 +13,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from benchmarks.common import Row, peak_rss_mb
 
 BENCHMARKS = [
-    "live", "tail", "identity", "large_export", "recording", "nvml", "startup", "ray_scale", "llm_backends",
+    "live", "tail", "identity", "large_export", "recording", "snapshot", "nvml", "startup", "ray_scale",
+    "llm_backends",
 ]  # fmt: skip
 
 

@@ -106,6 +106,7 @@ def _is_rest(uri: str) -> bool:
 def _scoped_rest_store(
     tracking_uri: str, token: str | None, limits: RequestLimits, deadline: Deadline
 ) -> Any:
+    from mlflow.protos.service_pb2 import CreateRun
     from mlflow.store.tracking.rest_store import RestStore
     from mlflow.utils.proto_json_utils import parse_dict
     from mlflow.utils.rest_utils import MlflowHostCreds, http_request, verify_rest_response
@@ -128,14 +129,17 @@ def _scoped_rest_store(
             endpoint = endpoint or default_endpoint
             response_proto = response_proto or api.Response()
             body = json.loads(json_body) if json_body is not None else None
+            # runs/create is not idempotent: a retry after a timeout can leave a second run.
+            # The exporter looks the run's identity up before it creates again.
+            retries = 0 if api is CreateRun else limits.retries
             payload = {"params": body} if method == "GET" else {"json": body}
             response = deadline.run(
                 lambda: http_request(
                     self.get_host_creds(),
                     endpoint,
                     method,
-                    max_retries=limits.retries,
-                    backoff_factor=limits.backoff if limits.retries else 0,
+                    max_retries=retries,
+                    backoff_factor=limits.backoff if retries else 0,
                     timeout=deadline.timeout(limits.timeout),
                     **payload,
                 )
@@ -217,6 +221,9 @@ class ScopedMlflow:
             order_by=["attributes.start_time ASC"],
         )
         return list(runs)
+
+    def delete_run(self, run_id: str) -> None:
+        self.client.delete_run(run_id)
 
     def get_run(self, run_id: str) -> Any:
         return self.client.get_run(run_id)

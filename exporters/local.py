@@ -2,10 +2,11 @@
 
 The folder holds ``run.json`` (status, identities, times), ``config.json`` (masked),
 ``metrics.jsonl``, ``summary.json`` (aggregate metrics, every level), ``rollouts.jsonl`` and
-``artifacts/``. Post-run files are published atomically and run files hard-linked when on the
-same filesystem, else copied; a post-run export's run id derives from the run's identity, so a
-retried export rewrites the same folder. Live runs append one complete line per call and flush,
-so a killed process leaves every line it wrote readable; a resumed run appends to the same files.
+``artifacts/``. Post-run files are published atomically as snapshot copies (never hard links:
+the run can never change the export, nor the export the run); a post-run export's run id
+derives from the run's identity, so a retried export rewrites the same folder. Live runs
+append one complete line per call and flush, so a killed process leaves every line it wrote
+readable; a resumed run appends to the same files.
 """
 
 from __future__ import annotations
@@ -20,9 +21,10 @@ from typing import IO, Any
 
 from pydantic import field_validator
 
-from gym_artifacts.atomic import atomic_write_bytes, atomic_write_json, atomic_writer, link_or_copy
+from gym_artifacts.atomic import atomic_write_bytes, atomic_write_json, atomic_writer
 from gym_artifacts.backend import CannotCertify
 from gym_artifacts.config import ExporterConfig
+from gym_artifacts.destination import resolved_path
 from gym_artifacts.exporter import ExportPlan, Sent
 from gym_artifacts.journal import journal_line, repair_partial_last_line
 from gym_artifacts.jsonio import canonical_json, json_safe, read_json
@@ -39,6 +41,7 @@ from gym_artifacts.payload import (
 from gym_artifacts.receipts import utc_now_iso
 from gym_artifacts.run import RunArtifacts
 from gym_artifacts.run_times import eval_times
+from gym_artifacts.snapshot import snapshot_copy
 
 logger = logging.getLogger(__name__)
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
@@ -81,6 +84,15 @@ class LocalExporter(LiveExporter):
         self._metrics_fh: IO[bytes] | None = None
         self._rollouts_fh: IO[bytes] | None = None
         self._status_before_reopen: str | None = None
+
+    @classmethod
+    def destination_for(cls, settings: LocalSettings) -> dict[str, Any]:
+        """The resolved root folder and the experiment."""
+        return {"root": resolved_path(settings.root), "experiment": settings.experiment}
+
+    def backend_run_exists(self, backend_run_id: str) -> bool | None:
+        """The run folder still has its ``run.json``."""
+        return (self.run_dpath(backend_run_id) / "run.json").is_file()
 
     def experiment_dpath(self) -> Path:
         return self.settings.root.expanduser() / self.settings.experiment
@@ -170,15 +182,15 @@ class LocalExporter(LiveExporter):
             summary["omitted_rows"] = run.omitted_rows()
             summary.update(partial_line_record(plan))
             atomic_write_json(dpath / "summary.json", json_safe(summary))
-            sent_bytes += link_or_copy(run.aggregate_metrics_fpath, dpath / "aggregate_metrics.json")
+            sent_bytes += snapshot_copy(run.aggregate_metrics_fpath, dpath / "aggregate_metrics.json")
         if run.has_rollouts_file and run.acceptance_fpath.is_file():
-            sent_bytes += link_or_copy(run.acceptance_fpath, dpath / "acceptance.json")
+            sent_bytes += snapshot_copy(run.acceptance_fpath, dpath / "acceptance.json")
         rows = 0
         rollouts = run.rollouts_fpath
         if plan.upload_rollouts and rollouts is not None and rollouts.is_file():
             rows = plan.rollout_rows if plan.rollout_rows is not None else count_lines(rollouts)
             with complete_rollouts(rollouts, plan) as complete:
-                sent_bytes += link_or_copy(complete, dpath / "rollouts.jsonl")
+                sent_bytes += snapshot_copy(complete, dpath / "rollouts.jsonl")
         for rel, fpath in run.runtime_artifact_files().items():
             sent_bytes += publish_artifact(fpath, dpath / "artifacts" / rel, plan.secrets)
         return rows, sent_bytes
@@ -278,9 +290,9 @@ class LocalExporter(LiveExporter):
 
 
 def publish_artifact(src: Path, dst: Path, secrets: frozenset[str]) -> int:
-    """Link or copy one artifact; a small JSON or YAML file that holds a secret is masked first."""
+    """Snapshot-copy one artifact; a small JSON or YAML file that holds a secret is masked first."""
     masked = masked_artifact(src, secrets)
     if masked is not None:
         atomic_write_bytes(dst, masked)
         return len(masked)
-    return link_or_copy(src, dst)
+    return snapshot_copy(src, dst)

@@ -14,9 +14,9 @@ from __future__ import annotations
 import contextlib
 import getpass
 import logging
-import shutil
 import tempfile
 import time
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +24,7 @@ from pydantic import Field, SecretStr
 
 from gym_artifacts.backend import CannotCertify
 from gym_artifacts.config import ExporterConfig
+from gym_artifacts.destination import absolute_store_uri, credential_free_uri
 from gym_artifacts.exporter import ExportPlan, Sent
 from gym_artifacts.jsonio import canonical_json, json_safe
 from gym_artifacts.layout import NVML_SUMMARY
@@ -41,6 +42,7 @@ from gym_artifacts.payload import (
 from gym_artifacts.receipts import utc_now_iso
 from gym_artifacts.run import RunArtifacts
 from gym_artifacts.run_times import run_times
+from gym_artifacts.snapshot import snapshot_copy
 from gym_artifacts.spool import RolloutSpool
 
 from ._mlflow_client import (
@@ -62,6 +64,10 @@ SOURCE_TAG = "gym_artifacts.source"
 CERTIFIED_TAG = "gym_artifacts.certified"
 SUPERSEDED_TAG = "gym_artifacts.superseded_by"
 TIMES_TAG = "gym_artifacts.times_from"  # session, journal or files: where the run's times came from
+# Set last, after the run is FINISHED: every artifact and metric of the identity is in.
+COMPLETE_TAG = "gym_artifacts.complete"
+# One export attempt's id: the runs it created, so that it deletes only its own orphans.
+ATTEMPT_TAG = "gym_artifacts.export_attempt"
 
 
 class MlflowSettings(ExporterConfig):
@@ -82,6 +88,9 @@ class MlflowSettings(ExporterConfig):
     # The whole post-run export to an MLflow server (every request and retry) ends within this
     # many seconds, FAILED when the server does not answer (a black hole, a byte at a time).
     export_deadline: float = Field(default=600.0, gt=0, le=24 * 3600)
+    # After a failed runs/create, how long to look for the run it may still have created
+    # (default: twice export_request_timeout, at least 10 s).
+    create_lookup_seconds: float | None = Field(default=None, ge=0, le=3600)
     # Every rollout also as an MLflow trace with its verdicts as feedback (off by default: one
     # request per rollout; figures in BENCHMARKS.md).
     log_traces: bool = False
@@ -109,6 +118,26 @@ class MlflowExporter(LiveExporter):
         self._status_before_reopen: str | None = None
         self._rollouts: RolloutSpool | None = None
 
+    @classmethod
+    def destination_for(cls, settings: MlflowSettings) -> dict[str, Any]:
+        """The tracking URI without credentials (file stores made absolute) and the experiment."""
+        return {
+            "tracking_uri": credential_free_uri(settings.tracking_uri),
+            "experiment_name": settings.experiment_name,
+        }
+
+    def backend_run_exists(self, backend_run_id: str) -> bool | None:
+        """The run is still in the store and not deleted."""
+        from mlflow.exceptions import MlflowException
+
+        try:
+            found = self._client(live=False).get_run(backend_run_id)
+        except MlflowException as exc:
+            if getattr(exc, "error_code", "") == "RESOURCE_DOES_NOT_EXIST":
+                return False
+            raise
+        return bool(found.info.lifecycle_stage == "active")
+
     def expected_errors(self) -> tuple[type[BaseException], ...]:
         import requests
         from mlflow.exceptions import MlflowException
@@ -127,7 +156,7 @@ class MlflowExporter(LiveExporter):
             )
         )
         token = s.tracking_token.get_secret_value() if s.tracking_token else None
-        return ScopedMlflow(s.tracking_uri, token, limits)
+        return ScopedMlflow(absolute_store_uri(s.tracking_uri), token, limits)
 
     def _base_tags(self, run: RunArtifacts, kind: str) -> dict[str, str]:
         """Our tags, plus MLflow's own Source and User columns: the run's files and who ran it."""
@@ -229,19 +258,88 @@ class MlflowExporter(LiveExporter):
         ml = self._client(live=False)
         experiment_id = ml.experiment_id(self.settings.experiment_name, self.settings.artifact_location)
         found = ml.find_runs(experiment_id, IDENTITY_TAG, plan.run_identity)
+        complete = [r for r in found if r.data.tags.get(COMPLETE_TAG) == "true"]
+        if complete:  # another folder's copy of this run (or a lost receipt) already put it here
+            run_id = str(complete[0].info.run_id)
+            logger.info("mlflow: run %s already holds this run's identity, complete", run_id)
+            rows = (plan.rollout_rows or 0) if plan.upload_rollouts else 0
+            return Sent(run_id, rows=rows, note=f"already in MLflow (run {run_id} holds this identity)")
+        attempt = uuid.uuid4().hex
         if found:  # an earlier export died before its receipt: finish that run, never a second one
             run_id = str(found[0].info.run_id)
             logger.info("mlflow: completing run %s found by the run's identity", run_id)
         times = run_times(run)
         if not found:
-            tags = {IDENTITY_TAG: plan.run_identity, **self._base_tags(run, "post-run")}
+            tags = {IDENTITY_TAG: plan.run_identity, ATTEMPT_TAG: attempt, **self._base_tags(run, "post-run")}
             if times is not None:
                 tags[TIMES_TAG] = times.source
             start_ms = times.start_ms if times is not None else int(time.time() * 1000)
-            run_id = ml.create_run(experiment_id, self.settings.run_name or run.name, tags, start_ms)
+            name = self.settings.run_name or run.name
+            run_id = self._create_once(ml, experiment_id, name, tags, plan, start_ms)
         rows, sent = self._send_run(ml, run_id, run, plan)
         ml.terminate(run_id, "FINISHED", times.end_ms if times is not None else None)
+        ml.set_tags(run_id, {COMPLETE_TAG: "true"})
+        self._delete_orphans(ml, experiment_id, plan.run_identity, attempt, keep=run_id)
         return Sent(backend_run_id=run_id, rows=rows, bytes=sent)
+
+    def _create_once(
+        self,
+        ml: ScopedMlflow,
+        experiment_id: str,
+        name: str,
+        tags: dict[str, str],
+        plan: ExportPlan,
+        start_ms: int,
+    ) -> str:
+        """Create the run for this identity, never two: runs/create is sent without transport
+        retries; after a failure (a timeout may still create the run on the server) the identity
+        is looked up for a while before creating again. Then, if a concurrent exporter elsewhere
+        created one too, every exporter continues in the oldest run (and deletes its own)."""
+        import requests
+        from mlflow.exceptions import MlflowException
+
+        s = self.settings
+        window = s.create_lookup_seconds
+        if window is None:
+            window = max(10.0, 2 * s.export_request_timeout)
+        last: Exception | None = None
+        run_id: str | None = None
+        for _ in range(s.export_request_retries + 1):
+            try:
+                run_id = ml.create_run(experiment_id, name, tags, start_ms)
+                break
+            except (MlflowException, requests.RequestException) as exc:
+                last = exc
+                logger.warning("mlflow: runs/create failed (%s); looking the run's identity up", exc)
+            deadline = time.monotonic() + window
+            while run_id is None:
+                found = ml.find_runs(experiment_id, IDENTITY_TAG, plan.run_identity)
+                if found:
+                    run_id = str(found[0].info.run_id)
+                elif time.monotonic() >= deadline:
+                    break
+                else:
+                    time.sleep(0.5)
+            if run_id is not None:
+                break
+        if run_id is None:
+            assert last is not None
+            raise last
+        oldest = ml.find_runs(experiment_id, IDENTITY_TAG, plan.run_identity)
+        if oldest and str(oldest[0].info.run_id) != run_id:
+            logger.info("mlflow: run %s of this identity is older; continuing there", oldest[0].info.run_id)
+            if tags.get(ATTEMPT_TAG) == ml.get_run(run_id).data.tags.get(ATTEMPT_TAG):
+                ml.delete_run(run_id)
+            run_id = str(oldest[0].info.run_id)
+        return run_id
+
+    @staticmethod
+    def _delete_orphans(ml: ScopedMlflow, experiment_id: str, identity: str, attempt: str, keep: str) -> None:
+        """Delete the runs this export itself created and did not use (a create that timed out)."""
+        for other in ml.find_runs(experiment_id, IDENTITY_TAG, identity):
+            if str(other.info.run_id) != keep and other.data.tags.get(ATTEMPT_TAG) == attempt:
+                logger.info("mlflow: deleting run %s, orphan of a timed-out create", other.info.run_id)
+                ml.delete_run(str(other.info.run_id))
 
     def _certify(self, run: RunArtifacts, plan: ExportPlan, live_run_id: str) -> Sent:
         from mlflow.exceptions import MlflowException
@@ -256,6 +354,7 @@ class MlflowExporter(LiveExporter):
         ml.set_tags(live_run_id, {IDENTITY_TAG: plan.run_identity, CERTIFIED_TAG: "true"})
         rows, sent = self._send_run(ml, live_run_id, run, plan)
         ml.terminate(live_run_id, "FINISHED")
+        ml.set_tags(live_run_id, {COMPLETE_TAG: "true"})
         return Sent(backend_run_id=live_run_id, rows=rows, bytes=sent)
 
     def _mark_superseded(self, live_run_id: str, new_run_id: str) -> None:
@@ -360,10 +459,7 @@ class MlflowExporter(LiveExporter):
             return ml.log_artifact(run_id, src, artifact_dir)
         with tempfile.TemporaryDirectory(prefix="gym-artifacts-mlflow-") as tmp:
             staged = Path(tmp) / name
-            try:
-                staged.hardlink_to(src)
-            except OSError:
-                shutil.copyfile(src, staged)
+            snapshot_copy(src, staged)  # a copy, never a link: the upload reads a fixed snapshot
             return ml.log_artifact(run_id, staged, artifact_dir)
 
     @classmethod

@@ -175,6 +175,11 @@ class TensorboardExporter(LiveExporter):
     def logdir(self) -> Path:
         return Path(self.settings.logdir).expanduser().absolute()
 
+    @classmethod
+    def destination_for(cls, settings: TensorboardSettings) -> dict[str, Any]:
+        """The resolved log folder (a relative one means another folder in another cwd)."""
+        return {"logdir": str(Path(settings.logdir).expanduser().absolute())}
+
     # -- live ----------------------------------------------------------------------------------
     def _setup(self) -> str:
         assert self.run is not None

@@ -23,6 +23,7 @@ from typing import Any, Literal
 from pydantic import Field, SecretStr
 
 from gym_artifacts.config import ExporterConfig
+from gym_artifacts.destination import credential_free_uri
 from gym_artifacts.exporter import ExportPlan, Sent
 from gym_artifacts.jsonio import iter_jsonl, json_safe
 from gym_artifacts.layout import NVML_SUMMARY, RECORDING
@@ -111,6 +112,17 @@ class WandbExporter(LiveExporter):
         self._last_step = -1
         self._skipped_steps = 0
         self._rollouts = RolloutSpool(prefix="gym-artifacts-wandb-")
+
+    @classmethod
+    def destination_for(cls, settings: WandbSettings) -> dict[str, Any]:
+        """Server, entity and project (and the mode: an offline run is not on the server)."""
+        s = settings
+        return {
+            "base_url": credential_free_uri(s.base_url) if s.base_url else "https://api.wandb.ai",
+            "entity": s.entity,
+            "project": s.project,
+            "mode": s.mode,
+        }
 
     def expected_errors(self) -> tuple[type[BaseException], ...]:
         import wandb

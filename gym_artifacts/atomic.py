@@ -9,7 +9,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import shutil
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -68,31 +67,6 @@ def atomic_write_bytes(fpath: Path | str, data: bytes) -> None:
 def atomic_write_json(fpath: Path | str, obj: Any) -> None:
     """Publish ``obj`` as indented, key-sorted JSON atomically."""
     atomic_write_bytes(fpath, dumps_pretty(obj))
-
-
-def atomic_copy(src: Path | str, dst: Path | str) -> int:
-    """Copy ``src`` to ``dst`` atomically, streaming in the kernel where possible; returns bytes."""
-    with open(src, "rb") as fin, atomic_writer(dst) as fout:
-        shutil.copyfileobj(fin, fout, 1 << 20)
-        return fout.tell()
-
-
-def link_or_copy(src: Path | str, dst: Path | str) -> int:
-    """Publish ``src`` as ``dst``: a hard link on the same filesystem, else an atomic copy."""
-    src, dst = Path(src), Path(dst)
-    dst.parent.mkdir(parents=True, exist_ok=True)
-    with contextlib.suppress(OSError):
-        if os.path.samefile(src, dst):  # already published: rename() would be a no-op
-            return src.stat().st_size
-    tmp = dst.with_name(f"{TEMP_PREFIX}{os.getpid()}-{dst.name[:60]}")
-    with contextlib.suppress(FileNotFoundError):
-        tmp.unlink()
-    try:
-        os.link(src, tmp)
-    except OSError:
-        return atomic_copy(src, dst)
-    os.replace(tmp, dst)
-    return src.stat().st_size
 
 
 _PRETTY = orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS | orjson.OPT_APPEND_NEWLINE

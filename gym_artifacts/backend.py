@@ -79,7 +79,9 @@ class ExportPlan:
     identities: dict[str, str]
     run_identity: str
     upload_rollouts: bool
-    certify: bool = False
+    # None: certify a live run that may be (completed, lossless, unchanged); True: also one
+    # whose marker predates the loss record; False: never.
+    certify: bool | None = None
     config: dict[str, Any] | None = None
     secrets: frozenset[str] = field(default_factory=frozenset)
     # Records in the rollouts file, when hashing counted them (saves a second read).

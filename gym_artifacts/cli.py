@@ -99,8 +99,16 @@ def build_parser() -> argparse.ArgumentParser:
     )
     exp.add_argument(
         "--certify",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="complete the live run instead of creating a new one (default: when it completed, "
+        "lost no call and is unchanged; --certify also accepts a marker without a loss record; "
+        "--no-certify always creates a new run)",
+    )
+    exp.add_argument(
+        "--verify",
         action="store_true",
-        help="complete a completed live run instead of creating a new one",
+        help="ask each backend whether the receipted run still exists; export anew if it is gone",
     )
     exp.add_argument(
         PARTIAL_OVERRIDE_FLAG,
@@ -132,6 +140,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     st.add_argument("run", metavar="OUT.jsonl")
     st.add_argument("--json", action="store_true")
+    st.add_argument("--verify", action="store_true", help="ask each backend whether its receipted run exists")
 
     rp = sub.add_parser(
         "report", parents=[verbose], help="write a self-contained HTML report of a run"
@@ -164,7 +173,7 @@ def _split_items(items: Sequence[str]) -> tuple[list[str], list[str]]:
 
 
 def cmd_export(ns: argparse.Namespace) -> int:
-    from gym_artifacts.config import check_export_config_keys, load_yaml_config, parse_flag, parse_overrides
+    from gym_artifacts.config import check_export_config_keys, load_yaml_config, parse_overrides
     from gym_artifacts.errors import GymArtifactsError
     from gym_artifacts.executor import ExportJob, require_ray, run_jobs
     from gym_artifacts.exporter import ExportStatus
@@ -178,19 +187,10 @@ def cmd_export(ns: argparse.Namespace) -> int:
     if ns.jobs < 1:
         print("gym-artifacts: error: --jobs must be at least 1", file=sys.stderr)
         return EXIT_USAGE
-    upload = ns.upload_rollouts
-    try:
+    try:  # unusable arguments are refused before any run is read; precedence is the API's
         if ns.config is not None:
             check_export_config_keys(load_yaml_config(ns.config), str(ns.config))
         parse_overrides(overrides)
-        kept = []
-        for item in overrides:
-            key, value = item.split("=", 1)
-            if key.strip() == "upload_rollouts" and upload is None:
-                upload = parse_flag(value, "upload_rollouts")
-            else:
-                kept.append(item)
-        overrides = kept
         entries = discover()
         for name in ns.exporter:
             get_entry(name, entries)
@@ -214,8 +214,9 @@ def cmd_export(ns: argparse.Namespace) -> int:
             config_file=None if ns.config is None else str(ns.config),
             overrides=tuple(overrides),
             exporters=tuple(ns.exporter),
-            upload_rollouts=upload,
+            upload_rollouts=ns.upload_rollouts,
             certify=ns.certify,
+            verify=ns.verify,
             accept_partial_line=ns.accept_partial_line,
             accept_stale_aggregates=ns.accept_stale_aggregates,
             # bytes progress on a terminal for one run at a time in this process
@@ -318,7 +319,7 @@ def cmd_status(ns: argparse.Namespace) -> int:
     from gym_artifacts.status import run_status
 
     try:
-        state = run_status(ns.run)
+        state = run_status(ns.run, verify=ns.verify)
     except MissingRunError as exc:
         print(f"gym-artifacts: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
@@ -336,22 +337,31 @@ def cmd_status(ns: argparse.Namespace) -> int:
     print(f"run identity: {state.run_identity}")
     print(format_table(["artifact", "identity"], [[k, v] for k, v in state.identities.items()]))
     print()
-    rows = []
-    for name, info in state.exporters.items():
-        detail = info.get("backend_run_id") or info.get("error") or ""
-        if info.get("differences"):
-            detail += " (" + ", ".join(info["differences"]) + ")"
-        live = info.get("live_run", {})
-        rows.append(
-            [
-                name,
-                info["receipt"],
-                detail,
-                live.get("run_id", "") + (f" [{live['state']}]" if "state" in live else ""),
-            ]
-        )
-    print(format_table(["exporter", "receipt", "backend run", "live run"], rows))
+    print(format_table(["exporter", "destination", "receipt", "backend run", "verified", "live run"],
+                       status_rows(state.exporters)))  # fmt: skip
     return EXIT_OK
+
+
+def status_rows(exporters: dict[str, dict[str, Any]]) -> list[list[str]]:
+    """One row per exporter and destination; the live run on the exporter's first row."""
+    rows = []
+    for name, info in exporters.items():
+        live = info.get("live_run", {})
+        live_text = live.get("run_id", "") + (f" [{live['state']}]" if "state" in live else "")
+        if live.get("superseded_by"):
+            live_text += f" superseded by {live['superseded_by']}"
+        if live.get("note"):
+            live_text += f" ({live['note']})"
+        entries = info["receipts"] or [info]
+        for i, entry in enumerate(entries):
+            detail = entry.get("backend_run_id") or entry.get("error") or ""
+            if entry.get("differences"):
+                detail += " (" + ", ".join(entry["differences"]) + ")"
+            rows.append([
+                name if i == 0 else "", entry.get("where", "-"), entry["receipt"], detail,
+                entry.get("verified", ""), live_text if i == 0 else "",
+            ])  # fmt: skip
+    return rows
 
 
 def cmd_report(ns: argparse.Namespace) -> int:

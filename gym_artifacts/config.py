@@ -156,9 +156,20 @@ def merge_configs(*configs: Any) -> Any:
         raise ConfigError(f"cannot apply overrides: {_oc_message(exc)}") from exc
 
 
+def as_config(cfg: Any) -> Any:
+    """A DictConfig of ``cfg`` (a DictConfig, a mapping or None)."""
+    oc = _omegaconf()
+    if oc.OmegaConf.is_config(cfg):
+        return cfg
+    try:
+        return oc.OmegaConf.create(dict(cfg or {}))
+    except (TypeError, ValueError, oc.errors.OmegaConfBaseException) as exc:
+        raise ConfigError(f"a config must be a mapping: {_oc_message(exc)}") from exc
+
+
 def raw_container(cfg: Any) -> dict[str, Any]:
     """The config as plain containers, interpolations unresolved."""
-    return _omegaconf().OmegaConf.to_container(cfg, resolve=False)  # type: ignore[no-any-return]
+    return _omegaconf().OmegaConf.to_container(as_config(cfg), resolve=False)  # type: ignore[no-any-return]
 
 
 def normalize(cfg: Any) -> Any:
@@ -275,7 +286,7 @@ def upload_rollouts_setting(cfg: Any) -> bool | None:
     return None
 
 
-def resolve_upload_rollouts(explicit: bool | None, *configs: Any, default: bool = True) -> bool:
+def resolve_upload_rollouts(explicit: bool | None, *configs: Any, default: Any = True) -> Any:
     """The upload setting: an explicit choice, else the first config that sets one, else ``default``."""
     if explicit is not None:
         return explicit
@@ -319,18 +330,37 @@ def build_export_config(
 ) -> tuple[Any, str]:
     """Which exporters and settings an export uses, and where they came from.
 
-    ``-c FILE`` when given; else the run's saved config when it configures any exporter (a run
-    goes where it was meant to go); else the embedded default. Overrides apply last.
+    The one precedence rule of every setting (later wins), shared by the CLI and the API:
+
+    1. the embedded default;
+    2. the run's saved config: when it configures any exporter, its exporters replace the
+       default's (a run goes where it was meant to go);
+    3. ``-c FILE``: its exporters replace both;
+    4. ``key=value`` overrides, merged key by key;
+    5. flags (``-e``, ``--[no-]upload-rollouts``, ``--[no-]certify``, ``--verify``): the
+       arguments of ``export_run``.
+
+    NeMo Gym's flat keys (``mlflow_tracking_uri``, ...) belong to the layer they are written
+    in: within one layer an explicit ``exporters.<name>`` key wins over a flat key, and a flat
+    key in a later layer (a ``key=value`` override) wins over every earlier layer's sections.
+    ``upload_rollouts`` is taken from the latest layer that sets it.
     """
-    if config_fpath is not None:
-        base, source = load_yaml_config(config_fpath), str(config_fpath)
+    default = load_default_config()
+    file_cfg = load_yaml_config(config_fpath) if config_fpath is not None else None
+    if file_cfg is not None:
+        base, source = file_cfg, str(config_fpath)
     elif run_config is not None and configures_exporters(run_config):
         base, source = run_config, "run config"
     else:
-        base, source = load_default_config(), "embedded default"
+        base, source = default, "embedded default"
+    cfg = normalize(base)
+    upload = resolve_upload_rollouts(None, file_cfg, run_config, default, default=None)
+    if upload is not None:
+        cfg = merge_configs(cfg, _omegaconf().OmegaConf.create({UPLOAD_KEY: upload}))
     overrides = list(overrides)
-    cfg = merge_configs(base, parse_overrides(overrides)) if overrides else base
-    return normalize(cfg), source
+    if overrides:
+        cfg = merge_configs(cfg, normalize(parse_overrides(overrides)))
+    return cfg, source
 
 
 def is_resume(cfg: Any) -> bool:

@@ -46,7 +46,8 @@ class ExportJob:
     overrides: tuple[str, ...] = ()
     exporters: tuple[str, ...] = ()
     upload_rollouts: bool | None = None
-    certify: bool = False
+    certify: bool | None = None  # None: certify a live run that may be; False: never
+    verify: bool = False  # ask each backend whether the receipted run still exists
     accept_partial_line: bool = False
     accept_stale_aggregates: bool = False
     progress: bool = False  # a byte progress line on this process's terminal
@@ -78,10 +79,11 @@ def _job_config(job: ExportJob, run: Any) -> Any:
     if job.config is not None:
         from omegaconf import OmegaConf
 
-        base = OmegaConf.create(job.config)
-        return normalize(merge_configs(base, parse_overrides(job.overrides)) if job.overrides else base)
-    try:
-        run_config = None if job.config_file else load_run_config(run)
+        base = normalize(OmegaConf.create(job.config))
+        # A flat key in an override wins over the mapping's sections (one layer each).
+        return merge_configs(base, normalize(parse_overrides(job.overrides))) if job.overrides else base
+    try:  # read even with -c: its upload_rollouts lies between the default's and -c's
+        run_config = load_run_config(run)
     except RunError as exc:
         if job.config_file is None and not job.exporters:
             raise
@@ -110,6 +112,7 @@ def export_job(job: ExportJob) -> RunResults:
                 exporters=job.exporters or None,
                 upload_rollouts=job.upload_rollouts,
                 certify=job.certify,
+                verify=job.verify,
                 accept_partial_line=job.accept_partial_line,
                 accept_stale_aggregates=job.accept_stale_aggregates,
                 progress=progress.update if progress.enabled else None,
@@ -297,7 +300,8 @@ def export_runs(
     overrides: Sequence[str] = (),
     exporters: Sequence[str] = (),
     upload_rollouts: bool | None = None,
-    certify: bool = False,
+    certify: bool | None = None,
+    verify: bool = False,
     executor: str = "local",
     jobs: int = 1,
     ray_address: str | None = None,
@@ -329,6 +333,7 @@ def export_runs(
             exporters=tuple(exporters),
             upload_rollouts=upload_rollouts,
             certify=certify,
+            verify=verify,
         )
         for run in runs
     ]

@@ -1,21 +1,29 @@
-"""export_run(): a finished run to every selected backend, exactly once each.
+"""export_run(): a finished run to every selected backend, exactly once per destination.
 
-For each backend: a receipt that matches the run's identities means SKIPPED without building
-or contacting the backend; a receipt that does not match (or is not ours) means FAILED with
-nothing sent; no receipt means send, then publish the receipt atomically. One backend's
-failure never stops another's.
+For each backend, its destination is computed from the settings (nothing contacted). A receipt
+for that exporter and destination that matches the run's identities means SKIPPED without
+contacting the backend (``verify`` asks the backend whether the receipted run still exists and
+exports anew when it is gone); a receipt that does not match (or is not ours) means FAILED with
+nothing sent; no receipt means send, then add the destination's receipt atomically. Sends of
+one run identity to one destination are serialized by an identity lock, whatever folder the
+run is in. One backend's failure never stops another's.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import tempfile
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+import blake3
+
 from gym_artifacts.config import (
+    build_export_config,
     enabled_exporters,
     exporter_names,
     exporter_section,
@@ -24,8 +32,9 @@ from gym_artifacts.config import (
     resolve_upload_rollouts,
     validate_settings,
 )
+from gym_artifacts.destination import Destination, destination_key
 from gym_artifacts.errors import ConfigError, GymArtifactsError, ReceiptError, RunError
-from gym_artifacts.exporter import ExportPlan, ExportResult, ExportStatus
+from gym_artifacts.exporter import CERTIFIED_NOTE, Exporter, ExportPlan, ExportResult, ExportStatus
 from gym_artifacts.identity import content_identities, run_identity
 from gym_artifacts.locking import LockBusy, exclusive_lock
 from gym_artifacts.payload import backend_config, load_run_config
@@ -33,7 +42,8 @@ from gym_artifacts.receipts import (
     Receipt,
     identity_differences,
     publish_receipt,
-    read_receipt,
+    read_receipts,
+    receipt_for,
     utc_now_iso,
 )
 from gym_artifacts.registry import discover, get_entry
@@ -75,6 +85,58 @@ def validate_exporter_settings(cfg: Any, names: Sequence[str]) -> None:
         validate_settings(cls.config_model, section, name)
 
 
+@dataclass
+class Target:
+    """One exporter of an export: its class and settings (the backend is built only to send or
+    verify), its destination, and the one a version-1 receipt stands for (the run's own
+    config's), when known."""
+
+    name: str
+    cls: type[Exporter] | None = None
+    settings: Any = None
+    error: str | None = None
+    key: str | None = None
+    destination: Destination | None = None
+    legacy: tuple[Destination, str] | None = None
+
+    @property
+    def legacy_key(self) -> str | None:
+        return self.legacy[1] if self.legacy is not None else None
+
+    def build(self) -> Exporter:
+        assert self.cls is not None
+        return self.cls(self.settings)
+
+
+def build_target(name: str, cfg: Any, legacy_cfg: Any | None) -> Target:
+    """The exporter's settings from ``cfg`` and both destinations; nothing built or contacted."""
+    target = Target(name)
+    try:
+        target.cls = cls = get_entry(name).load()
+        target.settings = cls.settings_from(cfg)
+        target.destination = cls.destination_for(target.settings)
+        target.key = destination_key(target.destination)
+    except GymArtifactsError as exc:
+        target.error = str(exc)
+        return target
+    if legacy_cfg is not None:
+        try:
+            legacy = cls.destination_for(cls.settings_from(legacy_cfg))
+            target.legacy = (legacy, destination_key(legacy))
+        except GymArtifactsError:
+            target.legacy = None  # unknown: a version-1 receipt is then honoured for any destination
+    return target
+
+
+def identity_lock_fpath(name: str, key: str, run_identity: str) -> Path:
+    """The lock every export of this run identity to this destination takes, from any folder."""
+    default = Path(tempfile.gettempdir()) / f"gym-artifacts-locks-{os.getuid()}"
+    root = Path(os.environ.get("GYM_ARTIFACTS_LOCK_DIR") or default)
+    root.mkdir(parents=True, exist_ok=True)
+    digest = blake3.blake3(f"{name}\0{key}\0{run_identity}".encode()).hexdigest()[:32]
+    return root / f"{digest}.lock"
+
+
 def file_signatures(run: RunArtifacts) -> Signatures:
     """``{artifact: (size, mtime_ns, inode)}``: any write to the run changes it.
 
@@ -98,17 +160,28 @@ def _changed_message(receipt_fpath: Path, receipt: Receipt, diffs: list[str]) ->
     )
 
 
-def check_receipt(run: RunArtifacts, name: str, identities: dict[str, str]) -> ExportResult | None:
-    """SKIPPED or FAILED when a receipt decides the outcome; None when there is none."""
+def check_receipt(run: RunArtifacts, target: Target, identities: dict[str, str]) -> ExportResult | None:
+    """SKIPPED or FAILED when a receipt for the target's destination decides; None when none does."""
+    name = target.name
     fpath = run.export_done_fpath(name)
     try:
-        receipt = read_receipt(fpath)
+        receipts = read_receipts(fpath)
     except ReceiptError as exc:
         return ExportResult(
             name,
             ExportStatus.FAILED,
             reason=f"{exc}; nothing was sent. If it is not needed, delete {fpath} and export again",
         )
+    if target.key is None:  # the settings cannot be resolved now: only a matching receipt helps
+        if receipts and not identity_differences(receipts[-1].identities, identities):
+            return ExportResult(
+                name,
+                ExportStatus.SKIPPED,
+                backend_run_id=receipts[-1].backend_run_id,
+                reason=f"receipt matches; destination not resolved ({target.error})",
+            )
+        return None
+    receipt = receipt_for(receipts, target.key, target.legacy_key)
     if receipt is None:
         return None
     diffs = identity_differences(receipt.identities, identities)
@@ -126,50 +199,75 @@ def _failed(name: str, reason: str, start: float) -> ExportResult:
     return ExportResult(name, ExportStatus.FAILED, reason=reason, seconds=time.monotonic() - start)
 
 
-def _export_one(
-    run: RunArtifacts,
-    name: str,
-    cfg: Any,
-    plan: ExportPlan,
-    signatures: Signatures,
-) -> ExportResult:
-    start = time.monotonic()
-    decided = check_receipt(run, name, plan.identities)
-    if decided is not None:
+def _verified(target: Target, decided: ExportResult, start: float) -> ExportResult | None:
+    """``--verify`` of a SKIPPED result: kept when the backend run exists, None when it is gone."""
+    if decided.status is not ExportStatus.SKIPPED or target.cls is None or not decided.backend_run_id:
         return decided
     try:
-        lock = exclusive_lock(run.export_lock_fpath(name), wait_seconds=LOCK_WAIT_SECONDS)
-        with lock:
-            # Another process may have finished while this one waited.
-            decided = check_receipt(run, name, plan.identities)
-            if decided is not None:
-                return decided
-            return _send(run, name, cfg, plan, signatures, start)
-    except LockBusy:
-        return _failed(name, f"{run.source} is being exported to {name} by another process", start)
+        exists = target.build().backend_run_exists(decided.backend_run_id)
+    except Exception as exc:  # unreachable backend or refusal: report, never re-send blind
+        first_line = str(exc).splitlines()[0] if str(exc) else ""
+        reason = f"cannot verify backend run {decided.backend_run_id}: {type(exc).__name__}: {first_line}"
+        return _failed(target.name, reason, start)
+    if exists is None:
+        return replace(decided, reason=f"{target.name} cannot verify its runs; receipt trusted")
+    if exists:
+        return replace(decided, reason="verified: the backend run exists")
+    logger.warning("%s: backend run %s is missing; exporting anew", target.name, decided.backend_run_id)
+    return None
+
+
+def _export_one(
+    run: RunArtifacts,
+    target: Target,
+    plan: ExportPlan,
+    signatures: Signatures,
+    verify: bool,
+) -> ExportResult:
+    start = time.monotonic()
+    name = target.name
+    decided = check_receipt(run, target, plan.identities)
+    if decided is not None and verify:
+        decided = _verified(target, decided, start)
+    if decided is not None:
+        return decided
+    if target.cls is None or target.key is None:
+        return _failed(name, target.error or "exporter could not be built", start)
+    path_lock = run.export_lock_fpath(name)
+    try:
+        with exclusive_lock(path_lock, wait_seconds=LOCK_WAIT_SECONDS):
+            identity_lock = identity_lock_fpath(name, target.key, plan.run_identity)
+            with exclusive_lock(identity_lock, wait_seconds=LOCK_WAIT_SECONDS):
+                # Another process may have finished while this one waited.
+                if not verify:
+                    decided = check_receipt(run, target, plan.identities)
+                    if decided is not None:
+                        return decided
+                return _send(run, target, plan, signatures, start)
+    except LockBusy as exc:
+        return _failed(name, f"{run.source} is being exported to {name} by another process ({exc})", start)
     except OSError as exc:
-        return _failed(name, f"cannot lock {run.export_lock_fpath(name)}: {exc.strerror}", start)
+        return _failed(name, f"cannot lock {path_lock}: {exc.strerror}", start)
 
 
 def _send(
     run: RunArtifacts,
-    name: str,
-    cfg: Any,
+    target: Target,
     plan: ExportPlan,
     signatures: Signatures,
     start: float,
 ) -> ExportResult:
+    name = target.name
+    assert target.cls is not None and target.key is not None and target.destination is not None
+    if not get_entry(name).sdk_installed():
+        return _failed(
+            name,
+            f"the {name} backend needs the {target.cls.sdk_module!r} package, which is not installed: "
+            f"pip install 'gym-artifacts[{name}]'",
+            start,
+        )
     try:
-        entry = get_entry(name)
-        if not entry.sdk_installed():
-            sdk = entry.load().sdk_module
-            return _failed(
-                name,
-                f"the {name} backend needs the {sdk!r} package, which is not installed: "
-                f"pip install 'gym-artifacts[{name}]'",
-                start,
-            )
-        exporter = entry.load().from_global_config(cfg)
+        exporter = target.build()
     except GymArtifactsError as exc:
         return _failed(name, str(exc), start)
     try:
@@ -191,7 +289,6 @@ def _send(
         publish_receipt(
             run.export_done_fpath(name),
             Receipt(
-                version=1,
                 exporter=name,
                 backend_run_id=result.backend_run_id,
                 identities=plan.identities,
@@ -200,7 +297,11 @@ def _send(
                 rows=result.rows,
                 bytes=result.bytes,
                 upload_rollouts=plan.upload_rollouts,
+                certified_live_run=result.reason == CERTIFIED_NOTE,
+                destination=target.destination,
+                destination_key=target.key,
             ),
+            legacy_destination=target.legacy,
         )
     except (OSError, RunError) as exc:
         return _failed(name, f"sent, but the receipt could not be written: {exc}", start)
@@ -212,19 +313,25 @@ def export_run(
     config: Any,
     exporters: Sequence[str] | None = None,
     upload_rollouts: bool | None = None,
-    certify: bool = False,
+    certify: bool | None = None,
     on_result: Callable[[ExportResult], None] | None = None,
     progress: Callable[[str, int, int], None] | None = None,
     accept_partial_line: bool = False,
     accept_stale_aggregates: bool = False,
+    verify: bool = False,
 ) -> list[ExportResult]:
     """Export one finished run to the selected (else every enabled) backend; a result each.
 
-    ``upload_rollouts`` given explicitly wins over the run's saved setting, which wins over
-    ``config``'s. ``accept_partial_line`` sends the complete lines of a rollouts file whose
-    last line is torn and records the omission in the backend run; ``accept_stale_aggregates``
-    exports aggregate metrics that cannot be tied to the rollouts. Raises ConfigError only for
-    an unusable config or exporter name, MissingRunError when nothing of the run exists.
+    ``upload_rollouts`` given explicitly wins over ``config``'s, which wins over the run's saved
+    setting (``build_export_config`` puts every layer's setting into ``config`` in order; see
+    its docstring for the one precedence rule). ``accept_partial_line`` sends the complete
+    lines of a rollouts file whose last line is torn and records the omission in the backend
+    run; ``accept_stale_aggregates`` exports aggregate metrics that cannot be tied to the
+    rollouts. ``certify``: None completes a live run when it may be (completed, lossless,
+    unchanged), True also one whose marker predates the loss record, False never. ``verify``
+    asks the backend whether a receipted run still exists (re-exporting when it is gone).
+    Raises ConfigError only for an unusable config or exporter name, MissingRunError when
+    nothing of the run exists.
     """
     run = run if isinstance(run, RunArtifacts) else RunArtifacts.from_path(run)
     run.require_present()
@@ -245,7 +352,7 @@ def export_run(
     logger.info("exporting %s to %s", run.source, ", ".join(names))
     try:
         run_config = load_run_config(run)
-        upload = resolve_upload_rollouts(upload_rollouts, run_config, cfg)
+        upload = resolve_upload_rollouts(upload_rollouts, cfg, run_config)
     except GymArtifactsError as exc:
         return finish([_failed(n, str(exc), start) for n in names])
     missing = run.missing_for_export(
@@ -273,14 +380,19 @@ def export_run(
         rollout_rows=record_counts.get(ROLLOUTS),
         partial_line=run.partial_rollouts_line() if upload else None,
     )
+    try:  # what a version-1 receipt was written for: the run's own config's destination
+        legacy_cfg, _ = build_export_config(None, run_config)
+    except GymArtifactsError:
+        legacy_cfg = None
     results = []
     for i, name in enumerate(names):
         if progress is not None:
             progress(f"exporting to {name}", i, len(names))
         logger.info("%s: checking the receipt, then sending what the backend lacks", name)
-        result = _export_one(run, name, cfg, plan, signatures)
+        result = _export_one(run, build_target(name, cfg, legacy_cfg), plan, signatures, verify)
         logger.info("%s: %s %s", name, result.status.value, result.backend_run_id or result.reason or "")
         results.append(result)
         if on_result is not None:
             on_result(result)
     return results
+

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from gym_artifacts.backend import ExportPlan, ExportResult, ExportStatus, PostRunHooks, Sent
 from gym_artifacts.config import ExporterConfig, exporter_section, validate_settings
+from gym_artifacts.destination import Destination, default_destination, destination_key
 from gym_artifacts.errors import GymArtifactsError
 from gym_artifacts.secrets import redact_text
 
@@ -23,6 +24,9 @@ if TYPE_CHECKING:
 __all__ = ["ExportPlan", "ExportResult", "ExportStatus", "Exporter", "Sent"]
 
 logger = logging.getLogger(__name__)
+
+
+CERTIFIED_NOTE = "certified the live run"
 
 
 class Exporter(PostRunHooks):
@@ -41,10 +45,42 @@ class Exporter(PostRunHooks):
         self.settings = settings
 
     @classmethod
+    def settings_from(cls, cfg: Any) -> ExporterConfig:
+        """This backend's validated settings from the whole config (nothing built)."""
+        return validate_settings(cls.config_model, exporter_section(cfg, cls.name), cls.name)
+
+    @classmethod
     def from_global_config(cls, cfg: Any) -> Self:
         """Build from the whole config, validating this backend's section first."""
-        section = exporter_section(cfg, cls.name)
-        return cls(validate_settings(cls.config_model, section, cls.name))
+        return cls(cls.settings_from(cfg))
+
+    @classmethod
+    def destination_for(cls, settings: Any) -> Destination:
+        """Where runs sent with these (validated) settings go: stable, JSON-safe, no credentials.
+
+        The hook a backend overrides. Receipts are kept per destination: an export skips only
+        when a receipt for the same exporter *and* destination matches the run. It is computed
+        from the settings alone, before the backend is built (a skipped export builds and
+        contacts nothing). The default is every setting except ``enabled`` and secrets; a
+        backend narrows it to what selects the store (MLflow: tracking URI and experiment), so
+        that a changed timeout is not a new destination.
+        """
+        return default_destination(settings)
+
+    def destination(self) -> Destination:
+        """This exporter's destination (``destination_for`` of its settings)."""
+        return type(self).destination_for(self.settings)
+
+    def destination_key(self) -> str:
+        """The short key of ``destination()`` that receipts and live markers record."""
+        return destination_key(self.destination())
+
+    def backend_run_exists(self, backend_run_id: str) -> bool | None:
+        """Whether the backend still holds this run (``--verify``); None when it cannot tell.
+
+        May contact the backend and raise its expected errors; the default cannot tell.
+        """
+        return None
 
     def expected_errors(self) -> tuple[type[BaseException], ...]:
         """Exceptions that mean the backend refused or is unreachable, not a bug of ours."""

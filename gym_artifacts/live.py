@@ -16,14 +16,16 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from gym_artifacts.backend import CannotCertify, LiveHooks, RunStatus
 from gym_artifacts.config import enabled_exporters, is_resume, normalize
 from gym_artifacts.errors import GymArtifactsError, ReceiptError
-from gym_artifacts.exporter import Exporter, ExportPlan, Sent
+from gym_artifacts.exporter import CERTIFIED_NOTE, Exporter, ExportPlan, Sent
 from gym_artifacts.journal import MetricsJournal
 from gym_artifacts.live_args import RefusedCalls, checked_metrics, normalize_step, rollouts_batch
+from gym_artifacts.locking import try_lock
 from gym_artifacts.metric_records import MetricRecord, encode_record
 from gym_artifacts.payload import backend_config
 from gym_artifacts.ranks import is_rank_zero
@@ -114,9 +116,36 @@ class LiveExporter(LiveHooks, Exporter):
         self._setup_error: str | None = None
         self._secrets: frozenset[str] = frozenset()
         self._torn_down = False
+        # The marker is rewritten by the worker (complete) and by teardown (delivery record);
+        # once teardown recorded the delivery, a late complete() from the worker never lands.
+        self._marker_lock = threading.Lock()
+        self._delivery_recorded = False
         self._skipped = 0
         self._report: LiveReport | None = None
         self._previous_last_step: Callable[[], int | None] | None = None
+
+    # -- post-run export with certify / supersede ---------------------------------------------------
+    def certify_refusal(self, marker: RunIdMarker, plan: ExportPlan) -> str | None:
+        """Why the live run of ``marker`` may not be completed by this export (None: it may).
+
+        Only a run the eval ``complete()``d, whose teardown delivered every call (recorded in
+        the marker), whose files did not change since, and that lives at this destination.
+        ``plan.certify`` False never certifies; True also accepts a marker from before the
+        loss record (``lossless`` unknown), never one that lost calls.
+        """
+        if plan.certify is False:
+            return "--no-certify"
+        if marker.destination_key not in (None, self.destination_key()):
+            return "it lives at another destination"
+        if marker.state != "completed":
+            return "the eval never called complete()"
+        if marker.lossless is False:
+            return f"it lost {marker.lost_calls} live call(s): its history is incomplete"
+        if marker.lossless is None and plan.certify is not True:
+            return "its delivery was not recorded (pass --certify to complete it anyway)"
+        if marker.identities != plan.identities:
+            return "the run changed since it completed"
+        return None
 
     # -- post-run export with certify / supersede ---------------------------------------------------
     def _export(self, run: RunArtifacts, plan: ExportPlan) -> Sent:
@@ -126,17 +155,20 @@ class LiveExporter(LiveHooks, Exporter):
         except ReceiptError as exc:
             logger.warning("%s", exc)
             marker = None
-        if plan.certify and marker is not None:
-            if marker.state == "completed" and marker.identities == plan.identities:
+        if marker is not None and marker.destination_key not in (None, self.destination_key()):
+            marker = None  # a live run elsewhere: neither certified nor superseded by this export
+        if marker is not None:
+            refusal = self.certify_refusal(marker, plan)
+            if refusal is None:
                 try:
                     sent = self._certify(run, plan, marker.run_id)
                 except CannotCertify as exc:
                     logger.info("%s: live run %s not certified: %s", self.name, marker.run_id, exc)
                 else:
-                    return Sent(sent.backend_run_id, sent.rows, sent.bytes, "certified the live run")
+                    return Sent(sent.backend_run_id, sent.rows, sent.bytes, CERTIFIED_NOTE)
             else:
-                why = "was not completed" if marker.state != "completed" else "changed since it completed"
-                logger.info("%s: live run %s %s; exporting a new run", self.name, marker.run_id, why)
+                logger.info("%s: live run %s not certified (%s); exporting a new run",
+                            self.name, marker.run_id, refusal)  # fmt: skip
         sent = self._export_post_run(run, plan)
         if marker is not None and marker.run_id != sent.backend_run_id:
             try:
@@ -219,6 +251,7 @@ class LiveExporter(LiveHooks, Exporter):
             return self._report
         worker.submit(Call(self._do_teardown, (status,), "teardown"))
         self._report = self.report(finished=worker.stop(timeout, hard_cap))
+        self._record_delivery(self._report)
         return self._report
 
     def report(self, *, finished: bool) -> LiveReport:
@@ -298,7 +331,7 @@ class LiveExporter(LiveHooks, Exporter):
         reregister_atexit()  # the SDK may have registered its own exit hook during setup
         self.reopened = self.resume_run_id is not None and self.run_id == self.resume_run_id
         if not self.reopened:
-            write_marker(marker_fpath, RunIdMarker(exporter=self.name, run_id=self.run_id))
+            write_marker(marker_fpath, self._new_marker())
 
     def _do_start_over(self) -> None:
         if not self.reopened or self.run is None or self.run_id is None:
@@ -325,20 +358,47 @@ class LiveExporter(LiveHooks, Exporter):
         if self.run is None or self.run_id is None:
             return
         marker_fpath = self.run.run_id_marker_fpath(self.name)
-        marker = read_marker(marker_fpath) or RunIdMarker(exporter=self.name, run_id=self.run_id)
-        if marker.run_id != self.run_id:
-            marker = RunIdMarker(exporter=self.name, run_id=self.run_id)
         ids = identities() if identities is not None else None
-        write_marker(
-            marker_fpath,
-            marker.model_copy(
-                update={
-                    "state": "completed",
-                    "completed_at": utc_now_iso(),
-                    "identities": dict(ids) if ids else None,
-                }
-            ),
-        )
+        with self._marker_lock:
+            if self._delivery_recorded:  # teardown gave up on this worker: too late to complete
+                return
+            marker = read_marker(marker_fpath) or self._new_marker()
+            if marker.run_id != self.run_id:
+                marker = self._new_marker()
+            update = {
+                "state": "completed",
+                "completed_at": utc_now_iso(),
+                "identities": dict(ids) if ids else None,
+            }
+            write_marker(marker_fpath, marker.model_copy(update=update))
+
+    def _new_marker(self) -> RunIdMarker:
+        assert self.run_id is not None
+        return RunIdMarker(exporter=self.name, run_id=self.run_id, destination_key=self.destination_key())
+
+    def _record_delivery(self, report: LiveReport) -> None:
+        """Write into the marker whether every call reached the backend (the certify rule).
+
+        A reopened run stays lossless only if the earlier process recorded that it was.
+        """
+        if self.run is None or report.run_id is None:
+            return
+        marker_fpath = self.run.run_id_marker_fpath(self.name)
+        with self._marker_lock:
+            self._delivery_recorded = True
+            self._write_delivery(marker_fpath, report)
+
+    def _write_delivery(self, marker_fpath: Path, report: LiveReport) -> None:
+        try:
+            marker = read_marker(marker_fpath)
+            if marker is None or marker.run_id != report.run_id:
+                return
+            earlier_ok = marker.lossless is True if self.reopened else True
+            lossless = earlier_ok and report.lost == 0 and report.teardown_finished
+            lost = (marker.lost_calls if self.reopened else 0) + report.lost
+            write_marker(marker_fpath, marker.model_copy(update={"lossless": lossless, "lost_calls": lost}))
+        except (ReceiptError, OSError) as exc:
+            logger.warning("%s: delivery not recorded in %s: %s", self.name, marker_fpath, exc)
 
     def _do_teardown(self, status: RunStatus) -> None:
         if self._torn_down or self._setup_error is not None or self.run_id is None:
@@ -348,10 +408,14 @@ class LiveExporter(LiveHooks, Exporter):
 
 
 class NoOpLiveRun:
-    """What ranks other than 0 get: the same methods, doing nothing."""
+    """What ranks other than 0 get, and a second live writer of one output: the same methods,
+    doing nothing. ``refused`` says why a writer was refused (None on other ranks)."""
 
     exporters: tuple[LiveExporter, ...] = ()
     reports: tuple[LiveReport, ...] = ()
+
+    def __init__(self, refused: str | None = None) -> None:
+        self.refused = refused
 
     def export_config(self, config: Mapping[str, Any] | None = None) -> None: ...
     def export_metrics(self, metrics: Mapping[str, Any], step: int | None = None) -> None: ...
@@ -623,6 +687,11 @@ def live_exporters(
     ``start_over``, ``complete`` and ``flush``; the masked config is logged at entry and every
     backend torn down at exit (FAILED when the block raised, KILLED when interrupted). Ranks
     other than 0 get a no-op object.
+
+    One live writer per output: while a process live-logs into an output, a second one (any
+    process, this one included) is refused for it: a warning names the holder and it gets a
+    no-op object (``refused`` says why), so two evals never mix in one journal, marker or
+    backend run. The lock is the kernel's: a writer that died holds nothing.
     """
     if not is_rank_zero():
         yield NoOpLiveRun()
@@ -632,16 +701,28 @@ def live_exporters(
     original = config if OmegaConf.is_config(config) else OmegaConf.create(config or {})
     cfg = normalize(original)
     run = RunArtifacts.from_path(output_jsonl_fpath)
-    live = LiveRun(run, build_live_exporters(cfg), original, resume=is_resume(cfg))
-    live.export_config()
-    status = RunStatus.FINISHED
+    writer, holder = try_lock(run.live_writer_lock_fpath())
+    if writer is None:
+        refused = (
+            f"{run.source} is being live-logged by {holder}; this process logs nothing live "
+            "for it (one live writer per output: use another output path)"
+        )
+        logger.warning("live logging refused: %s", refused)
+        yield NoOpLiveRun(refused)
+        return
     try:
-        yield live
-    except (KeyboardInterrupt, SystemExit):
-        status = RunStatus.KILLED
-        raise
-    except BaseException:
-        status = RunStatus.FAILED
-        raise
+        live = LiveRun(run, build_live_exporters(cfg), original, resume=is_resume(cfg))
+        live.export_config()
+        status = RunStatus.FINISHED
+        try:
+            yield live
+        except (KeyboardInterrupt, SystemExit):
+            status = RunStatus.KILLED
+            raise
+        except BaseException:
+            status = RunStatus.FAILED
+            raise
+        finally:
+            live.teardown(teardown_timeout, status, teardown_hard_cap)
     finally:
-        live.teardown(teardown_timeout, status, teardown_hard_cap)
+        writer.release()

@@ -40,3 +40,37 @@ def exclusive_lock(fpath: Path, wait_seconds: float = 0.0, poll: float = 0.05) -
             fcntl.flock(fd, fcntl.LOCK_UN)
     finally:
         os.close(fd)
+
+
+class HeldLock:
+    """A lock taken by ``try_lock``: held until ``release()`` (or the process ends)."""
+
+    def __init__(self, fd: int, fpath: Path) -> None:
+        self.fd: int | None = fd
+        self.fpath = fpath
+
+    def release(self) -> None:
+        if self.fd is not None:
+            fcntl.flock(self.fd, fcntl.LOCK_UN)
+            os.close(self.fd)
+            self.fd = None
+
+
+def try_lock(fpath: Path) -> tuple[HeldLock | None, str]:
+    """Take ``fpath``'s lock now, or say who holds it: ``(lock, "")`` or ``(None, "pid N")``.
+
+    The holder's pid is written into the file; a dead holder's lock is gone with it.
+    """
+    fpath.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(fpath, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        try:
+            holder = os.pread(fd, 64, 0).decode(errors="replace").strip()
+        finally:
+            os.close(fd)
+        return None, f"pid {holder}" if holder else "another process"
+    os.ftruncate(fd, 0)
+    os.write(fd, f"{os.getpid()}\n".encode())
+    return HeldLock(fd, fpath), ""

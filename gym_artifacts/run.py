@@ -137,6 +137,10 @@ class RunArtifacts(BaseModel):
         """A hidden file beside the run remembering its files' identities (never part of the run)."""
         return self.stem.with_name(layout.identity_cache_name(self.stem.name))
 
+    def live_writer_lock_fpath(self) -> Path:
+        """The lock one live-logging process holds on this output while it writes to it."""
+        return self._sibling("_live.lock")
+
     def export_lock_fpath(self, exporter: str) -> Path:
         """The lock held while one process exports this run to ``exporter``."""
         return self.stem.with_name(layout.lock_name(self.stem.name, check_exporter_name(exporter)))

@@ -1,4 +1,8 @@
-"""Where a run stands with each exporter: its receipt (none, matches, differs, invalid) and live run."""
+"""Where a run stands with each exporter: one receipt per destination, and its live run.
+
+``verify`` asks each exporter whether every receipted backend run still exists (contacting
+the backends); without it nothing is contacted.
+"""
 
 from __future__ import annotations
 
@@ -7,10 +11,12 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
+from gym_artifacts.config import exporter_section, validate_settings
+from gym_artifacts.destination import describe
 from gym_artifacts.errors import GymArtifactsError, ReceiptError
 from gym_artifacts.layout import MARKER_SUFFIX, RECEIPT_SUFFIX
-from gym_artifacts.receipts import identity_differences, read_marker, read_receipt
-from gym_artifacts.registry import discover
+from gym_artifacts.receipts import Receipt, RunIdMarker, identity_differences, read_marker, read_receipts
+from gym_artifacts.registry import discover, get_entry
 from gym_artifacts.run import RunArtifacts
 from gym_artifacts.torn import PartialLine
 
@@ -41,8 +47,9 @@ class RunState:
         }
 
 
-def run_status(path: str | os.PathLike[str]) -> RunState:
-    """Hash the run and read its receipts and markers (contacts no backend).
+def run_status(path: str | os.PathLike[str], *, verify: bool = False) -> RunState:
+    """Hash the run and read its receipts and markers (contacts no backend, unless ``verify``:
+    then each backend is asked whether each receipted run still exists).
 
     Raises MissingRunError when nothing of the run exists, another GymArtifactsError when its
     files cannot be read faithfully.
@@ -55,13 +62,19 @@ def run_status(path: str | os.PathLike[str]) -> RunState:
     torn = run.partial_rollouts_line()
     logger.info("hashing the run's files")
     identities = content_identities(run)
+    verify_config = None
+    if verify:  # the run's own settings (credentials), aimed at each receipt's destination
+        from gym_artifacts.config import build_export_config
+        from gym_artifacts.payload import load_run_config
+
+        verify_config, _ = build_export_config(None, load_run_config(run))
     logger.info("reading receipts and live-run markers")
-    exporters = exporter_states(run, identities)
+    exporters = exporter_states(run, identities, verify_config=verify_config)
     return RunState(os.fspath(path), run, missing, torn, identities, run_identity(identities), exporters)
 
 
-def exporter_states(run: RunArtifacts, identities: dict[str, str]) -> dict[str, dict[str, Any]]:
-    """For every registered exporter and every one with a receipt or marker beside the run."""
+def _names(run: RunArtifacts) -> list[str]:
+    """Every registered exporter and every one with a receipt or marker beside the run."""
     names = set(discover())
     parent, prefix = run.stem.parent, run.stem.name + "_"
     if parent.is_dir():
@@ -69,29 +82,86 @@ def exporter_states(run: RunArtifacts, identities: dict[str, str]) -> dict[str, 
             for suffix in (RECEIPT_SUFFIX, MARKER_SUFFIX):
                 if p.name.startswith(prefix) and p.name.endswith(suffix):
                     names.add(p.name[len(prefix) : -len(suffix)])
+    return sorted(names)
+
+
+def _verify(name: str, receipt: Receipt, cfg: Any) -> str:
+    """present / missing / unknown / error: ..., asking the exporter built for the receipt."""
+    if receipt.backend_run_id is None:
+        return "unknown"
+    try:
+        cls = get_entry(name).load()
+        section = exporter_section(cfg, name)
+        # Aim at the receipt's destination: its values overlay the configured settings.
+        fields = cls.config_model.model_fields
+        section.update({k: v for k, v in (receipt.destination or {}).items() if k in fields})
+        exporter = cls(validate_settings(cls.config_model, section, name))
+        if receipt.destination is not None and exporter.destination_key() != receipt.destination_key:
+            return "unknown (the receipt's destination cannot be rebuilt from the settings)"
+        exists = exporter.backend_run_exists(receipt.backend_run_id)
+    except Exception as exc:  # unreachable backend, missing SDK, unusable settings
+        return f"error: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+    return "unknown" if exists is None else ("present" if exists else "missing")
+
+
+def receipt_state(receipt: Receipt, identities: dict[str, str]) -> dict[str, Any]:
+    """One destination's receipt as status shows it."""
+    diffs = identity_differences(receipt.identities, identities)
+    return {
+        "receipt": "differs" if diffs else "matches",
+        "destination": receipt.destination,
+        "destination_key": receipt.destination_key,
+        "where": describe(receipt.destination),
+        "backend_run_id": receipt.backend_run_id,
+        "exported_at": receipt.exported_at,
+        "certified_live_run": receipt.certified_live_run,
+        "differences": diffs,
+    }
+
+
+def live_state(marker: RunIdMarker) -> dict[str, Any]:
+    """The live run as status shows it: state, superseded, and whether it may be certified."""
+    info: dict[str, Any] = {"run_id": marker.run_id, "state": marker.state}
+    if marker.superseded_by:
+        info["superseded_by"] = marker.superseded_by
+    if marker.lossless is False:
+        info["lost_calls"] = marker.lost_calls
+        info["note"] = f"lost {marker.lost_calls} call(s): never certified, exported as a new run"
+    elif marker.lossless is None and marker.state == "completed":
+        info["note"] = "delivery not recorded: certified only with --certify"
+    return info
+
+
+def exporter_states(
+    run: RunArtifacts,
+    identities: dict[str, str],
+    *,
+    verify_config: Any | None = None,
+) -> dict[str, dict[str, Any]]:
+    """Per exporter: ``receipt`` (the newest's state, or none/invalid), ``receipts`` (one per
+    destination) and ``live_run``. With ``verify_config`` each receipted run is looked up."""
     states: dict[str, dict[str, Any]] = {}
-    for name in sorted(names):
+    for name in _names(run):
         try:
             receipt_fpath = run.export_done_fpath(name)
         except GymArtifactsError:
             continue
-        info: dict[str, Any] = {"receipt": "none"}
+        info: dict[str, Any] = {"receipt": "none", "receipts": []}
         try:
-            receipt = read_receipt(receipt_fpath)
-            if receipt is not None:
-                diffs = identity_differences(receipt.identities, identities)
-                info = {
-                    "receipt": "differs" if diffs else "matches",
-                    "backend_run_id": receipt.backend_run_id,
-                    "exported_at": receipt.exported_at,
-                    "differences": diffs,
-                }
+            receipts = read_receipts(receipt_fpath)
+            rows = [receipt_state(r, identities) for r in receipts]
+            if verify_config is not None:
+                for row, receipt in zip(rows, receipts, strict=True):
+                    row["verified"] = _verify(name, receipt, verify_config)
+            if rows:
+                newest = max(rows, key=lambda r: r["exported_at"])
+                info = {**newest, "receipts": rows}
         except ReceiptError as exc:
-            info = {"receipt": "invalid", "error": str(exc)}
+            info = {"receipt": "invalid", "error": str(exc), "receipts": []}
         try:
             marker = read_marker(run.run_id_marker_fpath(name))
             if marker is not None:
-                info["live_run"] = {"run_id": marker.run_id, "state": marker.state}
+                info["live_run"] = live_state(marker)
         except ReceiptError as exc:
             info["live_run"] = {"error": str(exc)}
         states[name] = info

@@ -49,9 +49,9 @@ def test_post_run_folder_content(quickstart_run: Path, tmp_path: Path) -> None:
     assert [(j["step"], j["time"], j["metrics"]) for j in journal] == [
         (s["step"], s["time"], s["metrics"]) for s in source
     ]
-    # Rollouts and artifacts are the run's own bytes, hard-linked on the same filesystem.
+    # Rollouts and artifacts are the run's own bytes, in snapshot copies (never hard links).
     assert (folder / "rollouts.jsonl").read_bytes() == quickstart_run.read_bytes()
-    assert os.path.samefile(folder / "rollouts.jsonl", quickstart_run)
+    assert not os.path.samefile(folder / "rollouts.jsonl", quickstart_run)
     rec = folder / "artifacts" / "recording.mp4"
     assert rec.read_bytes() == (quickstart_run.with_name("eval_artifacts") / "recording.mp4").read_bytes()
     assert decode_frame_count(rec) == 30

@@ -99,12 +99,16 @@ def test_reexport_is_skipped_without_contact(quickstart_run: Path, tmp_path: Pat
     uri = f"sqlite:///{tmp_path / 'm.db'}"
     [first] = export_run(quickstart_run, mlflow_cfg(uri))
     assert first.status is ExportStatus.EXPORTED
-    closed = f"http://127.0.0.1:{free_port()}"
+    (tmp_path / "m.db").rename(tmp_path / "moved.db")  # a contact would create a fresh store here
     started = time.monotonic()
-    [again] = export_run(quickstart_run, mlflow_cfg(closed))
+    [again] = export_run(quickstart_run, mlflow_cfg(uri))
     assert again.status is ExportStatus.SKIPPED
     assert again.backend_run_id == first.backend_run_id
-    assert time.monotonic() - started < 5  # a contact would have waited on connection retries
+    assert time.monotonic() - started < 5 and not (tmp_path / "m.db").exists()
+    # Another destination is not covered by that receipt: it is sent to (and fails, being closed).
+    closed = f"http://127.0.0.1:{free_port()}"
+    [elsewhere] = export_run(quickstart_run, mlflow_cfg(closed, export_request_retries=0))
+    assert elsewhere.status is ExportStatus.FAILED and "Connection refused" in (elsewhere.reason or "")
 
 
 def test_nvml_series_as_system_metrics(quickstart_run: Path, tmp_path: Path) -> None:
@@ -173,7 +177,7 @@ def test_live_run_then_certify(quickstart_run: Path, tracking_uri: str, tmp_path
     out.parent.mkdir()
     cfg = {"exporters": {"mlflow": {"enabled": True, "tracking_uri": tracking_uri, "experiment_name": "tests"}},
            "policy_api_key": API_KEY, "resume": True}  # fmt: skip
-    with live_exporters(cfg, out) as live:
+    with live_exporters(cfg, out, teardown_timeout=120) as live:  # a fresh SQLite store is slow
         for step in range(10):
             live.export_metrics(
                 {"reward": step / 10, "pass@1": 0.5, "phase": "warmup" if step < 5 else "main"}, step=step

@@ -128,7 +128,8 @@ def test_retried_export_uses_the_same_run_id_and_reexport_skips_without_wandb(
         import sys, json
         from gym_artifacts.cli import main
         code = main(["export", {str(quickstart_run)!r}, "-e", "wandb", "--json",
-                     "exporters.wandb.dir={tmp_path / "wb"}", "exporters.wandb.mode=offline"])
+                     "exporters.wandb.dir={tmp_path / "wb"}", "exporters.wandb.mode=offline",
+                     "exporters.wandb.project=tests"])  # the receipt's destination
         assert "wandb" not in sys.modules, "wandb was imported"
         sys.exit(code)
         """

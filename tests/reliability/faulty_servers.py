@@ -163,3 +163,75 @@ def drip_server(interval: float = 1.0) -> Iterator[DripServer]:
     finally:
         server.close()
         thread.join(2)
+class DelayingProxy:
+    """Forwards every request to ``target``; the first ``times`` requests whose path ends with
+    ``suffix`` are held ``delay`` seconds first (the server still gets and applies them)."""
+
+    target: str
+    suffix: str
+    delay: float
+    times: int = 1
+    delayed: int = 0
+    in_flight: int = 0
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+class _ProxyServer(ThreadingHTTPServer):
+    daemon_threads = True
+    proxy: DelayingProxy
+
+
+class _ProxyHandler(BaseHTTPRequestHandler):
+    server: _ProxyServer
+
+    def _forward(self) -> None:
+        import http.client
+        from urllib.parse import urlsplit
+
+        proxy = self.server.proxy
+        length = int(self.headers.get("Content-Length") or 0)
+        body = self.rfile.read(length) if length else None
+        with proxy.lock:
+            hold = self.path.split("?")[0].endswith(proxy.suffix) and proxy.delayed < proxy.times
+            proxy.delayed += hold
+            proxy.in_flight += 1
+        try:
+            if hold:
+                time.sleep(proxy.delay)
+            target = urlsplit(proxy.target)
+            conn = http.client.HTTPConnection(target.hostname, target.port, timeout=60)
+            headers = {k: v for k, v in self.headers.items() if k.lower() not in ("host", "connection")}
+            conn.request(self.command, self.path, body=body, headers=headers)
+            response = conn.getresponse()
+            data = response.read()
+            with contextlib.suppress(OSError):
+                self.send_response(response.status)
+                for key, value in response.getheaders():
+                    if key.lower() not in ("transfer-encoding", "connection", "content-length"):
+                        self.send_header(key, value)
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+            conn.close()
+        finally:
+            with proxy.lock:
+                proxy.in_flight -= 1
+
+    do_GET = do_POST = do_PUT = do_PATCH = do_DELETE = _forward
+
+    def log_message(self, format: str, *args: object) -> None:
+        return
+
+
+@contextlib.contextmanager
+def delaying_proxy(proxy: DelayingProxy) -> Iterator[str]:
+    """A proxy on 127.0.0.1 in front of ``proxy.target``; yields its URI."""
+    server = _ProxyServer(("127.0.0.1", 0), _ProxyHandler)
+    server.proxy = proxy
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.1}, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()

@@ -44,7 +44,7 @@ KILLER = textwrap.dedent(
             return real(*args, **kwargs)
         if when == "before":
             die()
-        if when == "during-copy":          # shutil.copyfileobj(src, dst, ...): half the bytes, then die
+        if when == "during-copy":          # snapshot.copy_into(src, dst, ...): half the bytes, then die
             src, dst = args[0], args[1]
             data = src.read()
             dst.write(data[: len(data) // 2]); dst.flush()
@@ -87,9 +87,9 @@ def killed(target: str, nth: int, when: str, argv: list[str], env: dict[str, str
 
 LOCAL_POINTS = [
     ("gym_artifacts._builtin_exporters.local:atomic_write_json", 1, "after"),  # the run folder exists, nothing in it
-    ("gym_artifacts.atomic:shutil.copyfileobj", 2, "during-copy"),  # mid-rollouts
-    ("gym_artifacts.atomic:shutil.copyfileobj", 5, "during-copy"),  # mid-artifact (the recording)
-    ("gym_artifacts._builtin_exporters.local:link_or_copy", 2, "before"),  # config, metrics, aggregate sent; rollouts not
+    ("gym_artifacts.snapshot:copy_into", 2, "during-copy"),  # mid-rollouts
+    ("gym_artifacts.snapshot:copy_into", 5, "during-copy"),  # mid-artifact (the recording)
+    ("gym_artifacts._builtin_exporters.local:snapshot_copy", 2, "before"),  # config, metrics, aggregate sent; rollouts not
     ("gym_artifacts.export:publish_receipt", 1, "before"),
     ("gym_artifacts.export:publish_receipt", 1, "after"),
 ]

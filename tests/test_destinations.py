@@ -1,0 +1,168 @@
+"""Exactly once per destination: receipts know where a run went (real mlflow server, SQLite, local).
+
+A receipt counts only for its exporter *and* destination; a new destination is exported and
+gets its own receipt; a re-export to a known destination is SKIPPED without contacting it (a
+killed server answers nothing, yet the re-export is quick); ``--verify`` finds deleted runs;
+receipts written by version-1 code are still honoured and upgraded on the next write.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("mlflow")
+
+from mlflow.tracking import MlflowClient
+
+from gym_artifacts.cli import main
+from gym_artifacts.destination import credential_free_uri, destination_key
+from gym_artifacts.receipts import read_receipts
+from gym_artifacts.run import RunArtifacts
+from tests.mlflow_server import MlflowServer
+
+V1_RECEIPTS = Path(__file__).resolve().parent / "fixtures" / "receipts_v1"
+
+
+def export(run: Path, capsys: pytest.CaptureFixture[str], *args: str) -> list[dict]:
+    code = main(["export", str(run), "--json", *args])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    return json.loads(out)
+
+
+def status(run: Path, capsys: pytest.CaptureFixture[str], *args: str) -> dict:
+    assert main(["status", str(run), "--json", *args]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def runs_in(uri: str, experiment: str) -> list[str]:
+    client = MlflowClient(uri)
+    exp = client.get_experiment_by_name(experiment)
+    return [] if exp is None else [r.info.run_id for r in client.search_runs([exp.experiment_id])]
+
+
+@pytest.mark.slow
+def test_one_run_to_five_destinations_once_each_then_skipped_without_contact(
+    quickstart_run: Path, tmp_path: Path, own_mlflow_server: MlflowServer, capsys: pytest.CaptureFixture[str]
+) -> None:
+    server = own_mlflow_server.start()
+    sqlite = f"sqlite:///{tmp_path / 'other.db'}"
+    destinations = [
+        ("mlflow", f"exporters.mlflow.tracking_uri={server.uri}", "exporters.mlflow.experiment_name=a"),
+        ("mlflow", f"exporters.mlflow.tracking_uri={server.uri}", "exporters.mlflow.experiment_name=b"),
+        ("mlflow", f"exporters.mlflow.tracking_uri={sqlite}", "exporters.mlflow.experiment_name=a"),
+        ("local", f"exporters.local.root={tmp_path / 'root1'}", "exporters.local.experiment=x"),
+        ("local", f"exporters.local.root={tmp_path / 'root2'}", "exporters.local.experiment=x"),
+    ]
+    for name, *overrides in destinations:
+        [result] = export(quickstart_run, capsys, "-e", name, *overrides)
+        assert result["status"] == "EXPORTED", result
+    assert len(runs_in(server.uri, "a")) == 1
+    assert len(runs_in(server.uri, "b")) == 1
+    assert len(runs_in(sqlite, "a")) == 1
+    assert len(list((tmp_path / "root1" / "x").iterdir())) == 1
+    assert len(list((tmp_path / "root2" / "x").iterdir())) == 1
+    report = status(quickstart_run, capsys)
+    mlflow_where = sorted(r["destination"]["tracking_uri"] + " " + r["destination"]["experiment_name"]
+                          for r in report["exporters"]["mlflow"]["receipts"])  # fmt: skip
+    assert mlflow_where == sorted([f"{server.uri} a", f"{server.uri} b", f"{credential_free_uri(sqlite)} a"])
+    assert sorted(r["destination"]["root"] for r in report["exporters"]["local"]["receipts"]) == [
+        str(tmp_path / "root1"), str(tmp_path / "root2"),
+    ]  # fmt: skip
+    assert all(r["receipt"] == "matches" for e in report["exporters"].values() for r in e["receipts"])
+
+    server.stop()  # nothing may be contacted now: a contact would wait out timeouts and retries
+    started = time.monotonic()
+    for name, *overrides in destinations:
+        [result] = export(quickstart_run, capsys, "-e", name, *overrides)
+        assert result["status"] == "SKIPPED", result
+    assert time.monotonic() - started < 30
+    assert len(runs_in(sqlite, "a")) == 1
+
+
+def test_a_deleted_backend_run_is_skipped_then_found_by_verify(
+    quickstart_run: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    uri = f"sqlite:///{tmp_path / 'm.db'}"
+    overrides = [f"exporters.mlflow.tracking_uri={uri}", f"exporters.local.root={tmp_path / 'store'}"]
+    first = {r["exporter"]: r for r in export(quickstart_run, capsys, *overrides)}
+    assert {r["status"] for r in first.values()} == {"EXPORTED"}
+    MlflowClient(uri).delete_run(first["mlflow"]["backend_run_id"])
+    shutil.rmtree(tmp_path / "store" / "default" / first["local"]["backend_run_id"])
+
+    again = {r["exporter"]: r for r in export(quickstart_run, capsys, *overrides)}
+    assert {r["status"] for r in again.values()} == {"SKIPPED"}  # no --verify: nothing asked
+    report = status(quickstart_run, capsys, "--verify")
+    for name in ("mlflow", "local"):
+        [receipt] = report["exporters"][name]["receipts"]
+        assert receipt["verified"] == "missing", receipt
+
+    verified = {r["exporter"]: r for r in export(quickstart_run, capsys, "--verify", *overrides)}
+    assert {r["status"] for r in verified.values()} == {"EXPORTED"}, verified
+    new_run = verified["mlflow"]["backend_run_id"]
+    assert new_run != first["mlflow"]["backend_run_id"] and runs_in(uri, "gym-evals") == [new_run]
+    assert (tmp_path / "store" / "default" / verified["local"]["backend_run_id"] / "run.json").is_file()
+    present = status(quickstart_run, capsys, "--verify")
+    assert [r["verified"] for e in ("mlflow", "local") for r in present["exporters"][e]["receipts"]] == [
+        "present", "present",
+    ]  # fmt: skip
+    checked = {r["exporter"]: r for r in export(quickstart_run, capsys, "--verify", *overrides)}
+    assert {r["status"] for r in checked.values()} == {"SKIPPED"}
+    assert checked["mlflow"]["reason"] == "verified: the backend run exists"
+
+
+def test_version_1_receipts_are_honoured_for_the_run_config_destination_and_upgraded(
+    quickstart_run: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    run = RunArtifacts.from_path(quickstart_run)
+    for name in ("local", "mlflow"):
+        shutil.copy(V1_RECEIPTS / f"eval_{name}_export_done.json", run.export_done_fpath(name))
+    # The run's config configures no exporter: the embedded default is where version 1 sent it.
+    results = export(quickstart_run, capsys)
+    assert [(r["exporter"], r["status"]) for r in results] == [("local", "SKIPPED"), ("mlflow", "SKIPPED")]
+    assert not Path("mlflow.db").exists() and not Path("gym-artifacts-runs").exists()  # nothing contacted
+    v1_text = run.export_done_fpath("local").read_text()
+    assert json.loads(v1_text)["version"] == 1  # a skip writes nothing
+
+    [other] = export(quickstart_run, capsys, "-e", "local", f"exporters.local.root={tmp_path / 'elsewhere'}")
+    assert other["status"] == "EXPORTED"
+    document = json.loads(run.export_done_fpath("local").read_text())
+    assert document["version"] == 2
+    receipts = read_receipts(run.export_done_fpath("local"))
+    default_root = str(Path("gym-artifacts-runs").resolve())
+    assert sorted(r.destination["root"] for r in receipts) == sorted([default_root, str(tmp_path / "elsewhere")])
+    old = next(r for r in receipts if r.destination["root"] == default_root)
+    assert old.backend_run_id == json.loads(v1_text)["backend_run_id"]
+    assert old.destination_key == destination_key(old.destination)
+    [again] = export(quickstart_run, capsys, "-e", "local")  # the upgraded receipt still speaks
+    assert again["status"] == "SKIPPED"
+
+
+def test_destinations_hold_no_credentials() -> None:
+    assert credential_free_uri("https://alice:s3cret@mlflow.example:8443/?token=abc&x=1") == (
+        "https://mlflow.example:8443?x=1"
+    )
+    assert credential_free_uri("postgresql://u:pw@db/ml") == "postgresql://db/ml"
+    assert credential_free_uri("sqlite:///rel.db") == f"sqlite:///{Path('rel.db').resolve()}"
+    assert credential_free_uri("http://h:5000/") == credential_free_uri("http://h:5000")
+
+
+def test_a_third_party_backend_gets_the_default_destination(quickstart_run: Path) -> None:
+    from omegaconf import OmegaConf
+
+    from gym_artifacts import registry
+    from gym_artifacts.export import build_target
+    from tests.backends import CountingExporter
+
+    registry.register(CountingExporter)
+    try:
+        cfg = OmegaConf.create({"exporters": {"counting": {"enabled": True}}})
+        target = build_target("counting", cfg, None)
+    finally:
+        registry.unregister("counting")
+    assert target.destination == {} and target.key == destination_key({})
