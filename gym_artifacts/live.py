@@ -409,13 +409,13 @@ class LiveExporter(LiveHooks, Exporter):
 
 class NoOpLiveRun:
     """What ranks other than 0 get, and a second live writer of one output: the same methods,
-    doing nothing. ``refused`` says why a writer was refused (None on other ranks)."""
+    doing nothing. ``writer_refused`` says why a writer was refused (None on other ranks)."""
 
     exporters: tuple[LiveExporter, ...] = ()
     reports: tuple[LiveReport, ...] = ()
 
-    def __init__(self, refused: str | None = None) -> None:
-        self.refused = refused
+    def __init__(self, writer_refused: str | None = None) -> None:
+        self.writer_refused = writer_refused
 
     def export_config(self, config: Mapping[str, Any] | None = None) -> None: ...
     def export_metrics(self, metrics: Mapping[str, Any], step: int | None = None) -> None: ...
@@ -690,7 +690,7 @@ def live_exporters(
 
     One live writer per output: while a process live-logs into an output, a second one (any
     process, this one included) is refused for it: a warning names the holder and it gets a
-    no-op object (``refused`` says why), so two evals never mix in one journal, marker or
+    no-op object (``writer_refused`` says why), so two evals never mix in one journal, marker or
     backend run. The lock is the kernel's: a writer that died holds nothing.
     """
     if not is_rank_zero():

@@ -133,7 +133,7 @@ WRITER = textwrap.dedent(
     out, who, go, root = sys.argv[1], sys.argv[2], Path(sys.argv[3]), sys.argv[4]
     cfg = {"exporters": {"local": {"enabled": True, "root": root}}}
     with live_exporters(cfg, out, teardown_timeout=60) as live:
-        print("refused" if getattr(live, "refused", None) else "writing", flush=True)
+        print("refused" if getattr(live, "writer_refused", None) else "writing", flush=True)
         for step in range(5):
             live.export_metrics({"writer": who, "x": step}, step=step)
         deadline = time.monotonic() + 60
@@ -186,5 +186,5 @@ def test_a_dead_live_writer_blocks_nothing(tmp_path: Path) -> None:
     with live_exporters({"exporters": {}}, out) as live:
         assert not isinstance(live, NoOpLiveRun)
         with live_exporters({"exporters": {}}, out) as same_output:  # a second writer, even here
-            assert isinstance(same_output, NoOpLiveRun) and same_output.refused
+            assert isinstance(same_output, NoOpLiveRun) and same_output.writer_refused
     assert time.monotonic() - started < 30

@@ -163,6 +163,9 @@ def drip_server(interval: float = 1.0) -> Iterator[DripServer]:
     finally:
         server.close()
         thread.join(2)
+
+
+@dataclass
 class DelayingProxy:
     """Forwards every request to ``target``; the first ``times`` requests whose path ends with
     ``suffix`` are held ``delay`` seconds first (the server still gets and applies them)."""
