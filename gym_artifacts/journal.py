@@ -151,7 +151,7 @@ class MetricsJournal:
                 self._previous_last_step = last_step(self.fpath)
             else:
                 set_aside(self.fpath)
-            self._fh = open(self.fpath, "ab")  # noqa: SIM115 - kept open for the run, closed in _close
+            self._fh = open(self.fpath, "ab", buffering=0)  # noqa: SIM115 - kept open for the run, closed in _close
         finally:
             self._opened.set()
 
@@ -170,15 +170,32 @@ class MetricsJournal:
     def _write(self, metrics: dict[str, Any], step: int | None, when: float) -> None:
         if self._fh is None:
             raise RuntimeError(f"journal {self.fpath} is not open")
-        self._fh.write(journal_line(metrics, step, when) + b"\n")
-        self._fh.flush()  # one complete line reaches the OS per call: a kill loses none of them
+        self._append(journal_line(metrics, step, when) + b"\n")
 
     def _write_batch(self, entries: list[MetricEntry]) -> None:
         if self._fh is None:
             raise RuntimeError(f"journal {self.fpath} is not open")
         lines = [journal_line(m, step, when) for m, step, when in entries]
-        self._fh.write(b"\n".join(lines) + b"\n")
-        self._fh.flush()  # complete lines only, one write per batch
+        self._append(b"\n".join(lines) + b"\n")
+
+    def _append(self, data: bytes) -> None:
+        """Append whole lines or nothing, straight to the OS (a kill loses none written).
+
+        A write that fails part-way (the disk filled) is cut back to where it started, so every
+        call is either journaled whole or counted lost: never half a line, never counted twice
+        when its batch is retried call by call.
+        """
+        assert self._fh is not None
+        fd = self._fh.fileno()
+        start = os.fstat(fd).st_size
+        view = memoryview(data)
+        try:
+            while view:
+                view = view[os.write(fd, view) :]
+        except OSError:
+            with contextlib.suppress(OSError):
+                os.ftruncate(fd, start)
+            raise
 
     def flush(self, timeout: float) -> bool:
         return self.worker.flush(timeout)
