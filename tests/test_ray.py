@@ -70,7 +70,7 @@ def test_ray_export_gives_exactly_the_local_executors_results(
     local_store, ray_store = tmp_path / "store-a", tmp_path / "store-b"
 
     rc, local, err = results_of(export_cli(ray_cluster, *map(str, local_runs), "-e", "local",
-                                           f"exporters.local.root={local_store}"))  # fmt: skip
+                                           f"exporters.local.root={local_store}", "--jobs", "2"))  # fmt: skip
     assert rc == 0, err[-3000:]
     rc, on_ray, err = results_of(export_cli(ray_cluster, *map(str, ray_runs), "-e", "local",
                                             f"exporters.local.root={ray_store}", "--executor", "ray",
