@@ -19,10 +19,12 @@ from tests.reliability.test_bad_input import fingerprint
 
 REPO = Path(__file__).resolve().parents[2]
 # Runs the CLI and writes its own peak RSS (KiB) to $RSS_OUT when it exits, however it exits.
+# VmHWM, not ru_maxrss: Linux carries the forking parent's peak into ru_maxrss across exec, so
+# inside a long pytest session every child would report the session's peak.
 _CLI = (
-    "import atexit, os, resource, sys\n"
+    "import atexit, os, re, sys\n"
     "atexit.register(lambda: open(os.environ['RSS_OUT'], 'w').write("
-    "str(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)))\n"
+    "re.search(r'VmHWM:\\s+(\\d+)', open('/proc/self/status').read()).group(1)))\n"
     "from gym_artifacts.cli import main\n"
     "sys.exit(main(sys.argv[1:]))\n"
 )
