@@ -41,7 +41,7 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 DEFAULT_TEARDOWN_TIMEOUT_S = 10.0  # idle: teardown gives up after this long without progress
-DEFAULT_TEARDOWN_HARD_CAP = 120.0  # and in any case after this long
+DEFAULT_TEARDOWN_HARD_CAP = 60.0  # and in any case after this long
 TEARDOWN_TIMEOUT_ENV = "GYM_ARTIFACTS_TEARDOWN_IDLE_S"
 TEARDOWN_HARD_CAP_ENV = "GYM_ARTIFACTS_TEARDOWN_MAX_S"
 
@@ -582,7 +582,7 @@ class LiveRun:
 
         Each backend is waited for while it makes progress: ``timeout`` seconds without a
         delivered call ends the wait, ``hard_cap`` seconds end it in any case (defaults:
-        ``GYM_ARTIFACTS_TEARDOWN_IDLE_S`` / ``GYM_ARTIFACTS_TEARDOWN_MAX_S``, else 10 s / 120 s).
+        ``GYM_ARTIFACTS_TEARDOWN_IDLE_S`` / ``GYM_ARTIFACTS_TEARDOWN_MAX_S``, else 10 s / 60 s).
         """
         if self._closed:
             return self.reports

@@ -52,7 +52,7 @@ def test_no_progress_ends_at_the_idle_deadline() -> None:
 
 
 def test_limits_come_from_arguments_then_environment(monkeypatch) -> None:  # type: ignore[no-untyped-def]
-    assert teardown_limits() == (10.0, 120.0)
+    assert teardown_limits() == (10.0, 60.0)
     monkeypatch.setenv("GYM_ARTIFACTS_TEARDOWN_IDLE_S", "3")
     monkeypatch.setenv("GYM_ARTIFACTS_TEARDOWN_MAX_S", "7.5")
     assert teardown_limits() == (3.0, 7.5)
