@@ -19,6 +19,8 @@ from typing import Any
 
 from gym_artifacts.jsonio import iter_jsonl, json_safe
 from gym_artifacts.payload import metric_value
+from gym_artifacts.responses_api import last_user_message
+from gym_artifacts.responses_api import response_text as api_response_text
 from gym_artifacts.run import agent_label
 from gym_artifacts.secrets import redact_text
 
@@ -26,7 +28,10 @@ NAMESPACE = uuid.UUID("5f0c1b7e-6d43-5b9a-9a43-6b1d2e0f8c21")
 REQUEST_KEYS = ("responses_create_params", "request", "input", "prompt")
 RESPONSE_KEYS = ("response", "output", "completion")
 # Numeric fields that place or time a rollout rather than judge it: never reported as verdicts.
-PLACEMENT_KEYS = frozenset({"task_index", "repeat", "rollout_index", "index", "timestamp", "time"})
+PLACEMENT_KEYS = frozenset(
+    {"task_index", "repeat", "rollout_index", "index", "timestamp", "time",
+     "_ng_task_index", "_ng_rollout_index", "mask_sample"}
+)  # fmt: skip
 TIMING_PREFIXES = ("latency", "duration", "elapsed")
 
 
@@ -90,8 +95,8 @@ def rollout_from_record(row: int, record: Any) -> Rollout:
             extra[key] = value
     if "reward" in verdicts:
         verdicts = {"reward": verdicts.pop("reward"), **verdicts}
-    task = record.get("task_index", row)
-    repeat = record.get("repeat")
+    task = record.get("_ng_task_index", record.get("task_index", row))
+    repeat = record.get("_ng_rollout_index", record.get("repeat"))
     when = metric_value(record.get("timestamp", record.get("time")))
     return Rollout(
         row=row,
@@ -113,9 +118,11 @@ def iter_rollouts(fpath: Path) -> Iterator[Rollout]:
 
 
 def response_text(response: Any) -> str:
-    """The response's text as a reader wants it: ``output_text`` when the Responses API gave one."""
-    if isinstance(response, dict) and isinstance(response.get("output_text"), str):
-        return response["output_text"]
+    """The response's text as a reader wants it: the Response's ``output[]`` message text (or
+    ``output_text``), see ``gym_artifacts.responses_api``."""
+    text = api_response_text(response)
+    if text:
+        return text
     if isinstance(response, str):
         return response
     return "" if response is None else str(response)
@@ -123,14 +130,9 @@ def response_text(response: Any) -> str:
 
 def request_text(request: Any) -> str:
     """The last user message of a Responses API request, else the request as text."""
-    if isinstance(request, dict):
-        items = request.get("input")
-        if isinstance(items, str):
-            return items
-        if isinstance(items, list):
-            for item in reversed(items):
-                if isinstance(item, dict) and isinstance(item.get("content"), str):
-                    return item["content"]
+    text = last_user_message(request)
+    if text:
+        return text
     return "" if request is None else str(request)
 
 

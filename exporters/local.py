@@ -1,12 +1,14 @@
 """The local backend: each run as a plain folder under ``<root>/<experiment>/<run id>/``.
 
-The folder holds ``run.json`` (status, identities, times), ``config.json`` (masked),
-``metrics.jsonl``, ``summary.json`` (aggregate metrics, every level), ``rollouts.jsonl`` and
-``artifacts/``. Post-run files are published atomically as snapshot copies (never hard links:
-the run can never change the export, nor the export the run); a post-run export's run id
-derives from the run's identity, so a retried export rewrites the same folder. Live runs
-append one complete line per call and flush, so a killed process leaves every line it wrote
-readable; a resumed run appends to the same files.
+The folder holds ``run.json`` (status, identities, coverage, times), ``config.json`` (masked),
+``metrics.jsonl``, ``summary.json`` (the bounded aggregate values under NeMo Gym's names and
+``coverage/*``, see ``gym_artifacts.aggregate``), ``tables/<level>.jsonl`` (the per-task and
+per-repeat levels), ``nemo_gym/`` (NeMo Gym's sidecars: failures, materialized inputs, quality
+summary, verdicts), ``rollouts.jsonl`` and ``artifacts/``. Post-run files are published
+atomically as snapshot copies (never hard links: the run can never change the export, nor the
+export the run); a post-run export's run id derives from the run's identity, so a retried
+export rewrites the same folder. Live runs append one complete line per call and flush, so a
+killed process leaves every line it wrote readable; a resumed run appends to the same files.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from typing import IO, Any
 
 from pydantic import field_validator
 
+from gym_artifacts.aggregate import run_values, table_jsonl
 from gym_artifacts.atomic import atomic_write_bytes, atomic_write_json, atomic_writer
 from gym_artifacts.backend import CannotCertify
 from gym_artifacts.config import ExporterConfig
@@ -31,15 +34,17 @@ from gym_artifacts.jsonio import canonical_json, json_safe, read_json
 from gym_artifacts.layout import RECORDING
 from gym_artifacts.live import LiveExporter, RunStatus
 from gym_artifacts.payload import (
-    aggregate_metrics,
+    Masker,
     complete_rollouts,
     count_lines,
     iter_journal,
     masked_artifact,
+    masked_sidecar,
     partial_line_record,
 )
 from gym_artifacts.receipts import utc_now_iso
 from gym_artifacts.run import RunArtifacts
+from gym_artifacts.run_names import saved_config_run_name
 from gym_artifacts.run_times import eval_times
 from gym_artifacts.snapshot import snapshot_copy
 
@@ -103,7 +108,7 @@ class LocalExporter(LiveExporter):
     # -- post-run ----------------------------------------------------------------------------
     def post_run_id(self, run: RunArtifacts, plan: ExportPlan) -> str:
         """Deterministic: the same run identity always names the same folder."""
-        return f"{safe_name(run.name)}-{plan.run_identity.split(':')[-1][:16]}"
+        return f"{safe_name(saved_config_run_name(run, self.name))}-{plan.run_identity.split(':')[-1][:16]}"
 
     def _export_post_run(self, run: RunArtifacts, plan: ExportPlan) -> Sent:
         run_id = self.post_run_id(run, plan)
@@ -166,6 +171,7 @@ class LocalExporter(LiveExporter):
             "omitted_rows": run.omitted_rows(),
             **partial_line_record(plan),
             **eval_times(run),
+            "coverage": plan.coverage.to_json() if plan.coverage is not None else None,
             "upload_rollouts": plan.upload_rollouts,
         }
 
@@ -177,12 +183,17 @@ class LocalExporter(LiveExporter):
             atomic_write_bytes(dpath / "config.json", data)
             sent_bytes += len(data)
         sent_bytes += self._write_journal(run, dpath)
+        summary, tables = run_values(run, plan.coverage)
+        summary.update(partial_line_record(plan))
+        atomic_write_json(dpath / "summary.json", json_safe(summary))
+        for table in tables:
+            data = table_jsonl(table)
+            atomic_write_bytes(dpath / "tables" / f"{table.name}.jsonl", data)
+            sent_bytes += len(data)
         if run.has_rollouts_file and run.aggregate_metrics_fpath.is_file():
-            summary: dict[str, Any] = dict(aggregate_metrics(run.read_aggregate_metrics()))
-            summary["omitted_rows"] = run.omitted_rows()
-            summary.update(partial_line_record(plan))
-            atomic_write_json(dpath / "summary.json", json_safe(summary))
             sent_bytes += snapshot_copy(run.aggregate_metrics_fpath, dpath / "aggregate_metrics.json")
+        for name, fpath in run.sidecar_files().items():
+            sent_bytes += publish_artifact(fpath, dpath / "nemo_gym" / name, plan.secrets, masked_sidecar)
         if run.has_rollouts_file and run.acceptance_fpath.is_file():
             sent_bytes += snapshot_copy(run.acceptance_fpath, dpath / "acceptance.json")
         rows = 0
@@ -219,7 +230,8 @@ class LocalExporter(LiveExporter):
                 self._open_live_files(dpath, resume=True)
                 return self.resume_run_id
             logger.info("local: live run %s is gone; opening a new one", self.resume_run_id)
-        run_id = f"{safe_name(self.run.name)}-live-{uuid.uuid4().hex[:12]}"
+        name = safe_name(saved_config_run_name(self.run, self.name))
+        run_id = f"{name}-live-{uuid.uuid4().hex[:12]}"
         dpath = self.run_dpath(run_id)
         dpath.mkdir(parents=True, exist_ok=False)
         atomic_write_json(
@@ -289,9 +301,9 @@ class LocalExporter(LiveExporter):
         self._set_status(self._status_before_reopen)
 
 
-def publish_artifact(src: Path, dst: Path, secrets: frozenset[str]) -> int:
+def publish_artifact(src: Path, dst: Path, secrets: frozenset[str], mask: Masker = masked_artifact) -> int:
     """Snapshot-copy one artifact; a small JSON or YAML file that holds a secret is masked first."""
-    masked = masked_artifact(src, secrets)
+    masked = mask(src, secrets)
     if masked is not None:
         atomic_write_bytes(dst, masked)
         return len(masked)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import getpass
+import json
 import logging
 import tempfile
 import time
@@ -22,6 +23,7 @@ from typing import Any
 
 from pydantic import Field, SecretStr
 
+from gym_artifacts.aggregate import run_values, table_split_json
 from gym_artifacts.backend import CannotCertify
 from gym_artifacts.config import ExporterConfig
 from gym_artifacts.destination import absolute_store_uri, credential_free_uri
@@ -30,17 +32,19 @@ from gym_artifacts.jsonio import canonical_json, json_safe
 from gym_artifacts.layout import NVML_SUMMARY
 from gym_artifacts.live import LiveExporter, RunStatus
 from gym_artifacts.payload import (
-    aggregate_metrics,
+    Masker,
     complete_rollouts,
     count_lines,
     iter_journal,
     iter_nvml_series,
     masked_artifact,
+    masked_sidecar,
     nvml_summary,
     partial_line_record,
 )
 from gym_artifacts.receipts import utc_now_iso
 from gym_artifacts.run import RunArtifacts
+from gym_artifacts.run_names import saved_config_run_name
 from gym_artifacts.run_times import run_times
 from gym_artifacts.snapshot import snapshot_copy
 from gym_artifacts.spool import RolloutSpool
@@ -68,6 +72,7 @@ TIMES_TAG = "gym_artifacts.times_from"  # session, journal or files: where the r
 COMPLETE_TAG = "gym_artifacts.complete"
 # One export attempt's id: the runs it created, so that it deletes only its own orphans.
 ATTEMPT_TAG = "gym_artifacts.export_attempt"
+LOGGED_ARTIFACTS_TAG = "mlflow.loggedArtifacts"
 
 
 class MlflowSettings(ExporterConfig):
@@ -191,7 +196,7 @@ class MlflowExporter(LiveExporter):
             logger.info("mlflow: run %s cannot be reopened; opening a new one", self.resume_run_id)
         return ml.create_run(
             experiment_id,
-            self.settings.run_name or self.run.name,
+            self.settings.run_name or saved_config_run_name(self.run, self.name),
             self._base_tags(self.run, "live"),
             int(time.time() * 1000),
         )
@@ -274,7 +279,7 @@ class MlflowExporter(LiveExporter):
             if times is not None:
                 tags[TIMES_TAG] = times.source
             start_ms = times.start_ms if times is not None else int(time.time() * 1000)
-            name = self.settings.run_name or run.name
+            name = self.settings.run_name or saved_config_run_name(run, self.name)
             run_id = self._create_once(ml, experiment_id, name, tags, plan, start_ms)
         rows, sent = self._send_run(ml, run_id, run, plan)
         ml.terminate(run_id, "FINISHED", times.end_ms if times is not None else None)
@@ -385,13 +390,24 @@ class MlflowExporter(LiveExporter):
 
         ml.log_metrics(run_id, journal_points())
         tags.update(journal_tags)
+        values, tables = run_values(run, plan.coverage)
+        numbers, texts = split_metrics(values)
+        ts = file_mtime_ms(run.aggregate_metrics_fpath) if run.aggregate_metrics_fpath.is_file() else 0
+        ml.log_metrics(run_id, ((k, v, ts, 0) for k, v in numbers.items()))
+        tags.update(texts)
         if run.has_rollouts_file and run.aggregate_metrics_fpath.is_file():
-            numbers, texts = split_metrics(aggregate_metrics(run.read_aggregate_metrics()))
-            ts = file_mtime_ms(run.aggregate_metrics_fpath)
-            numbers["omitted_rows"] = float(run.omitted_rows())
-            ml.log_metrics(run_id, ((k, v, ts, 0) for k, v in numbers.items()))
-            tags.update(texts)
             sent += self._upload_file(ml, run_id, run.aggregate_metrics_fpath, "aggregate_metrics.json", None)
+        for table in tables:
+            sent += self._upload_bytes(ml, run_id, f"{table.name}.json", table_split_json(table), "tables")
+        if tables:  # MLflow's UI shows these artifacts as tables (what mlflow.log_table records)
+            tags[LOGGED_ARTIFACTS_TAG] = json.dumps(
+                [{"path": f"tables/{t.name}.json", "type": "table"} for t in tables]
+            )
+        if plan.coverage is not None:
+            tags["gym_artifacts.coverage"] = tag_value(plan.coverage.text())
+            tags["gym_artifacts.partial"] = "true" if plan.coverage.partial else "false"
+        for name, fpath in run.sidecar_files().items():
+            sent += self._upload_artifact(ml, run_id, fpath, "nemo_gym", plan.secrets, name, masked_sidecar)
         acceptance = run.read_acceptance()
         if acceptance is not None:
             tags["gym_artifacts.accepted_partial"] = "true"
@@ -473,10 +489,20 @@ class MlflowExporter(LiveExporter):
 
     @classmethod
     def _upload_artifact(
-        cls, ml: ScopedMlflow, run_id: str, src: Path, artifact_dir: str, secrets: frozenset[str]
+        cls,
+        ml: ScopedMlflow,
+        run_id: str,
+        src: Path,
+        artifact_dir: str,
+        secrets: frozenset[str],
+        name: str | None = None,
+        mask: Masker = masked_artifact,
     ) -> int:
-        """A runtime artifact as it is, except a small JSON or YAML file holding a secret (masked first)."""
-        masked = masked_artifact(src, secrets)
+        """A run file as it is (as ``name``, default its own), except a small JSON or YAML file
+        holding a secret (masked first)."""
+        masked = mask(src, secrets)
         if masked is not None:
-            return cls._upload_bytes(ml, run_id, src.name, masked, artifact_dir)
+            return cls._upload_bytes(ml, run_id, name or src.name, masked, artifact_dir)
+        if name is not None and name != src.name:
+            return cls._upload_file(ml, run_id, src, name, artifact_dir)
         return ml.log_artifact(run_id, src, artifact_dir)

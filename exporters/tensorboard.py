@@ -1,11 +1,13 @@
 """The TensorBoard backend: event files TensorBoard reads, live and post-run.
 
 Mapping: step metrics as scalars at their original steps and wall times; aggregate metrics as
-``aggregate/<agent>/<level>/<key>`` scalars (text leaves as text); the NVML summary and series as
-``system/...`` scalars; the masked config as the ``config`` text; every rollout's numeric verdicts
-(``reward`` first) as ``rollouts/<verdict>`` scalars at step = row number; the first
-``table_rows`` rollouts as a Markdown text table (``rollouts/table``, 50 rows a step). Runtime
-artifacts (recording, profiler trace) have no TensorBoard form and are not sent.
+scalars under NeMo Gym's own exporter's names with ``coverage/*`` (``gym_artifacts.aggregate``;
+text leaves as text), the per-task and per-repeat levels as Markdown texts ``tables/<level>``;
+the NVML summary and series as ``system/...`` scalars; the masked config as the ``config``
+text; every rollout's numeric verdicts (``reward`` first) as ``rollouts/<verdict>`` scalars at
+step = row number; the first ``table_rows`` rollouts as a Markdown text table
+(``rollouts/table``, 50 rows a step). Runtime artifacts (recording, profiler trace) have no
+TensorBoard form and are not sent.
 
 Exactly once: a post-run export writes ``<logdir>/<run name>-<identity>/`` into a hidden
 partial folder renamed into place at the end, so the folder exists whole or not at all; an export
@@ -28,12 +30,12 @@ from typing import Any
 
 from pydantic import Field
 
+from gym_artifacts.aggregate import LevelTable, run_values
 from gym_artifacts.config import ExporterConfig
 from gym_artifacts.exporter import ExportPlan, Sent
 from gym_artifacts.jsonio import canonical_json, json_safe
 from gym_artifacts.live import LiveExporter, RunStatus
 from gym_artifacts.payload import (
-    aggregate_metrics,
     complete_rollouts,
     flatten,
     iter_journal,
@@ -42,6 +44,7 @@ from gym_artifacts.payload import (
     nvml_summary,
 )
 from gym_artifacts.run import RunArtifacts
+from gym_artifacts.run_names import saved_config_run_name
 from gym_artifacts.secrets import redact_text
 
 from ._rollouts import Rollout, iter_rollouts, request_text, response_text
@@ -147,6 +150,19 @@ TABLE_HEADER = (
 )
 
 
+def level_markdown(table: LevelTable, limit: int) -> str:
+    """A per-task or per-repeat level as a Markdown table of its first ``limit`` rows."""
+
+    def cell(value: Any) -> str:
+        text = f"{value:.6g}" if isinstance(value, float) else str(value)
+        return text.replace("|", "\\|").replace("\n", " ")[:200]
+
+    head = "| " + " | ".join(table.columns) + " |\n|" + "---|" * len(table.columns) + "\n"
+    body = "".join("| " + " | ".join(cell(v) for v in row) + " |\n" for row in table.rows[:limit])
+    more = len(table.rows) - limit
+    return head + body + (f"\n{more} more rows in the aggregate metrics file.\n" if more > 0 else "")
+
+
 def table_row(r: Rollout) -> str:
     verdicts = ", ".join(f"{k}={v:g}" for k, v in r.verdicts.items())
     cells = (r.row, r.task, r.repeat, r.agent, request_text(r.request), response_text(r.response), verdicts)
@@ -185,7 +201,8 @@ class TensorboardExporter(LiveExporter):
         assert self.run is not None
         run_id = self.resume_run_id
         if run_id is None or not (self.logdir / run_id).is_dir():
-            run_id = f"{folder_name(self.settings.run_name or self.run.name)}-live-{uuid.uuid4().hex[:12]}"
+            base = folder_name(self.settings.run_name or saved_config_run_name(self.run, self.name))
+            run_id = f"{base}-live-{uuid.uuid4().hex[:12]}"
             self._rollout_row = 0
         else:  # reopened: rows continue after the ones the file already holds
             from gym_artifacts.payload import count_lines
@@ -232,7 +249,8 @@ class TensorboardExporter(LiveExporter):
 
     # -- post-run --------------------------------------------------------------------------------
     def _export_post_run(self, run: RunArtifacts, plan: ExportPlan) -> Sent:
-        name = f"{folder_name(self.settings.run_name or run.name)}-{plan.run_identity.split(':')[-1][:16]}"
+        base = folder_name(self.settings.run_name or saved_config_run_name(run, self.name))
+        name = f"{base}-{plan.run_identity.split(':')[-1][:16]}"
         final = self.logdir / name
         if final.is_dir():  # an earlier export finished writing but died before its receipt
             return Sent(backend_run_id=name, note="run folder already complete; nothing new written")
@@ -259,12 +277,15 @@ class TensorboardExporter(LiveExporter):
             w.scalars(numbers, step, entry.time)
             for tag, text in texts.items():
                 w.text(tag, redact_text(text, plan.secrets), step, entry.time)
-        if run.has_rollouts_file and run.aggregate_metrics_fpath.is_file():
-            numbers, texts = split_values(aggregate_metrics(run.read_aggregate_metrics()), "aggregate")
-            numbers["aggregate/omitted_rows"] = float(run.omitted_rows())
-            w.scalars(numbers, 0, finished)
-            for tag, text in texts.items():
-                w.text(tag, redact_text(text, plan.secrets), 0, finished)
+        values, tables = run_values(run, plan.coverage)
+        numbers, texts = split_values(values)
+        w.scalars(numbers, 0, finished)
+        if plan.coverage is not None:
+            texts["coverage/text"] = plan.coverage.text()
+        for table in tables:  # TensorBoard has no table artifacts: a Markdown text per level
+            texts[f"tables/{table.name}"] = level_markdown(table, self.settings.table_rows)
+        for tag, text in texts.items():
+            w.text(tag, redact_text(text, plan.secrets), 0, finished)
         self._write_system(w, run, finished)
         rollouts = run.rollouts_fpath
         if not (plan.upload_rollouts and rollouts is not None and rollouts.is_file()):

@@ -22,6 +22,7 @@ from typing import Any, Literal
 
 from pydantic import Field, SecretStr
 
+from gym_artifacts.aggregate import LevelTable, run_values, table_jsonl
 from gym_artifacts.config import ExporterConfig
 from gym_artifacts.destination import credential_free_uri
 from gym_artifacts.exporter import ExportPlan, Sent
@@ -30,15 +31,17 @@ from gym_artifacts.layout import NVML_SUMMARY, RECORDING
 from gym_artifacts.live import LiveExporter, RunStatus
 from gym_artifacts.payload import (
     NVML_SERIES,
-    aggregate_metrics,
+    Masker,
     complete_rollouts,
     flatten,
     iter_journal,
     masked_artifact,
+    masked_sidecar,
     nvml_summary,
     partial_line_record,
 )
 from gym_artifacts.run import RunArtifacts
+from gym_artifacts.run_names import saved_config_run_name
 from gym_artifacts.run_times import run_times
 from gym_artifacts.spool import RolloutSpool
 
@@ -184,7 +187,7 @@ class WandbExporter(LiveExporter):
     def _setup(self) -> str:
         assert self.run is not None
         run_id = self.resume_run_id or uuid.uuid4().hex[:12]
-        self._wb_run = self._init(run_id, self.run.name, None)
+        self._wb_run = self._init(run_id, saved_config_run_name(self.run, self.name), None)
         self._last_step = -1
         if self.resume_run_id is not None:
             journaled = self.previous_last_step()
@@ -229,7 +232,9 @@ class WandbExporter(LiveExporter):
     # -- post-run --------------------------------------------------------------------------------
     def _export_post_run(self, run: RunArtifacts, plan: ExportPlan) -> Sent:
         wb_run = self._init(
-            post_run_id(plan.run_identity), run.name, json_safe(plan.config) if plan.config else None
+            post_run_id(plan.run_identity),
+            saved_config_run_name(run, self.name),
+            json_safe(plan.config) if plan.config else None,
         )
         try:
             first_new_step = int(getattr(wb_run, "step", 0) or 0)
@@ -242,7 +247,7 @@ class WandbExporter(LiveExporter):
         return Sent(backend_run_id=str(wb_run.id), rows=rows, bytes=sent)
 
     def _certify(self, run: RunArtifacts, plan: ExportPlan, live_run_id: str) -> Sent:
-        wb_run = self._init(live_run_id, run.name, None)
+        wb_run = self._init(live_run_id, saved_config_run_name(run, self.name), None)
         try:
             rows, sent = self._send_run(wb_run, run, plan, first_new_step=None)
             wb_run.summary["gym_artifacts/identity"] = plan.run_identity
@@ -279,11 +284,10 @@ class WandbExporter(LiveExporter):
                 if entry.step is None or entry.step < first_new_step:
                     continue
                 wb_run.log(flatten(dict(entry.metrics)), step=entry.step)
-        summary: dict[str, Any] = {}
-        if run.has_rollouts_file and run.aggregate_metrics_fpath.is_file():
-            for key, value in aggregate_metrics(run.read_aggregate_metrics()).items():
-                summary[f"aggregate/{key}"] = value
-            summary["aggregate/omitted_rows"] = run.omitted_rows()
+        values, tables = run_values(run, plan.coverage)
+        summary: dict[str, Any] = dict(values)
+        if plan.coverage is not None:
+            summary["coverage/text"] = plan.coverage.text()
         acceptance = run.read_acceptance()
         if acceptance is not None:
             summary["acceptance/planned_rows"] = acceptance.planned_rows
@@ -301,6 +305,13 @@ class WandbExporter(LiveExporter):
         if reason is not None:
             summary["system/nvml"] = reason
         wb_run.summary.update(summary)
+        sent += self._send_tables(wb_run, tables)
+        sidecars = run.sidecar_files()
+        if sidecars:
+            artifact = wandb.Artifact(f"nemo-gym-{wb_run.id}", type="nemo-gym")
+            for name, fpath in sidecars.items():
+                sent += self._add_file(artifact, name, fpath, plan.secrets, masked_sidecar)
+            wb_run.log_artifact(artifact)
         rows = 0
         rollouts = run.rollouts_fpath
         if plan.upload_rollouts and rollouts is not None and rollouts.is_file():
@@ -327,16 +338,40 @@ class WandbExporter(LiveExporter):
                 continue
             artifact = wandb.Artifact(f"{kind}-{wb_run.id}", type=kind)
             for name in names:
-                masked = masked_artifact(artifacts[name], plan.secrets)
-                if masked is not None:
-                    with artifact.new_file(name, mode="wb") as fh:
-                        fh.write(masked)
-                    sent += len(masked)
-                else:
-                    artifact.add_file(str(artifacts[name]), name=name)
-                    sent += artifacts[name].stat().st_size
+                sent += self._add_file(artifact, name, artifacts[name], plan.secrets)
             wb_run.log_artifact(artifact)
         return rows, sent
+
+    @staticmethod
+    def _add_file(
+        artifact: Any, name: str, fpath: Path, secrets: frozenset[str], mask: Masker = masked_artifact
+    ) -> int:
+        """One run file into an artifact, a small JSON or YAML file holding a secret masked first."""
+        masked = mask(fpath, secrets)
+        if masked is not None:
+            with artifact.new_file(name, mode="wb") as fh:
+                fh.write(masked)
+            return len(masked)
+        artifact.add_file(str(fpath), name=name)
+        return fpath.stat().st_size
+
+    def _send_tables(self, wb_run: Any, tables: list[LevelTable]) -> int:
+        """The per-task and per-repeat levels as ``wandb.Table`` objects in one table artifact;
+        each also in the summary (``tables/<level>``) when it fits W&B's row limit."""
+        import wandb
+
+        if not tables:
+            return 0
+        artifact = wandb.Artifact(f"levels-{wb_run.id}", type="aggregate-levels")
+        sent = 0
+        for table in tables:
+            wb_table = wandb.Table(columns=table.columns, data=table.rows)
+            artifact.add(wb_table, table.name)
+            if len(table.rows) <= self.settings.table_max_rows:
+                wb_run.summary[f"tables/{table.name}"] = wb_table
+            sent += len(table_jsonl(table))
+        wb_run.log_artifact(artifact)
+        return sent
 
     def _send_rollouts(
         self, wb_run: Any, records: Iterator[Any], artifact_name: str, raw: Path | None = None

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from pathlib import Path
 
+    from gym_artifacts.coverage import Coverage
     from gym_artifacts.run import RunArtifacts
     from gym_artifacts.torn import PartialLine
 
@@ -88,6 +89,8 @@ class ExportPlan:
     rollout_rows: int | None = None
     # A torn last rollouts line the user chose to leave out (--accept-partial-line).
     partial_line: PartialLine | None = None
+    # Planned, scored and failed rollouts (``coverage/*`` in every backend).
+    coverage: Coverage | None = None
 
 
 @dataclass(frozen=True)

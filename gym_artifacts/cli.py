@@ -316,6 +316,7 @@ def format_results_table(results: Sequence[dict[str, Any]]) -> str:
 
 def cmd_status(ns: argparse.Namespace) -> int:
     from gym_artifacts.errors import GymArtifactsError, MissingRunError
+    from gym_artifacts.run_names import NO_CONFIG
     from gym_artifacts.status import run_status
 
     try:
@@ -334,6 +335,8 @@ def cmd_status(ns: argparse.Namespace) -> int:
         print(f"rollouts: {state.partial_line.describe(state.run.rollouts_fpath)}")
     missing = state.missing_for_export
     print(f"exportable: {'yes' if missing is None else 'no: ' + missing}")
+    print(f"coverage: {state.coverage.text()}")
+    print(f"config: {state.run.config_fpath if state.has_config else NO_CONFIG}")
     print(f"run identity: {state.run_identity}")
     print(format_table(["artifact", "identity"], [[k, v] for k, v in state.identities.items()]))
     print()

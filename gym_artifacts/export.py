@@ -32,6 +32,7 @@ from gym_artifacts.config import (
     resolve_upload_rollouts,
     validate_settings,
 )
+from gym_artifacts.coverage import coverage_of
 from gym_artifacts.destination import Destination, destination_key
 from gym_artifacts.errors import ConfigError, GymArtifactsError, ReceiptError, RunError
 from gym_artifacts.exporter import CERTIFIED_NOTE, Exporter, ExportPlan, ExportResult, ExportStatus
@@ -368,8 +369,12 @@ def export_run(
         record_counts: dict[str, int] = {}
         identities = content_identities(run, progress=progress, record_counts=record_counts)
         config_for_backends, secrets = backend_config(run_config)
+        coverage = coverage_of(run, record_counts)
     except (GymArtifactsError, OSError) as exc:
         return finish([_failed(n, str(exc), start) for n in names])
+    refused = coverage.refusal()
+    if refused is not None:
+        return finish([_failed(n, f"not exportable: {refused}", start) for n in names])
     plan = ExportPlan(
         identities=identities,
         run_identity=run_identity(identities),
@@ -379,6 +384,7 @@ def export_run(
         secrets=secrets,
         rollout_rows=record_counts.get(ROLLOUTS),
         partial_line=run.partial_rollouts_line() if upload else None,
+        coverage=coverage,
     )
     try:  # what a version-1 receipt was written for: the run's own config's destination
         legacy_cfg, _ = build_export_config(None, run_config)

@@ -27,7 +27,7 @@ from gym_artifacts.journal import MetricsJournal
 from gym_artifacts.live_args import RefusedCalls, checked_metrics, normalize_step, rollouts_batch
 from gym_artifacts.locking import try_lock
 from gym_artifacts.metric_records import MetricRecord, encode_record
-from gym_artifacts.payload import backend_config
+from gym_artifacts.payload import backend_config, save_run_config
 from gym_artifacts.ranks import is_rank_zero
 from gym_artifacts.receipts import RunIdMarker, read_marker, utc_now_iso, write_marker
 from gym_artifacts.registry import get_entry
@@ -684,7 +684,8 @@ def live_exporters(
     """Live-log an eval whose rollouts go to ``output_jsonl_fpath`` to every enabled backend.
 
     Yields an object with ``export_config``, ``export_metrics``, ``export_rollouts``,
-    ``start_over``, ``complete`` and ``flush``; the masked config is logged at entry and every
+    ``start_over``, ``complete`` and ``flush``; the config is saved as ``OUT_config.yaml``
+    (unresolved) when the eval saved none, the masked config is logged at entry and every
     backend torn down at exit (FAILED when the block raised, KILLED when interrupted). Ranks
     other than 0 get a no-op object.
 
@@ -710,6 +711,7 @@ def live_exporters(
         logger.warning("live logging refused: %s", refused)
         yield NoOpLiveRun(refused)
         return
+    save_run_config(run, original)
     try:
         live = LiveRun(run, build_live_exporters(cfg), original, resume=is_resume(cfg))
         live.export_config()

@@ -1,7 +1,7 @@
 """What every backend receives from a run, in backend-neutral form.
 
-The run config resolved as far as the environment allows and masked; aggregate metrics at
-every level flattened under clear prefixes; the live metrics journal with its original steps
+The run config resolved as far as the environment allows and masked (the aggregate metrics'
+mapping is ``gym_artifacts.aggregate``); the live metrics journal with its original steps
 and times. Backends only map these onto their own API.
 """
 
@@ -10,7 +10,7 @@ from __future__ import annotations
 import contextlib
 import numbers
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -23,7 +23,6 @@ from gym_artifacts.journal import JournalEntry as JournalEntry
 from gym_artifacts.journal import iter_journal as iter_journal
 from gym_artifacts.jsonio import iter_jsonl
 from gym_artifacts.layout import DERIVED_CONFIG, NVML_SERIES, NVML_SUMMARY
-from gym_artifacts.run import agent_label
 from gym_artifacts.secrets import (
     collect_secret_values,
     keep_env_interpolations,
@@ -35,13 +34,6 @@ if TYPE_CHECKING:
     from gym_artifacts.backend import ExportPlan
     from gym_artifacts.run import RunArtifacts
 
-AGGREGATE_LEVELS = (
-    "agent_metrics",
-    "key_metrics",
-    "group_level_metrics",
-    "repeat_level_metrics",
-    "perf_summary",
-)
 Scalar = int | float | bool | str | None
 
 
@@ -80,6 +72,31 @@ def _literal(value: Any) -> Any:
     if isinstance(value, str) and "${" in value:
         return value.replace("${", "\\${")
     return value
+
+
+def save_run_config(run: RunArtifacts, config: Any) -> bool:
+    """Write ``OUT_config.yaml`` as given (``${...}`` unresolved) when the eval saved none.
+
+    NeMo Gym saves no config beside its output; without one a run exports with no params and
+    the config's destinations are unknown. The file may hold literal secrets, so it is readable
+    by its owner only; every export masks it. Never raises: a run without it still exports.
+    """
+    if not run.has_rollouts_file or run.config_fpath.exists():
+        return False
+    try:
+        from omegaconf import OmegaConf
+
+        from gym_artifacts.atomic import atomic_write_bytes
+
+        text = OmegaConf.to_yaml(config if OmegaConf.is_config(config) else OmegaConf.create(config or {}))
+        atomic_write_bytes(run.config_fpath, text.encode("utf-8"))
+        run.config_fpath.chmod(0o600)
+    except Exception as exc:  # the eval must not fail for a config copy
+        import logging
+
+        logging.getLogger(__name__).warning("the run's config was not saved to %s: %s", run.config_fpath, exc)
+        return False
+    return True
 
 
 def backend_config(run_config: Any | None) -> tuple[dict[str, Any] | None, frozenset[str]]:
@@ -122,21 +139,8 @@ def is_number(value: Any) -> bool:
     return isinstance(value, numbers.Real)
 
 
-def aggregate_metrics(entries: list[dict[str, Any]]) -> dict[str, Scalar]:
-    """Every level of NeMo Gym's aggregate metrics as ``<agent>/<level>/<key...>`` leaves."""
-    out: dict[str, Scalar] = {}
-    seen: dict[str, int] = {}
-    for entry in entries:
-        label = agent_label(entry.get("agent_ref"))
-        seen[label] = seen.get(label, 0) + 1
-        if seen[label] > 1:
-            label = f"{label}#{seen[label]}"
-        for level in AGGREGATE_LEVELS:
-            if level in entry and entry[level] is not None:
-                out.update(flatten(entry[level], f"{label}/{level}"))
-    return out
-
-
+# Gives a file's masked bytes, or None when nothing in it needs masking.
+Masker = Callable[[Any, frozenset[str]], "bytes | None"]
 MASKABLE_MAX_BYTES = 16 << 20
 
 
@@ -163,6 +167,25 @@ def masked_artifact(fpath: Any, secrets: frozenset[str]) -> bytes | None:
     content = read_yaml(fpath)
     masked_content = mask_secrets(content, secrets)
     return None if masked_content == content else dump_yaml(masked_content)
+
+
+def masked_sidecar(fpath: Any, secrets: frozenset[str]) -> bytes | None:
+    """Masked bytes of one of NeMo Gym's sidecars when it holds a secret; None when it holds none.
+
+    The sidecars are NeMo Gym's own output (failures, planned inputs, quality checks): they are
+    masked by value (a config secret, a credential in a URL), never by key name, since their keys
+    name counts (``tokens``, ``unobserved``) that a config masker would take for credentials.
+    """
+    from pathlib import Path
+
+    from gym_artifacts.secrets import redact_text
+
+    fpath = Path(fpath)
+    if fpath.stat().st_size > MASKABLE_MAX_BYTES:
+        return None
+    text = fpath.read_bytes().decode("utf-8", errors="surrogateescape")
+    masked = redact_text(text, secrets)
+    return None if masked == text else masked.encode("utf-8", errors="surrogateescape")
 
 
 def dump_yaml(content: Any) -> bytes:

@@ -6,6 +6,7 @@ stable for plugins, while the rest of the core may move.
 
 from __future__ import annotations
 
+from gym_artifacts.aggregate import LevelTable, aggregate_metrics, level_tables, run_values
 from gym_artifacts.atomic import atomic_write_bytes, atomic_write_json
 from gym_artifacts.backend import CannotCertify, ExportPlan, RunStatus, Sent
 from gym_artifacts.config import ExporterConfig
@@ -14,7 +15,7 @@ from gym_artifacts.exporter import Exporter
 from gym_artifacts.journal import iter_journal
 from gym_artifacts.jsonio import canonical_json, iter_jsonl, json_safe
 from gym_artifacts.live import LiveExporter
-from gym_artifacts.payload import aggregate_metrics, count_lines, masked_artifact
+from gym_artifacts.payload import count_lines, masked_artifact
 from gym_artifacts.run import RunArtifacts
 from gym_artifacts.secrets import mask_secrets
 from gym_artifacts.spool import RolloutSpool
@@ -25,6 +26,7 @@ __all__ = [
     "Exporter",
     "ExporterConfig",
     "GymArtifactsError",
+    "LevelTable",
     "LiveExporter",
     "RolloutSpool",
     "RunArtifacts",
@@ -38,6 +40,8 @@ __all__ = [
     "iter_journal",
     "iter_jsonl",
     "json_safe",
+    "level_tables",
     "mask_secrets",
     "masked_artifact",
+    "run_values",
 ]

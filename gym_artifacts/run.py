@@ -23,6 +23,13 @@ AGGREGATE_METRICS = "aggregate_metrics.json"
 CONFIG = "config.yaml"
 ACCEPTANCE = "acceptance.json"
 METRICS_JOURNAL = "metrics.jsonl"
+# NeMo Gym's sidecars: failed rollouts, the planned inputs, and its quality checker's files
+# (the last two sit in the output's folder without the stem).
+FAILURES = "failures.jsonl"
+MATERIALIZED_INPUTS = "materialized_inputs.jsonl"
+QUALITY_SUMMARY = "quality_summary.json"
+ROLLOUT_VERDICTS = "rollout_verdicts.jsonl"
+SIDECARS = (FAILURES, MATERIALIZED_INPUTS, QUALITY_SUMMARY, ROLLOUT_VERDICTS)
 ARTIFACTS_PREFIX = "artifacts/"
 
 
@@ -124,6 +131,26 @@ class RunArtifacts(BaseModel):
     def metrics_journal_fpath(self) -> Path:
         return self._sibling(layout.JOURNAL_SUFFIX)
 
+    @property
+    def failures_fpath(self) -> Path:
+        return self._sibling("_failures.jsonl")
+
+    @property
+    def materialized_inputs_fpath(self) -> Path:
+        return self._sibling("_materialized_inputs.jsonl")
+
+    def sidecar_files(self) -> dict[str, Path]:
+        """NeMo Gym's sidecar files that are present, by artifact name."""
+        if not self.has_rollouts_file:
+            return {}
+        candidates = {
+            FAILURES: self.failures_fpath,
+            MATERIALIZED_INPUTS: self.materialized_inputs_fpath,
+            QUALITY_SUMMARY: self.stem.parent / QUALITY_SUMMARY,
+            ROLLOUT_VERDICTS: self.stem.parent / ROLLOUT_VERDICTS,
+        }
+        return {name: fpath for name, fpath in candidates.items() if fpath.is_file()}
+
     def export_done_fpath(self, exporter: str) -> Path:
         """The version-1 receipt of a post-run export to ``exporter``."""
         return self.stem.with_name(layout.receipt_name(self.stem.name, check_exporter_name(exporter)))
@@ -159,6 +186,7 @@ class RunArtifacts(BaseModel):
         for name, fpath in candidates.items():
             if fpath is not None and fpath.is_file():
                 files[name] = fpath
+        files.update(self.sidecar_files())
         return files
 
     def runtime_artifact_files(self) -> dict[str, Path]:

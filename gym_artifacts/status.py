@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gym_artifacts.config import exporter_section, validate_settings
+from gym_artifacts.coverage import Coverage, coverage_of
 from gym_artifacts.destination import describe
 from gym_artifacts.errors import GymArtifactsError, ReceiptError
 from gym_artifacts.layout import MARKER_SUFFIX, RECEIPT_SUFFIX
@@ -34,13 +35,23 @@ class RunState:
     identities: dict[str, str]
     run_identity: str
     exporters: dict[str, dict[str, Any]]
+    coverage: Coverage
+
+    @property
+    def has_config(self) -> bool:
+        return self.run.has_rollouts_file and self.run.config_fpath.is_file()
 
     def to_json(self) -> dict[str, Any]:
         """The ``gym-artifacts status --json`` object."""
+        from gym_artifacts.run_names import NO_CONFIG
+
         return {
             "run": self.source,
             "partial_last_line_bytes": self.partial_line.partial_bytes if self.partial_line else None,
             "missing_for_export": self.missing_for_export,
+            "coverage": self.coverage.to_json(),
+            "config": str(self.run.config_fpath) if self.has_config else None,
+            "config_note": None if self.has_config else NO_CONFIG,
             "run_identity": self.run_identity,
             "identities": self.identities,
             "exporters": self.exporters,
@@ -61,7 +72,12 @@ def run_status(path: str | os.PathLike[str], *, verify: bool = False) -> RunStat
     missing = run.missing_for_export(rollouts_required=True)
     torn = run.partial_rollouts_line()
     logger.info("hashing the run's files")
-    identities = content_identities(run)
+    record_counts: dict[str, int] = {}
+    identities = content_identities(run, record_counts=record_counts)
+    coverage = coverage_of(run, record_counts)
+    refused = coverage.refusal()
+    if refused is not None:
+        missing = refused if missing is None else f"{missing}; {refused}"
     verify_config = None
     if verify:  # the run's own settings (credentials), aimed at each receipt's destination
         from gym_artifacts.config import build_export_config
@@ -70,7 +86,9 @@ def run_status(path: str | os.PathLike[str], *, verify: bool = False) -> RunStat
         verify_config, _ = build_export_config(None, load_run_config(run))
     logger.info("reading receipts and live-run markers")
     exporters = exporter_states(run, identities, verify_config=verify_config)
-    return RunState(os.fspath(path), run, missing, torn, identities, run_identity(identities), exporters)
+    return RunState(
+        os.fspath(path), run, missing, torn, identities, run_identity(identities), exporters, coverage
+    )
 
 
 def _names(run: RunArtifacts) -> list[str]:

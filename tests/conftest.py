@@ -16,6 +16,8 @@ QUICKSTART_FILES = (
     "eval_config.yaml",
     "eval_metrics.jsonl",
     "eval_artifacts",
+    "eval_failures.jsonl",
+    "eval_materialized_inputs.jsonl",
     "eval_aggregate_metrics.json",  # last: newer than the rollouts, as an eval writes it
 )
 

@@ -72,7 +72,7 @@ def test_human_table(quickstart_run: Path, local_config: Path, capsys: pytest.Ca
     assert main(["export", str(quickstart_run), "-c", str(local_config)]) == 0
     out = capsys.readouterr().out
     assert re.search(r"^exporter\s+status\s+backend run\s+rows\s+bytes\s+seconds\s+reason", out, re.M)
-    assert re.search(r"^local\s+EXPORTED\s+eval-[0-9a-f]{16}\s+300\s", out, re.M)
+    assert re.search(r"^local\s+EXPORTED\s+runs_eval-[0-9a-f]{16}\s+300\s", out, re.M)
 
 
 def test_failed_export_exits_1(

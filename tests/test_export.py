@@ -123,7 +123,7 @@ def test_partial_aggregate_metrics_fail(quickstart_run: Path) -> None:
     [result] = export_run(quickstart_run, cfg(counting=True))
     assert result.status is ExportStatus.FAILED
     assert "aggregation_error" in (result.reason or "")
-    assert "retrieval_agent: timeout in verifier" in (result.reason or "")
+    assert "calendar_simple_agent: timeout in verifier" in (result.reason or "")
     assert CountingExporter.sends == []
     assert not RunArtifacts.from_path(quickstart_run).export_done_fpath("counting").exists()
 

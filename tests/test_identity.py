@@ -29,6 +29,8 @@ def test_names_are_relative_to_the_run(quickstart_run: Path) -> None:
         "aggregate_metrics.json",
         "config.yaml",
         "metrics.jsonl",
+        "failures.jsonl",
+        "materialized_inputs.jsonl",
         "artifacts/session_times.json",
         "artifacts/metrics_summary.json",
         "artifacts/profile.pt.trace.json.gz",
@@ -91,7 +93,7 @@ def test_one_metric_changes_only_aggregate(quickstart_run: Path) -> None:
     before = identities(quickstart_run)
     agg = quickstart_run.with_name("eval_aggregate_metrics.json")
     data = json.loads(agg.read_text())
-    data[1]["key_metrics"]["pass@1"] += 0.001
+    data[1]["key_metrics"]["mean/reward"] += 0.001
     agg.write_text(json.dumps(data))
     assert _only_changed(before, identities(quickstart_run)) == {"aggregate_metrics.json"}
 

@@ -28,19 +28,24 @@ def test_post_run_folder_content(quickstart_run: Path, tmp_path: Path) -> None:
     assert run_json["status"] == "FINISHED" and run_json["rows"] == 300
     assert run_json["identities"]["rollouts.jsonl"].startswith("b3:")
     summary = json.loads((folder / "summary.json").read_text())
-    for level in (
-        "agent_metrics",
-        "key_metrics",
-        "group_level_metrics",
-        "repeat_level_metrics",
-        "perf_summary",
-    ):
-        assert any(f"/{level}" in k for k in summary), level
-    assert summary["weather_agent/key_metrics/pass@1"] == pytest.approx(
-        json.loads(quickstart_run.with_name("eval_aggregate_metrics.json").read_text())[1]["key_metrics"][
-            "pass@1"
-        ]
-    )
+    agg = json.loads(quickstart_run.with_name("eval_aggregate_metrics.json").read_text())
+    # NeMo Gym's own exporter's names; the per-task and per-repeat levels are tables, not values
+    assert summary["travel_simple_agent/mean/reward"] == agg[1]["agent_metrics"]["mean/reward"]
+    assert summary["key_metrics/travel_simple_agent/mean/reward"] == agg[1]["key_metrics"]["mean/reward"]
+    assert summary["travel_simple_agent/_ng_environment_server"] == "travel_environment_server"
+    assert not any("group_level" in k or "repeat_level" in k or "rollout_infos" in k for k in summary)
+    assert summary["coverage/expected"] == summary["coverage/scored"] == 300
+    assert summary["coverage/missing"] == summary["coverage/failed"] == 0
+    groups = [
+        json.loads(x) for x in (folder / "tables" / "group_level_metrics.jsonl").read_text().splitlines()
+    ]
+    assert len(groups) == 75 and sorted(g["_ng_task_index"] for g in groups) == list(range(75))
+    repeats = (folder / "tables" / "repeat_level_metrics.jsonl").read_text().splitlines()
+    assert len(repeats) == 3 * 4
+    assert (folder / "nemo_gym" / "materialized_inputs.jsonl").read_bytes() == quickstart_run.with_name(
+        "eval_materialized_inputs.jsonl"
+    ).read_bytes()
+    assert run_json["coverage"]["text"] == "300 of 300 planned rollouts scored"
     assert summary["omitted_rows"] == 0
     journal = [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()]
     source = [

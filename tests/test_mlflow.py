@@ -60,15 +60,25 @@ def test_post_run_export_reads_back(quickstart_run: Path, tracking_uri: str, tmp
     # tags: the run's identity
     identity = run.data.tags["gym_artifacts.identity"]
     assert identity.startswith("b3:")
-    # aggregate metrics at every level, sanitised names
+    # aggregate metrics under NeMo Gym's own exporter's names; levels as table artifacts
     agg = json.loads(quickstart_run.with_name("eval_aggregate_metrics.json").read_text())
-    assert run.data.metrics["weather_agent/key_metrics/pass_at_1"] == pytest.approx(
-        agg[1]["key_metrics"]["pass@1"]
+    assert run.data.metrics["key_metrics/travel_simple_agent/mean/reward"] == pytest.approx(
+        agg[1]["key_metrics"]["mean/reward"]
     )
-    assert run.data.metrics["arithmetic_agent/perf_summary/mean_latency_s"] == pytest.approx(
-        agg[0]["perf_summary"]["mean_latency_s"]
+    assert run.data.metrics["calendar_simple_agent/std/total_tokens"] == pytest.approx(
+        agg[2]["agent_metrics"]["std/total_tokens"]
     )
-    assert "retrieval_agent/group_level_metrics.1/mean/reward" in run.data.metrics
+    assert run.data.tags["weather_simple_agent/_ng_environment_server"] == "weather_environment_server"
+    assert not any("level_metrics" in k or "rollout_infos" in k for k in [*run.data.metrics, *run.data.tags])
+    assert run.data.metrics["coverage/expected"] == run.data.metrics["coverage/scored"] == 300
+    assert json.loads(run.data.tags["mlflow.loggedArtifacts"]) == [
+        {"path": "tables/group_level_metrics.json", "type": "table"},
+        {"path": "tables/repeat_level_metrics.json", "type": "table"},
+    ]
+    groups = json.loads(
+        download(client, run.info.run_id, "tables/group_level_metrics.json", tmp_path / "t").read_text()
+    )
+    assert groups["columns"][:2] == ["agent", "_ng_task_index"] and len(groups["data"]) == 75
     assert run.data.metrics["omitted_rows"] == 0
     # the journal with original steps and timestamps
     journal = [json.loads(x) for x in quickstart_run.with_name("eval_metrics.jsonl").read_text().splitlines()]
@@ -202,7 +212,7 @@ def test_live_run_then_certify(quickstart_run: Path, tracking_uri: str, tmp_path
     assert result.backend_run_id == report.run_id
     run = client.get_run(report.run_id)
     assert run.data.tags["gym_artifacts.certified"] == "true"
-    assert "weather_agent/key_metrics/pass_at_1" in run.data.metrics
+    assert "key_metrics/travel_simple_agent/mean/reward" in run.data.metrics
     assert len(client.get_metric_history(report.run_id, "reward")) == 10  # nothing duplicated
 
 

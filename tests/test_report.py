@@ -82,10 +82,10 @@ def test_quickstart_report(browser: Any, quickstart_run: Path, tmp_path: Path) -
     assert duration > 0
     # searching the rollout table filters rows
     assert page.locator("#rollout-table tbody tr").count() == 50
-    page.fill("#rollout-search", "weather_agent")
+    page.fill("#rollout-search", "travel_simple_agent")
     info = page.inner_text("#page-info")
     assert "(100 rows)" in info, info
-    assert all("weather_agent" in t for t in page.locator("#rollout-table tbody tr").all_inner_texts())
+    assert all("travel_simple_agent" in t for t in page.locator("#rollout-table tbody tr").all_inner_texts())
     page.fill("#rollout-search", "no-such-rollout-anywhere")
     assert page.locator("#rollout-table tbody tr").count() == 0
     page.fill("#rollout-search", "")
@@ -100,6 +100,73 @@ def test_quickstart_report(browser: Any, quickstart_run: Path, tmp_path: Path) -
     SCREENSHOTS.mkdir(exist_ok=True)
     page.screenshot(path=str(SCREENSHOTS / "report-quickstart.png"), full_page=True)
     page.close()
+
+
+NEMO_GYM = REPO.parent / "shared" / "fixtures" / "nemo-gym-0.7.0"
+
+
+def table_cells(page: Any) -> tuple[list[str], list[dict[str, str]]]:
+    """The rollout table's header and every row (all pages), as the browser drew them."""
+    header = page.eval_on_selector_all("#rollout-table thead th", "ths => ths.map(t => t.innerText.trim())")
+    rows: list[dict[str, str]] = []
+    while True:
+        cells = page.eval_on_selector_all(
+            "#rollout-table tbody tr",
+            "trs => trs.map(r => [...r.querySelectorAll('td')].map(td => td.innerText))",
+        )
+        rows.extend(dict(zip(header, c, strict=True)) for c in cells)
+        info = page.inner_text("#page-info")
+        page_no, pages = (int(x) for x in info.split("(")[0].replace("page", "").split("of"))
+        if page_no >= pages:
+            return header, rows
+        page.click("#next-page")
+
+
+@pytest.mark.parametrize("name", ["clean", "with-failures"])
+def test_nemo_gym_report_shows_prompts_and_responses(browser: Any, name: str, tmp_path: Path) -> None:
+    """Real NeMo Gym 0.7 output: each rollout's prompt (last user message) and response text
+    (from the Response's output[] items), its tool call, and the failed rollouts with their reason."""
+    src = NEMO_GYM / name
+    run = tmp_path / name
+    shutil.copytree(src, run)
+    report = build_report(run / "rollouts.jsonl", tmp_path / f"{name}.html")
+    opened = open_report(browser, report)
+    assert opened.errors == []
+    header, rows = table_cells(opened.page)
+    assert header[:2] == ["line", "reward"]
+    assert {"task", "repeat", "agent", "prompt", "response", "tool calls"} <= set(header)
+    assert not any(h.startswith("_ng_") or h == "mask_sample" for h in header)
+    source = [json.loads(x) for x in (src / "rollouts.jsonl").read_text().splitlines()]
+    scored = [r for r in rows if not r["line"].startswith("failed")]
+    assert len(scored) == len(source)
+    for row, rollout in zip(sorted(scored, key=lambda r: int(r["line"])), source, strict=True):
+        user = [m for m in rollout["responses_create_params"]["input"] if m["role"] == "user"][-1]
+        texts = [
+            p["text"]
+            for item in rollout["response"]["output"]
+            if item["type"] == "message"
+            for p in item["content"]
+        ]
+        assert row["prompt"] == user["content"] and row["prompt"]
+        assert row["response"] == "\n".join(texts) and row["response"]
+        assert row["task"] == str(rollout["_ng_task_index"]) and row["repeat"] == str(
+            rollout["_ng_rollout_index"]
+        )
+        assert float(row["reward"]) == rollout["reward"]
+        calls = [i for i in rollout["response"]["output"] if i["type"] == "function_call"]
+        assert row["tool calls"] == "; ".join(f"{c['name']}({c['arguments']})" for c in calls)
+    failed = [r for r in rows if r["line"].startswith("failed")]
+    coverage = opened.page.inner_text("#rollouts .coverage")
+    if name == "clean":
+        assert failed == [] and "10 of 10 planned rollouts scored" in coverage
+    else:
+        assert [(r["task"], r["failure"]) for r in failed] == [("4", "agent_run_error")] * 2
+        assert all("Internal Server Error" in r["reason"] for r in failed)
+        assert "8 of 10 planned rollouts scored (2 failed) - partial" in coverage
+    assert "coverage" in opened.page.inner_text("#summary").lower()
+    SCREENSHOTS.mkdir(exist_ok=True)
+    opened.page.screenshot(path=str(SCREENSHOTS / f"report-nemo-gym-{name}.png"), full_page=True)
+    opened.page.close()
 
 
 def test_large_report_becomes_interactive(
@@ -118,8 +185,11 @@ def test_large_report_becomes_interactive(
     assert opened.errors == []
     assert "(100,000 rows)" in opened.page.inner_text("#page-info")
     assert report.stat().st_size < 8e6  # rows embedded compressed (the plain JSON form was 42 MB)
-    opened.page.fill("#rollout-search", '"task_index": 99999,')
-    assert opened.page.locator("#rollout-table tbody tr").count() == 1
+    opened.page.fill("#rollout-search", "99999")
+    tasks = opened.page.eval_on_selector_all(
+        "#rollout-table tbody tr", "rows => rows.map(r => r.querySelectorAll('td')[2].innerText)"
+    )
+    assert "99999" in tasks and len(tasks) < 20, tasks
     opened.page.close()
 
 

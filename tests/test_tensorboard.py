@@ -81,9 +81,14 @@ def test_post_run_export_reads_back(
     ]
     # aggregate metrics at every level
     agg = json.loads(quickstart_run.with_name("eval_aggregate_metrics.json").read_text())
-    [pass1] = acc.Scalars("aggregate/weather_agent/key_metrics/pass@1")
-    assert pass1.value == pytest.approx(agg[1]["key_metrics"]["pass@1"])
-    assert "aggregate/retrieval_agent/group_level_metrics.1/mean/reward" in acc.Tags()["scalars"]
+    [mean] = acc.Scalars("key_metrics/travel_simple_agent/mean/reward")
+    assert mean.value == pytest.approx(agg[1]["key_metrics"]["mean/reward"])
+    [scored] = acc.Scalars("coverage/scored")
+    assert scored.value == 300
+    # levels are texts (tables), never per-task scalars; indexes are no rollout verdicts
+    assert not [t for t in acc.Tags()["scalars"] if "level_metrics" in t or "_ng_" in t or "mask_sample" in t]
+    [(_, groups)] = texts(acc, "tables/group_level_metrics")
+    assert groups.startswith("| agent | _ng_task_index |")
     # the config, masked
     [(_, config)] = texts(acc, "config")
     assert json.loads(config.strip("`\njson"))["policy_api_key"] == "***"

@@ -39,6 +39,14 @@ def wandb_section(tmp_path: Path, **extra: Any) -> dict[str, Any]:
     }
 
 
+def unplan(run: Path) -> None:
+    """The rollouts were replaced by others: drop the quickstart's plan of 300 (inputs, levels)."""
+    run.with_name("eval_materialized_inputs.jsonl").unlink()
+    run.with_name("eval_aggregate_metrics.json").write_text(
+        '[{"agent_ref": {"name": "a"}, "agent_metrics": {}}]'
+    )
+
+
 def test_post_run_export_offline_reads_back(quickstart_run: Path, tmp_path: Path) -> None:
     cfg = OmegaConf.create({"exporters": {"wandb": wandb_section(tmp_path)}})
     [result] = export_run(quickstart_run, cfg)
@@ -56,10 +64,18 @@ def test_post_run_export_offline_reads_back(quickstart_run: Path, tmp_path: Path
     assert [row["train/reward"] for row in run.history] == [j["metrics"]["train/reward"] for j in journal]
     # aggregate metrics in the summary, not at a step
     agg = json.loads(quickstart_run.with_name("eval_aggregate_metrics.json").read_text())
-    assert run.summary["aggregate/weather_agent/key_metrics/pass@1"] == pytest.approx(
-        agg[1]["key_metrics"]["pass@1"]
+    # under NeMo Gym's own exporter's names; per-task/per-repeat levels as tables, not summary values
+    assert run.summary["key_metrics/travel_simple_agent/mean/reward"] == pytest.approx(
+        agg[1]["key_metrics"]["mean/reward"]
     )
-    assert run.summary["aggregate/omitted_rows"] == 0
+    assert run.summary["travel_simple_agent/mean_across_repeats/mean/reward"] == pytest.approx(
+        agg[1]["agent_metrics"]["mean_across_repeats/mean/reward"]
+    )
+    assert run.summary["omitted_rows"] == 0
+    assert run.summary["coverage/expected"] == run.summary["coverage/scored"] == 300
+    assert not any("group_level" in k and "/" in k.removeprefix("tables/") for k in run.summary)
+    groups = json.loads(run.file(run.summary["tables/group_level_metrics"]["path"]).read_text())
+    assert groups["columns"][:2] == ["agent", "_ng_task_index"] and len(groups["data"]) == 75
     assert "NVML unavailable" in run.summary["system/nvml"]
     assert not any("aggregate" in k for row in run.history for k in row)
     # the rollout table: real columns, every row
@@ -82,6 +98,7 @@ def test_post_run_export_offline_reads_back(quickstart_run: Path, tmp_path: Path
 
 def test_rollouts_with_differing_schemas_use_one_json_column(quickstart_run: Path, tmp_path: Path) -> None:
     quickstart_run.write_text('{"a": 1}\n{"b": [1, 2]}\n{"a": 2, "c": {"d": 3}}\n')
+    unplan(quickstart_run)
     quickstart_run.with_name("eval_aggregate_metrics.json").touch()
     cfg = OmegaConf.create({"exporters": {"wandb": wandb_section(tmp_path)}})
     [result] = export_run(quickstart_run, cfg)
@@ -94,6 +111,7 @@ def test_rollouts_with_differing_schemas_use_one_json_column(quickstart_run: Pat
 
 def test_large_rollout_sets_are_split_not_truncated(quickstart_run: Path, tmp_path: Path) -> None:
     quickstart_run.write_text("".join(json.dumps({"i": i}) + "\n" for i in range(25)))
+    unplan(quickstart_run)
     quickstart_run.with_name("eval_aggregate_metrics.json").touch()
     cfg = OmegaConf.create(
         {"exporters": {"wandb": wandb_section(tmp_path, table_max_rows=10, artifact_part_rows=10)}}

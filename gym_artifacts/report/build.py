@@ -8,16 +8,16 @@ import json
 import logging
 import math
 import os
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from gym_artifacts.aggregate import level_tables, tracker_values
 from gym_artifacts.atomic import atomic_write_bytes
+from gym_artifacts.coverage import Coverage, coverage_of
 from gym_artifacts.identity import content_identities
-from gym_artifacts.jsonio import json_safe, parse_jsonl_line, read_json, read_line
+from gym_artifacts.jsonio import json_safe, read_json
 from gym_artifacts.layout import RECORDING, SESSION_TIMES
 from gym_artifacts.payload import (
-    aggregate_metrics,
     backend_config,
     iter_journal,
     iter_nvml_series,
@@ -27,14 +27,16 @@ from gym_artifacts.payload import (
 )
 from gym_artifacts.report import charts
 from gym_artifacts.report.page import render_page
+from gym_artifacts.report.rollouts import RolloutTable, rollout_lines
 from gym_artifacts.run import RunArtifacts
+from gym_artifacts.run_names import NO_CONFIG
 from gym_artifacts.status import exporter_states
 
 logger = logging.getLogger(__name__)
 EMBED_VIDEO_MAX = 5 << 20
-PREVIEW_CHARS = 160
 MAX_STEP_CHARTS = 12
-MAX_COLUMNS = 5
+MAX_LEVEL_ROWS = 200
+MAX_LEVEL_COLUMNS = 10
 GPU_METRICS = {
     "gpu_util_pct": ("GPU utilisation", "%"),
     "memory_used_gb": ("memory used", "GB"),
@@ -56,8 +58,11 @@ def _table(headers: list[str], rows: list[list[Any]], cls: str = "") -> str:
     return f'<table class="{cls}"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>'
 
 
-def _summary(run: RunArtifacts, identities: dict[str, str]) -> str:
-    parts = [f"<p>Run <code>{_e(run.source)}</code></p>"]
+def _summary(run: RunArtifacts, identities: dict[str, str], coverage: Coverage) -> str:
+    parts = [
+        f"<p>Run <code>{_e(run.source)}</code></p>",
+        f'<p class="coverage">Coverage: {_e(coverage.text())}.</p>',
+    ]
     times_fpath = run.artifacts_dpath / SESSION_TIMES
     if times_fpath.is_file():
         times = read_json(times_fpath)
@@ -83,31 +88,39 @@ def _summary(run: RunArtifacts, identities: dict[str, str]) -> str:
         text = json.dumps(json_safe(config), indent=2, sort_keys=True)
         parts.append(f'<h3>Config (secrets masked)</h3><pre class="config">{_e(text)}</pre>')
     else:
-        parts.append(_missing("The run has no saved config."))
+        parts.append(_missing(NO_CONFIG))
     return "".join(parts)
 
 
 def _aggregate(run: RunArtifacts) -> str:
-    """A table with one row per (level, metric) and one column per agent."""
+    """The bounded values under the names trackers get, then the per-task and per-repeat tables."""
     if not run.has_rollouts_file or not run.aggregate_metrics_fpath.is_file():
         return _missing("No aggregate metrics: the run has no aggregate metrics file.")
     entries = run.read_aggregate_metrics()
-    agents: list[str] = []
-    cells: dict[tuple[str, str], dict[str, Any]] = {}
-    for key, value in aggregate_metrics(entries).items():
-        agent, _, rest = key.partition("/")
-        level, _, name = rest.partition("/")
-        if agent not in agents:
-            agents.append(agent)
-        cells.setdefault((level, name), {})[agent] = f"{value:.6g}" if isinstance(value, float) else value
-    rows = [[level, name, *(row.get(a, "") for a in agents)] for (level, name), row in cells.items()]
+    rows = [
+        [key, f"{value:.6g}" if isinstance(value, float) else value]
+        for key, value in tracker_values(entries).items()
+    ]
     failed = [e for e in entries if e.get("aggregation_error")]
     note = (
         _missing(f"{len(failed)} agent(s) failed to aggregate: {failed[0]['aggregation_error']}")
         if failed
         else ""
     )
-    return note + _table(["level", "metric", *agents], rows, "aggregate")
+    parts = [note, _table(["metric (tracker name)", "value"], rows, "aggregate")]
+    for table in level_tables(entries):
+        shown = [c for c in table.columns if c not in ("rollout_infos", "sample")][:MAX_LEVEL_COLUMNS]
+        cells = [
+            [f"{v:.4g}" if isinstance(v, float) else v for v in (rec.get(c) for c in shown)]
+            for rec in table.records()[:MAX_LEVEL_ROWS]
+        ]
+        more = len(table.rows) - len(cells)
+        parts.append(
+            f"<h3>{_e(table.name)} (a row per {_e(table.index)})</h3>"
+            + _table(shown, cells, f"level {table.name}")
+            + (f"<p>{more:,} more rows in the exported table.</p>" if more > 0 else "")
+        )
+    return "".join(parts)
 
 
 def _steps(run: RunArtifacts) -> str:
@@ -172,59 +185,51 @@ def _gpu(run: RunArtifacts) -> str:
     return "".join(parts)
 
 
-def _rollouts(run: RunArtifacts) -> tuple[str, str]:
+def _rollouts(run: RunArtifacts, coverage: Coverage) -> tuple[str, str]:
     """(section HTML, the rows as JSON for the table script)."""
     rollouts = run.rollouts_fpath
     if rollouts is None or not rollouts.is_file():
         return _missing("No rollouts: the run has no rollouts file."), "null"
-    columns: list[str] | None = None
-    rows: list[list[Any]] = []
+    table = RolloutTable()
     rewards: list[float] = []
     torn = run.partial_rollouts_line()
     note = _missing(torn.describe(rollouts) + "; its complete lines are shown.") if torn else ""
-    for lineno, raw, record in _rollout_lines(rollouts, torn.complete_bytes if torn else None):
-        if columns is None:
-            columns = [
-                k for k, v in (record.items() if isinstance(record, dict) else [])
-                if isinstance(v, str | int | float | bool) and k != "reward"
-            ][:MAX_COLUMNS]  # fmt: skip
+    for lineno, raw, record in rollout_lines(rollouts, torn.complete_bytes if torn else None):
         reward = metric_value(record.get("reward")) if isinstance(record, dict) else None
         if reward is not None and math.isfinite(reward):
             rewards.append(reward)
         else:
             reward = None
-        cells = [_cell(record.get(c)) if isinstance(record, dict) else None for c in columns or []]
-        # the line as written, cut short: no re-serialising of 100,000 records
-        preview = raw[: PREVIEW_CHARS * 2].decode("utf-8", errors="replace").strip()[:PREVIEW_CHARS]
-        rows.append([lineno, reward, *cells, preview])
-    if not rows:
+        table.add(str(lineno), reward, record, raw)
+    scored = len(table)
+    failures = run.failures_fpath
+    if failures.is_file():
+        for lineno, _, record in rollout_lines(failures):
+            table.add(f"failed {lineno}", None, record, None)
+    if not len(table):
         return _missing("No rollouts: the rollouts file is empty."), "null"
-    header = ["line", "reward", *(columns or []), "rollout (start)"]
+    header, rows = table.layout()
+    rows = [[_cell(c) for c in row] for row in rows]
     hist = (
         charts.histogram(rewards, title="reward distribution", x_label="reward", y_label="rollouts")
         if rewards
         else ""
     )
     data = json.dumps({"columns": header, "rows": rows}, ensure_ascii=False, allow_nan=False, default=str)
+    failed = len(table) - scored
+    counts = f"{scored:,} rollouts" + (
+        f" and {failed:,} failed (from the failures sidecar)" if failed else ""
+    )
     section = (
         note
         + (hist or _missing("No rollout has a numeric 'reward'."))
-        + f"<p>{len(rows):,} rollouts. Search and sort the table; rows are drawn a page at a time.</p>"
+        + f'<p class="coverage">Coverage: {_e(coverage.text())}.</p>'
+        + f"<p>{counts}. Search and sort the table; rows are drawn a page at a time.</p>"
         + '<div class="table-controls"><input id="rollout-search" type="search" placeholder="search rollouts" '
         + 'aria-label="search rollouts"> <button id="prev-page">previous</button> <span id="page-info"></span> '
         + '<button id="next-page">next</button></div><table id="rollout-table"><thead></thead><tbody></tbody></table>'
     )
     return section, data.replace("</", "<\\/")
-
-
-def _rollout_lines(fpath: Path, end: int | None = None) -> Iterator[tuple[int, bytes, Any]]:
-    """``(line number, raw line, record)`` for every non-blank line starting before ``end``."""
-    with open(fpath, "rb") as fh:
-        lineno = 0
-        while (end is None or fh.tell() < end) and (raw := read_line(fh, fpath, lineno + 1)):
-            lineno += 1
-            if raw.strip():
-                yield lineno, raw, parse_jsonl_line(raw, fpath, lineno, "rollouts JSONL")
 
 
 def _cell(value: Any) -> Any:
@@ -321,11 +326,13 @@ def build_report(
     run.require_present()
     dest = Path(dest) if dest is not None else run.stem.with_name(run.stem.name + "_report.html")
     logger.info("hashing %s's files for the summary", run.source)
-    identities = content_identities(run)
+    record_counts: dict[str, int] = {}
+    identities = content_identities(run, record_counts=record_counts)
+    coverage = coverage_of(run, record_counts)
     logger.info("reading the rollouts for the table and histogram")
-    rollouts_html, rollouts_json = _rollouts(run)
+    rollouts_html, rollouts_json = _rollouts(run, coverage)
     sections = [
-        ("summary", "Run summary", _summary(run, identities)),
+        ("summary", "Run summary", _summary(run, identities, coverage)),
         ("aggregate", "Aggregate metrics", _aggregate(run)),
         ("steps", "Step metrics", _steps(run)),
         ("gpu", "GPU (NVML)", _gpu(run)),
