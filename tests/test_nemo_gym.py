@@ -270,7 +270,8 @@ def test_report_shows_coverage_and_levels(tmp_path: Path) -> None:
     html = build_report(run, tmp_path / "r.html").read_text()
     assert "Coverage: 8 of 10 planned rollouts scored (2 failed) - partial." in html
     assert "group_level_metrics (a row per _ng_task_index)" in html
-    assert f"key_metrics/{AGENT}/mean/reward" in html
+    assert "<code>key_metrics/&lt;agent&gt;/&lt;metric&gt;</code>" in html
+    assert f"<th>{AGENT}</th>" in html and "<td>key_metrics</td><td>mean/reward</td><td>0.5</td>" in html
 
 
 def test_live_layer_saves_the_config_nemo_gym_does_not(tmp_path: Path) -> None:

@@ -274,7 +274,7 @@ def test_trace_only_profile_shows_top_operations(browser: Any, reactor_fixture, 
 
 def test_aggregate_table_has_one_column_per_agent(browser: Any, quickstart_run: Path, tmp_path: Path) -> None:
     opened = open_report(browser, build_report(quickstart_run, tmp_path / "agg.html"))
-    headers = opened.page.locator("#aggregate table thead th").all_inner_texts()
+    headers = opened.page.locator("#aggregate table.aggregate thead th").all_inner_texts()
     agents = [e["agent_ref"]["name"] for e in json.loads(quickstart_run.with_name("eval_aggregate_metrics.json").read_text())]
     assert headers == ["level", "metric", *agents]
     opened.page.close()

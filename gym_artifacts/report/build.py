@@ -11,7 +11,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from gym_artifacts.aggregate import level_tables, tracker_values
+from gym_artifacts.aggregate import agent_labels, level_tables, tracker_values
 from gym_artifacts.atomic import atomic_write_bytes
 from gym_artifacts.coverage import Coverage, coverage_of
 from gym_artifacts.identity import content_identities
@@ -28,7 +28,7 @@ from gym_artifacts.payload import (
 from gym_artifacts.report import charts
 from gym_artifacts.report.page import render_page
 from gym_artifacts.report.rollouts import RolloutTable, rollout_lines
-from gym_artifacts.run import RunArtifacts
+from gym_artifacts.run import RunArtifacts, agent_label
 from gym_artifacts.run_names import NO_CONFIG
 from gym_artifacts.status import exporter_states
 
@@ -97,17 +97,29 @@ def _aggregate(run: RunArtifacts) -> str:
     if not run.has_rollouts_file or not run.aggregate_metrics_fpath.is_file():
         return _missing("No aggregate metrics: the run has no aggregate metrics file.")
     entries = run.read_aggregate_metrics()
-    rows = [
-        [key, f"{value:.6g}" if isinstance(value, float) else value]
-        for key, value in tracker_values(entries).items()
-    ]
+    agents = agent_labels(entries)
+    cells: dict[tuple[str, str], dict[str, Any]] = {}
+    for agent, entry in zip(agents, entries, strict=True):
+        name = agent_label(entry.get("agent_ref"))
+        for key, value in tracker_values([entry]).items():
+            level, metric = _level_of(key, name)
+            cells.setdefault((level, metric), {})[agent] = (
+                f"{value:.6g}" if isinstance(value, float) else value
+            )
+    rows = [[level, metric, *(row.get(a, "") for a in agents)] for (level, metric), row in cells.items()]
     failed = [e for e in entries if e.get("aggregation_error")]
     note = (
         _missing(f"{len(failed)} agent(s) failed to aggregate: {failed[0]['aggregation_error']}")
         if failed
         else ""
     )
-    parts = [note, _table(["metric (tracker name)", "value"], rows, "aggregate")]
+    parts = [
+        note,
+        _table(["level", "metric", *agents], rows, "aggregate"),
+        "<p>Trackers get these under NeMo Gym's own names: <code>&lt;agent&gt;/&lt;metric&gt;</code> "
+        "(agent_metrics), <code>key_metrics/&lt;agent&gt;/&lt;metric&gt;</code>, "
+        "<code>perf_summary/&lt;agent&gt;/&lt;metric&gt;</code>.</p>",
+    ]
     for table in level_tables(entries):
         shown = [c for c in table.columns if c not in ("rollout_infos", "sample")][:MAX_LEVEL_COLUMNS]
         cells = [
@@ -121,6 +133,14 @@ def _aggregate(run: RunArtifacts) -> str:
             + (f"<p>{more:,} more rows in the exported table.</p>" if more > 0 else "")
         )
     return "".join(parts)
+
+
+def _level_of(tracker_name: str, agent: str) -> tuple[str, str]:
+    """``(level, metric)`` of one agent's tracker name (see ``gym_artifacts.aggregate``)."""
+    for level in ("key_metrics", "perf_summary"):
+        if tracker_name.startswith(f"{level}/{agent}/"):
+            return level, tracker_name[len(level) + len(agent) + 2 :]
+    return "agent_metrics", tracker_name.removeprefix(f"{agent}/")
 
 
 def _steps(run: RunArtifacts) -> str:
