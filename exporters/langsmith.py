@@ -24,11 +24,12 @@ from typing import Any
 
 from pydantic import Field, SecretStr
 
+from gym_artifacts.aggregate import aggregate_metrics
 from gym_artifacts.config import ExporterConfig
 from gym_artifacts.errors import GymArtifactsError
 from gym_artifacts.exporter import Exporter, ExportPlan, Sent
 from gym_artifacts.jsonio import json_safe
-from gym_artifacts.payload import aggregate_metrics, complete_rollouts
+from gym_artifacts.payload import complete_rollouts
 from gym_artifacts.run import RunArtifacts
 
 from ._rollouts import Rollout, as_object, iter_rollouts, masked

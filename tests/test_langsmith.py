@@ -68,7 +68,7 @@ def assert_read_back_once(api: LangsmithApi, project_id: str, quickstart_run: Pa
     assert len(feedback) == len(rows)
     project = client.read_project(project_id=project_id)
     examples = list(client.list_examples(dataset_id=project.reference_dataset_id))
-    assert len(examples) == len({r["task_index"] for r in rows})  # one example per task
+    assert len(examples) == len({r["_ng_task_index"] for r in rows})  # one example per task
     example_by_id = {str(e.id): e for e in examples}
     for row, record in enumerate(rows):
         run = by_row[row]
@@ -76,7 +76,7 @@ def assert_read_back_once(api: LangsmithApi, project_id: str, quickstart_run: Pa
         assert run.outputs == record["response"]
         assert feedback[(str(run.id), "reward")] == record["reward"]
         example = example_by_id[str(run.reference_example_id)]
-        assert example.metadata["task"] == str(record["task_index"])
+        assert example.metadata["task"] == str(record["_ng_task_index"])
     assert project.metadata["config"]["policy_api_key"] == "***"
 
 

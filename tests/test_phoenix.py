@@ -49,7 +49,7 @@ def assert_read_back_once(url: str, experiment_id: str, dataset: str, quickstart
     client = Client(base_url=url)
     records = [json.loads(line) for line in quickstart_run.read_text().splitlines()]
     ds = client.datasets.get_dataset(dataset=dataset)
-    assert len(ds.examples) == len({r["task_index"] for r in records})  # one example per task
+    assert len(ds.examples) == len({r["_ng_task_index"] for r in records})  # one example per task
     example_task = {e["id"]: e["metadata"]["task"] for e in ds.examples}
     experiment = client.experiments.get_experiment(experiment_id=experiment_id)
     runs = experiment["task_runs"]
@@ -61,7 +61,7 @@ def assert_read_back_once(url: str, experiment_id: str, dataset: str, quickstart
     }
     assert len(rewards) == len(records)
     for record in records:
-        run = by_key[(str(record["task_index"]), record["repeat"] + 1)]
+        run = by_key[(str(record["_ng_task_index"]), record["_ng_rollout_index"] + 1)]
         assert run["output"] == record["response"]
         assert rewards[run["id"]] == record["reward"]
     meta = client.experiments.get(experiment_id=experiment_id)["metadata"]
