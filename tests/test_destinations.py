@@ -119,9 +119,16 @@ def test_a_deleted_backend_run_is_skipped_then_found_by_verify(
 def test_version_1_receipts_are_honoured_for_the_run_config_destination_and_upgraded(
     quickstart_run: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
+    from gym_artifacts.identity import content_identities, run_identity
+
     run = RunArtifacts.from_path(quickstart_run)
+    identities = content_identities(run)
     for name in ("local", "mlflow"):
-        shutil.copy(V1_RECEIPTS / f"eval_{name}_export_done.json", run.export_done_fpath(name))
+        # The version-1 file as 0.1.0 wrote it; its identities are those of the quickstart of
+        # that day, so they are set to today's quickstart's (every other field kept as written).
+        receipt = json.loads((V1_RECEIPTS / f"eval_{name}_export_done.json").read_text())
+        receipt.update(identities=identities, run_identity=run_identity(identities))
+        run.export_done_fpath(name).write_text(json.dumps(receipt, indent=2))
     # The run's config configures no exporter: the embedded default is where version 1 sent it.
     results = export(quickstart_run, capsys)
     assert [(r["exporter"], r["status"]) for r in results] == [("local", "SKIPPED"), ("mlflow", "SKIPPED")]
