@@ -26,6 +26,7 @@ from pydantic import Field, SecretStr
 
 from gym_artifacts.aggregate import aggregate_metrics
 from gym_artifacts.config import ExporterConfig
+from gym_artifacts.destination import credential_free_uri
 from gym_artifacts.errors import GymArtifactsError
 from gym_artifacts.exporter import Exporter, ExportPlan, Sent
 from gym_artifacts.jsonio import json_safe
@@ -70,6 +71,16 @@ class LangsmithExporter(Exporter):
         """None: LangSmith is a hosted service (tests/test_langsmith.py runs the real client
         against a local endpoint)."""
         return None
+
+    @classmethod
+    def destination_for(cls, settings: Any) -> dict[str, Any]:
+        """The api_url without credentials and the dataset and experiment names (None: named
+        per run); the API key and the timeout do not say where runs go."""
+        return {
+            "api_url": credential_free_uri(settings.api_url),
+            "dataset_name": settings.dataset_name,
+            "experiment_name": settings.experiment_name,
+        }
 
     def expected_errors(self) -> tuple[type[BaseException], ...]:
         import requests

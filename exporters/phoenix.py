@@ -22,6 +22,7 @@ from pydantic import Field, SecretStr
 
 from gym_artifacts.aggregate import aggregate_metrics
 from gym_artifacts.config import ExporterConfig
+from gym_artifacts.destination import credential_free_uri
 from gym_artifacts.exporter import Exporter, ExportPlan, Sent
 from gym_artifacts.payload import complete_rollouts
 from gym_artifacts.run import RunArtifacts
@@ -53,6 +54,16 @@ class PhoenixExporter(Exporter):
     def contract_settings(cls, folder: Path) -> dict[str, Any] | None:
         """None: it needs a running `phoenix serve` (tests/test_phoenix.py starts one)."""
         return None
+
+    @classmethod
+    def destination_for(cls, settings: Any) -> dict[str, Any]:
+        """The base_url without credentials and the dataset and experiment names (None: named
+        per run); the API key and the timeout do not say where runs go."""
+        return {
+            "base_url": credential_free_uri(settings.base_url),
+            "dataset_name": settings.dataset_name,
+            "experiment_name": settings.experiment_name,
+        }
 
     def expected_errors(self) -> tuple[type[BaseException], ...]:
         import httpx

@@ -32,6 +32,7 @@ from pydantic import Field
 
 from gym_artifacts.aggregate import LevelTable, run_values
 from gym_artifacts.config import ExporterConfig
+from gym_artifacts.destination import resolved_path
 from gym_artifacts.exporter import ExportPlan, Sent
 from gym_artifacts.jsonio import canonical_json, json_safe
 from gym_artifacts.live import LiveExporter, RunStatus
@@ -189,12 +190,13 @@ class TensorboardExporter(LiveExporter):
 
     @property
     def logdir(self) -> Path:
-        return Path(self.settings.logdir).expanduser().absolute()
+        return Path(resolved_path(self.settings.logdir))
 
     @classmethod
     def destination_for(cls, settings: TensorboardSettings) -> dict[str, Any]:
-        """The resolved log folder (a relative one means another folder in another cwd)."""
-        return {"logdir": str(Path(settings.logdir).expanduser().absolute())}
+        """The resolved log folder: a relative one means another folder in another working
+        folder. ``run_name`` and ``table_rows`` only shape the run, not where it goes."""
+        return {"logdir": resolved_path(settings.logdir)}
 
     # -- live ----------------------------------------------------------------------------------
     def _setup(self) -> str:

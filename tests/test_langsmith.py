@@ -19,8 +19,10 @@ pytest.importorskip("langsmith")
 
 from langsmith import Client
 
+from gym_artifacts._builtin_exporters.langsmith import LangsmithExporter
 from gym_artifacts.export import export_run
 from gym_artifacts.exporter import ExportStatus
+from gym_artifacts.receipts import read_receipts
 from gym_artifacts.run import RunArtifacts
 from tests.langsmith_api import LangsmithApi
 
@@ -144,3 +146,47 @@ def test_refused_runs_fail_the_export_without_a_receipt(
     assert result.status is ExportStatus.FAILED
     assert "refused runs" in (result.reason or "")
     assert not RunArtifacts.from_path(quickstart_run).export_done_fpath("langsmith").exists()
+
+
+def test_two_destinations_get_one_project_each_and_skip_without_contact(quickstart_run: Path) -> None:
+    """Two LangSmith endpoints: a project (and receipt) in each; re-exports to either skip and
+    send nothing."""
+    apis = [LangsmithApi().start(), LangsmithApi().start()]
+    try:
+        results = [export_run(quickstart_run, ls_cfg(api.url)) for api in apis]
+        for [result], api in zip(results, apis, strict=True):
+            assert result.status is ExportStatus.EXPORTED, result.reason
+            assert len(api.state.sessions) == 1
+            assert_read_back_once(api, result.backend_run_id, quickstart_run)
+        receipts = read_receipts(RunArtifacts.from_path(quickstart_run).export_done_fpath("langsmith"))
+        assert sorted(r.destination["api_url"] for r in receipts) == sorted(api.url for api in apis)
+        sent = [len(api.state.requests) for api in apis]
+        for api in apis:
+            [again] = export_run(quickstart_run, ls_cfg(api.url))
+            assert again.status is ExportStatus.SKIPPED, again.reason
+        assert [len(api.state.requests) for api in apis] == sent  # nothing contacted
+    finally:
+        for api in apis:
+            api.stop()
+
+
+def test_destination_is_url_and_names_without_credentials() -> None:
+    """A key in the URL, in its query or in ``api_key``: none reaches the receipt's destination,
+    while the names that select where runs go do; a timeout is not a destination."""
+    url = "https://alice:pw-canary-91@eu.api.smith.langchain.com:8443/api/?api_key=qk-canary-17&region=eu"
+    section = {"api_url": url, "api_key": API_KEY, "dataset_name": "d", "experiment_name": "e"}
+
+    def destination(**extra: Any) -> dict[str, Any]:
+        cfg = OmegaConf.create({"exporters": {"langsmith": {**section, **extra}}})
+        return LangsmithExporter.destination_for(LangsmithExporter.settings_from(cfg))
+
+    where = destination()
+    assert where == {
+        "api_url": "https://eu.api.smith.langchain.com:8443/api?region=eu",
+        "dataset_name": "d",
+        "experiment_name": "e",
+    }
+    for secret in ("alice", "pw-canary-91", "qk-canary-17", API_KEY):
+        assert secret not in json.dumps(where)
+    assert destination(request_timeout=5) == where
+    assert destination(dataset_name="other") != where

@@ -18,8 +18,10 @@ pytest.importorskip("phoenix.client")
 
 from phoenix.client import Client
 
+from gym_artifacts._builtin_exporters.phoenix import PhoenixExporter
 from gym_artifacts.export import export_run
 from gym_artifacts.exporter import ExportStatus
+from gym_artifacts.receipts import read_receipts
 from gym_artifacts.run import RunArtifacts
 from tests.phoenix_server import PhoenixServer, phoenix_bin
 
@@ -107,3 +109,50 @@ def test_sigkilled_export_rerun_leaves_no_duplicate(quickstart_run: Path, phoeni
     dataset = client.datasets.get_dataset(dataset="quickstart-b")
     assert len(client.experiments.list(dataset_id=dataset.id)) == 1
     assert_read_back_once(phoenix.url, result.backend_run_id, "quickstart-b", quickstart_run)
+
+
+def test_two_destinations_get_one_experiment_each_and_skip_without_contact(
+    quickstart_run: Path, phoenix: PhoenixServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two datasets on one server are two destinations: an experiment (and receipt) for each;
+    re-exports to either skip without building a client."""
+    first = {}
+    for dataset in ("quickstart-c", "quickstart-d"):
+        [result] = export_run(quickstart_run, px_cfg(phoenix.url, dataset))
+        assert result.status is ExportStatus.EXPORTED, result.reason
+        assert_read_back_once(phoenix.url, result.backend_run_id, dataset, quickstart_run)
+        first[dataset] = result.backend_run_id
+    assert len(set(first.values())) == 2
+    receipts = read_receipts(RunArtifacts.from_path(quickstart_run).export_done_fpath("phoenix"))
+    assert sorted(r.destination["dataset_name"] for r in receipts) == ["quickstart-c", "quickstart-d"]
+
+    def no_contact(self: PhoenixExporter) -> None:
+        raise AssertionError("a skipped export contacted Phoenix")
+
+    monkeypatch.setattr(PhoenixExporter, "_client", no_contact)
+    for dataset, experiment_id in first.items():
+        [again] = export_run(quickstart_run, px_cfg(phoenix.url, dataset))
+        assert again.status is ExportStatus.SKIPPED, again.reason
+        assert again.backend_run_id == experiment_id
+
+
+def test_destination_is_url_and_names_without_credentials() -> None:
+    """A key in the URL, in its query or in ``api_key``: none reaches the receipt's destination,
+    while the names that select where runs go do; a timeout is not a destination."""
+    url = "http://bob:pw-canary-33@phoenix.internal:6006/?token=qt-canary-58&space=a"
+    section = {"base_url": url, "api_key": CANARY, "dataset_name": "d", "experiment_name": "e"}
+
+    def destination(**extra: Any) -> dict[str, Any]:
+        cfg = OmegaConf.create({"exporters": {"phoenix": {**section, **extra}}})
+        return PhoenixExporter.destination_for(PhoenixExporter.settings_from(cfg))
+
+    where = destination()
+    assert where == {
+        "base_url": "http://phoenix.internal:6006?space=a",
+        "dataset_name": "d",
+        "experiment_name": "e",
+    }
+    for secret in ("bob", "pw-canary-33", "qt-canary-58", CANARY):
+        assert secret not in json.dumps(where)
+    assert destination(request_timeout=5) == where
+    assert destination(experiment_name="other") != where

@@ -21,9 +21,11 @@ from tensorboard.backend.event_processing.event_accumulator import (
     EventAccumulator,
 )
 
+from gym_artifacts._builtin_exporters.tensorboard import TensorboardExporter
 from gym_artifacts.export import export_run
 from gym_artifacts.exporter import ExportStatus
 from gym_artifacts.live import live_exporters
+from gym_artifacts.receipts import read_receipts
 from gym_artifacts.run import RunArtifacts
 
 REPO = Path(__file__).resolve().parent.parent
@@ -190,3 +192,39 @@ def test_table_is_bounded_while_every_reward_is_a_scalar(quickstart_run: Path, t
     [(_, note)] = texts(acc, "rollouts/table_note")
     assert "first 120 of 300" in note
     assert os.path.getsize(next((logdir / result.backend_run_id).iterdir())) < 400_000
+
+
+def test_two_log_folders_get_one_run_each_and_skip_without_writing(
+    quickstart_run: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two log folders (one named relative to the working folder) are two destinations: a run
+    folder and a receipt in each; re-exports to either skip and write nothing."""
+    monkeypatch.chdir(tmp_path)
+    logdirs = [tmp_path / "tb1", Path("tb2")]
+    first = []
+    for logdir in logdirs:
+        [result] = export_run(quickstart_run, tb_cfg(logdir))
+        assert result.status is ExportStatus.EXPORTED, result.reason
+        [run_dir] = run_folders(logdir)
+        assert_quickstart_once(run_dir, quickstart_run)
+        first.append(result.backend_run_id)
+    receipts = read_receipts(RunArtifacts.from_path(quickstart_run).export_done_fpath("tensorboard"))
+    assert sorted(r.destination["logdir"] for r in receipts) == [str(tmp_path / "tb1"), str(tmp_path / "tb2")]
+    before = {p: p.stat().st_mtime_ns for d in logdirs for p in d.rglob("*")}
+    for logdir, backend_run_id in zip(logdirs, first, strict=True):
+        [again] = export_run(quickstart_run, tb_cfg(logdir, table_rows=7, run_name="renamed"))
+        assert again.status is ExportStatus.SKIPPED, again.reason  # display settings: same destination
+        assert again.backend_run_id == backend_run_id
+    assert {p: p.stat().st_mtime_ns for d in logdirs for p in d.rglob("*")} == before
+
+
+def test_destination_is_the_resolved_log_folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+
+    def destination(logdir: str) -> dict[str, Any]:
+        cfg = tb_cfg(Path(logdir), run_name="r", table_rows=3)
+        return TensorboardExporter.destination_for(TensorboardExporter.settings_from(cfg))
+
+    assert destination("runs/../tb") == {"logdir": str(tmp_path / "tb")}
+    assert destination("~/tb") == {"logdir": str(tmp_path / "home" / "tb")}
