@@ -137,7 +137,8 @@ def test_no_canary_reaches_any_backend_log_or_environment(
         fh.write(json.dumps({"step": 10_000, "time": 1.0, "metrics": {"api_key": CANARIES["journal"]}}) + "\n")
     yaml_artifact = quickstart_run.with_name("eval_artifacts") / "server_config.yaml"
     yaml_artifact.write_text(f"model: m\nopenai_key: {CANARIES['yaml_artifact']}\n")
-    user_files = {saved, journal, yaml_artifact}
+    # the run's own saved config (live logging writes OUT_config.yaml as NeMo Gym does): the user's file
+    user_files = {saved, journal, yaml_artifact, tmp_path / "live" / "eval_config.yaml"}
     # live, from the eval's side
     live_out = tmp_path / "live" / "eval.jsonl"
     live_out.parent.mkdir()
