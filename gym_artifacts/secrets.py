@@ -62,7 +62,9 @@ _ORDINARY_KEY_QUALIFIERS = frozenset(
 # Model vocabulary uses "token" for things that are not secrets: pad_token, max_tokens...
 _TOKEN_QUALIFIERS_BEFORE = frozenset(
     {"pad", "eos", "bos", "unk", "sep", "cls", "mask", "max", "min", "num", "total", "special",
-     "stop", "start", "end", "image", "audio", "video", "think", "output", "input", "new"}
+     "stop", "start", "end", "image", "audio", "video", "think", "thinking", "output", "input", "new",
+     "completion", "prompt", "reasoning", "cached", "cache", "generated", "generation", "response",
+     "context", "vocab", "sampled", "text", "answer", "zero"}
 )  # fmt: skip
 _TOKEN_QUALIFIERS_AFTER = frozenset(
     {"id", "ids", "count", "counts", "limit", "budget", "length", "len", "size", "type",
@@ -193,15 +195,18 @@ def _has_value(value: Any) -> bool:
     return value is not None and value != "" and value != {} and value != []
 
 
-def _leaf_strings(value: Any) -> Iterable[str]:
+def _propagated(value: Any) -> Iterable[str]:
+    """The strings under a secret key worth masking wherever else they appear: never a number
+    (``password: 10`` must not turn every 10 of a metrics file into ``***``), never a string
+    too short to be told from ordinary text. Such values are still masked where they sit."""
     if isinstance(value, dict):
         for v in value.values():
-            yield from _leaf_strings(v)
+            yield from _propagated(v)
     elif isinstance(value, list | tuple):
         for v in value:
-            yield from _leaf_strings(v)
-    elif isinstance(value, str | int | float) and not isinstance(value, bool):
-        yield str(value)
+            yield from _propagated(v)
+    elif isinstance(value, str) and len(value) >= MIN_REDACTED_SECRET:
+        yield value
 
 
 def _header_secret_field(node: dict[Any, Any]) -> str | None:
@@ -233,14 +238,14 @@ def collect_secret_values(config: Any) -> set[str]:
             header_field = _header_secret_field(value)
             for k, v in value.items():
                 if is_secret_key(k) or k == header_field:
-                    found.update(s for s in _leaf_strings(v) if s)
+                    found.update(_propagated(v))
                 else:
                     walk(v)
         elif isinstance(value, list | tuple):
             secret_items = _option_values(value)
             for i, v in enumerate(value):
                 if i in secret_items:
-                    found.update(s for s in _leaf_strings(v) if s)
+                    found.update(_propagated(v))
                 else:
                     walk(v)
         elif isinstance(value, str):
@@ -302,7 +307,7 @@ def keep_env_interpolations(raw: Any, resolved: Any, key: str = "") -> tuple[Any
         if isinstance(raw_node, str) and raw_node != node and _ENV_INTERPOLATION.search(raw_node):
             if key_parts(key) and key_parts(key)[-1] in _SAFE_ENV_KEY_PARTS and not is_secret_key(key):
                 return node
-            secrets.update(s for s in _leaf_strings(node) if len(s) >= MIN_REDACTED_SECRET)
+            secrets.update(_propagated(node))
             return raw_node
         return node
 

@@ -218,3 +218,35 @@ def test_yaml_runtime_artifact_masked_like_json(quickstart_run: Path, tmp_path: 
     [shipped] = store.rglob("server_config.yaml")
     text = shipped.read_text()
     assert CANARY not in text and "model: m" in text, text
+
+
+# LLM usage counters are named after tokens; none of them is a credential.
+@pytest.mark.parametrize(
+    "key",
+    ["completion_tokens", "prompt_tokens", "reasoning_tokens", "cached_tokens", "model_call_zero_completion_tokens",
+     "model_call_missing_token_counts", "rollout_token_count_mismatch", "generated_tokens", "response_tokens"],
+)
+def test_token_counters_stay_visible(key: str) -> None:
+    assert not is_secret_key(key)
+
+
+def test_numbers_under_secret_keys_do_not_mask_equal_numbers_elsewhere() -> None:
+    """A short or numeric secret is masked where it sits, never by equality across the document:
+    otherwise every 0 and 10 of a metrics file would become ``***``."""
+    doc = {"auth_retry": {"evaluated": 10, "ignored": 0}, "records": 10, "missing": 0,
+           "password": "hunter2-long", "note": "hunter2-long again", "pin_password": 1234}
+    masked = mask_secrets(doc)
+    assert masked["records"] == 10 and masked["missing"] == 0
+    assert masked["auth_retry"] == MASK and masked["pin_password"] == MASK  # masked where they sit
+    assert masked["note"] == "*** again"  # a real secret string is still masked everywhere
+    assert "10" not in collect_secret_values(doc) and "0" not in collect_secret_values(doc)
+
+
+def test_nemo_gym_quality_summary_keeps_its_numbers() -> None:
+    import json
+
+    fixture = Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "nemo-gym-0.7.0" / "clean" / "quality_summary.json"
+    if not fixture.is_file():
+        pytest.skip(f"fixture missing: {fixture}")
+    doc = json.loads(fixture.read_text())
+    assert mask_secrets(doc) == doc
