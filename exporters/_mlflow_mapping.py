@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import numbers
 import re
 from collections.abc import Iterable, Mapping
 from typing import Any
@@ -69,8 +70,16 @@ def config_params(config: Mapping[str, Any]) -> dict[str, str]:
     return params
 
 
+# Every integer up to this is exact as a float; past it, a float metric may round it.
+MAX_EXACT_FLOAT_INT = 2**53
+
+
 def split_metrics(values: Mapping[str, Any], prefix: str = "") -> tuple[dict[str, float], dict[str, str]]:
-    """Numeric leaves as metrics and text leaves as tags, under sanitised unique names."""
+    """Numeric leaves as metrics and text leaves as tags, under sanitised unique names.
+
+    MLflow stores metrics as floats: an integer past float precision (``|n| > 2**53``, e.g.
+    ``2**64``) is a metric to plot and also a tag of the same name with its exact digits.
+    """
     flat = flatten(dict(values), prefix=prefix)
     names = unique_names(flat)
     metrics: dict[str, float] = {}
@@ -79,6 +88,8 @@ def split_metrics(values: Mapping[str, Any], prefix: str = "") -> tuple[dict[str
         number = metric_value(value)
         if number is not None:
             metrics[names[key]] = number
+            if isinstance(value, numbers.Integral) and abs(int(value)) > MAX_EXACT_FLOAT_INT:
+                tags[names[key]] = str(int(value))
         elif isinstance(value, str):
             tags[names[key]] = _truncate(value, MAX_TAG_VALUE)
     return metrics, tags

@@ -337,3 +337,23 @@ def test_key_sanitising() -> None:
     assert metrics["np"] == 0.5 and metrics["i"] == 3.0 and metrics["b"] == 1.0 and metrics["t"] == 1.0
     assert metrics["nan"] != metrics["nan"]
     assert tags == {"s": "text"}
+
+
+def test_split_metrics_keeps_integers_past_float_precision_exact_as_tags() -> None:
+    import numpy as np
+
+    metrics, tags = split_metrics(
+        {"big": 2**64, "neg": -(2**70), "np": np.int64(2**60 + 1), "edge": 2**53, "f": 1e300}
+    )
+    assert metrics == {
+        "big": float(2**64),
+        "neg": float(-(2**70)),
+        "np": float(2**60),
+        "edge": float(2**53),
+        "f": 1e300,
+    }
+    assert tags == {
+        "big": str(2**64),
+        "neg": str(-(2**70)),
+        "np": str(2**60 + 1),
+    }  # exact digits beside the float

@@ -124,6 +124,40 @@ def test_nan_and_integers_past_64_bits_in_aggregates(tmp_path: Path) -> None:
     assert b"1.8446744073709552e+19" not in stored
 
 
+def test_nan_and_integers_past_64_bits_in_aggregates_to_mlflow(tmp_path: Path) -> None:
+    """MLflow metrics are floats: an integer past float precision is logged as a metric (to plot)
+    and also as a tag of the same name holding its exact digits, never only as a rounded float."""
+    pytest.importorskip("mlflow")
+    run = copy_quickstart(tmp_path / "r")
+    agg = run.with_name("eval_aggregate_metrics.json")
+    entries = json.loads(agg.read_text())
+    entries[0].setdefault("key_metrics", {}).update(
+        {"nan": float("nan"), "huge": 2**70, "big": 2**64, "small": 7}
+    )
+    agg.write_text(json.dumps(entries))
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    outcome = cli(
+        tmp_path, "export", str(run), "-e", "mlflow", f"exporters.mlflow.tracking_uri={uri}", "--json"
+    )
+    assert "Traceback" not in outcome.text and "internal error" not in outcome.text, outcome.text[-3000:]
+    [result] = json.loads(outcome.out)
+    assert result["status"] == "EXPORTED", result
+    from mlflow import MlflowClient
+
+    data = MlflowClient(tracking_uri=uri).get_run(result["backend_run_id"]).data
+
+    def named(mapping: dict[str, object], leaf: str) -> dict[str, object]:
+        return {k: v for k, v in mapping.items() if k.endswith(leaf)}
+
+    for leaf, number in (("/huge", 2**70), ("/big", 2**64)):
+        assert named(data.metrics, leaf) and all(
+            v == float(number) for v in named(data.metrics, leaf).values()
+        )
+        assert named(data.metrics, leaf).keys() == named(data.tags, leaf).keys(), (data.metrics, data.tags)
+        assert set(named(data.tags, leaf).values()) == {str(number)}, data.tags  # the exact digits
+    assert named(data.metrics, "/small") and not named(data.tags, "/small")  # an exact float: a metric only
+
+
 BILLION_LAUGHS = "a: &a ['x','x','x','x','x','x','x','x','x']\n" + "".join(
     f"{chr(98 + i)}: &{chr(98 + i)} [*{chr(97 + i)},*{chr(97 + i)},*{chr(97 + i)},*{chr(97 + i)},"
     f"*{chr(97 + i)},*{chr(97 + i)},*{chr(97 + i)},*{chr(97 + i)},*{chr(97 + i)}]\n"
