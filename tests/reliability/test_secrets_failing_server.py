@@ -1,7 +1,8 @@
 """Secrets when the MLflow server fails: a tracking URI carrying a password, and a tracking token,
 exported with ``-v --json`` to a server that answers 500 and to a closed port. The export ends
 FAILED within seconds (short request timeout, no retries, short deadline); the canaries appear
-nowhere: not in stdout, stderr (every log record at DEBUG and every warning), the FAILED reason,
+nowhere: not in stdout, stderr (every log record `-v` shows, INFO and up, and every warning,
+with PYTHONWARNINGS=always), the FAILED reason,
 nor any file of the run folder (receipts, markers). Bounded by a subprocess timeout."""
 
 from __future__ import annotations
