@@ -2,10 +2,10 @@
 
 Mapping (as NeMo Gym's own LangSmith exporter): a dataset with one example per task (inputs: the
 task's request, NeMo Gym's ``responses_create_params``), an experiment (a LangSmith project whose
-reference dataset is that dataset, its metadata holding the masked config and the aggregate
-metrics), one root run per rollout (inputs: the request; outputs: the response; the rollout's
-place and other fields as metadata; linked to its task's example), and each numeric verdict
-(``reward`` first) as feedback on the run.
+reference dataset is that dataset, its metadata holding the masked config, the aggregate
+metrics and ``coverage``: the ``coverage/*`` figures the trackers log), one root run per rollout
+(inputs: the request; outputs: the response; the rollout's place and other fields as metadata;
+linked to its task's example), and each numeric verdict (``reward`` first) as feedback on the run.
 
 Exactly once: dataset and experiment are found by name before any is created; example, run and
 feedback ids are uuid5 of the run's identity (and task, row, verdict), so a retry sends the same
@@ -24,7 +24,7 @@ from typing import Any
 
 from pydantic import Field, SecretStr
 
-from gym_artifacts.aggregate import aggregate_metrics
+from gym_artifacts.aggregate import experiment_metadata
 from gym_artifacts.config import ExporterConfig
 from gym_artifacts.destination import credential_free_uri
 from gym_artifacts.errors import GymArtifactsError
@@ -146,9 +146,11 @@ class LangsmithExporter(Exporter):
 
     @staticmethod
     def _experiment_metadata(run: RunArtifacts, plan: ExportPlan) -> dict[str, Any]:
-        metadata: dict[str, Any] = {"gym_artifacts.identity": plan.run_identity, "config": plan.config}
-        if run.has_rollouts_file and run.aggregate_metrics_fpath.is_file():
-            metadata["aggregate_metrics"] = aggregate_metrics(run.read_aggregate_metrics())
+        metadata: dict[str, Any] = {
+            "gym_artifacts.identity": plan.run_identity,
+            "config": plan.config,
+            **experiment_metadata(run, plan.coverage),
+        }
         return masked(json_safe(metadata), plan.secrets)
 
     def _send_rollouts(

@@ -2,7 +2,8 @@
 
 Mapping: a dataset with one example per task (input: the task's request, NeMo Gym's
 ``responses_create_params``; metadata: ``task``), an experiment on it whose metadata hold the
-run's identity, the masked config and the aggregate metrics, one experiment run per rollout
+run's identity, the masked config, the aggregate metrics and ``coverage`` (the ``coverage/*``
+figures the trackers log), one experiment run per rollout
 (output: the response; repetition: the rollout's ``repeat`` + 1, else its occurrence of the task)
 and each numeric verdict (``reward`` first) as a ``CODE`` evaluation of that run.
 
@@ -20,7 +21,7 @@ from typing import Any
 
 from pydantic import Field, SecretStr
 
-from gym_artifacts.aggregate import aggregate_metrics
+from gym_artifacts.aggregate import experiment_metadata
 from gym_artifacts.config import ExporterConfig
 from gym_artifacts.destination import credential_free_uri
 from gym_artifacts.exporter import Exporter, ExportPlan, Sent
@@ -127,9 +128,11 @@ class PhoenixExporter(Exporter):
         ):
             if (experiment.get("metadata") or {}).get(IDENTITY_KEY) == plan.run_identity:
                 return str(experiment["id"])
-        metadata: dict[str, Any] = {IDENTITY_KEY: plan.run_identity, "config": plan.config}
-        if run.has_rollouts_file and run.aggregate_metrics_fpath.is_file():
-            metadata["aggregate_metrics"] = aggregate_metrics(run.read_aggregate_metrics())
+        metadata: dict[str, Any] = {
+            IDENTITY_KEY: plan.run_identity,
+            "config": plan.config,
+            **experiment_metadata(run, plan.coverage),
+        }
         created = client.experiments.create(
             dataset_id=dataset_id,
             experiment_name=self.settings.experiment_name or run.name,

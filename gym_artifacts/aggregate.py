@@ -155,3 +155,15 @@ def run_values(run: RunArtifacts, coverage: Coverage | None) -> tuple[dict[str, 
         values.update(coverage.metrics())
     values["omitted_rows"] = run.omitted_rows()
     return values, tables
+
+
+def experiment_metadata(run: RunArtifacts, coverage: Coverage | None) -> dict[str, Any]:
+    """The run's figures an LLM backend keeps in its experiment's metadata (LangSmith's project,
+    Phoenix's experiment), which has no metrics of its own: the aggregate metrics in their nested
+    form and ``coverage/*`` exactly as ``run_values`` gives them to the trackers."""
+    metadata: dict[str, Any] = {}
+    if run.has_rollouts_file and run.aggregate_metrics_fpath.is_file():
+        metadata["aggregate_metrics"] = aggregate_metrics(run.read_aggregate_metrics())
+    values, _ = run_values(run, coverage)
+    metadata["coverage"] = {k: v for k, v in values.items() if k.startswith("coverage/")}
+    return metadata
