@@ -68,6 +68,7 @@ def assert_read_back_once(url: str, experiment_id: str, dataset: str, quickstart
         assert rewards[run["id"]] == record["reward"]
     meta = client.experiments.get(experiment_id=experiment_id)["metadata"]
     assert meta["config"]["policy_api_key"] == "***"
+    assert meta["coverage"]["coverage/expected"] == meta["coverage"]["coverage/scored"] == 300  # read back
 
 
 def test_export_reads_back_and_skips_second_time(
