@@ -194,6 +194,8 @@ class _ProxyHandler(BaseHTTPRequestHandler):
         proxy = self.server.proxy
         length = int(self.headers.get("Content-Length") or 0)
         body = self.rfile.read(length) if length else None
+        if "chunked" in (self.headers.get("Transfer-Encoding") or "").lower():
+            body = self._read_chunked()  # requests sends an empty file upload chunked
         with proxy.lock:
             hold = self.path.split("?")[0].endswith(proxy.suffix) and proxy.delayed < proxy.times
             proxy.delayed += hold
@@ -203,7 +205,8 @@ class _ProxyHandler(BaseHTTPRequestHandler):
                 time.sleep(proxy.delay)
             target = urlsplit(proxy.target)
             conn = http.client.HTTPConnection(target.hostname, target.port, timeout=60)
-            headers = {k: v for k, v in self.headers.items() if k.lower() not in ("host", "connection")}
+            dropped = ("host", "connection", "transfer-encoding", "content-length")
+            headers = {k: v for k, v in self.headers.items() if k.lower() not in dropped}
             conn.request(self.command, self.path, body=body, headers=headers)
             response = conn.getresponse()
             data = response.read()
@@ -219,6 +222,16 @@ class _ProxyHandler(BaseHTTPRequestHandler):
         finally:
             with proxy.lock:
                 proxy.in_flight -= 1
+
+    def _read_chunked(self) -> bytes:
+        chunks = []
+        while True:
+            size = int(self.rfile.readline().split(b";")[0].strip() or b"0", 16)
+            if size == 0:
+                self.rfile.readline()  # the blank line after the last chunk
+                return b"".join(chunks)
+            chunks.append(self.rfile.read(size))
+            self.rfile.readline()
 
     do_GET = do_POST = do_PUT = do_PATCH = do_DELETE = _forward
 
