@@ -13,6 +13,7 @@ from __future__ import annotations
 import errno
 import fcntl
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any
 
@@ -35,36 +36,36 @@ def _reflink(fin: IO[bytes], fout: IO[bytes]) -> bool:
     return True
 
 
-def _copy_file_range(fin: IO[bytes], fout: IO[bytes], size: int) -> bool:
-    if not hasattr(os, "copy_file_range"):
-        return False
+def _kernel_loop(step: Callable[[int, int], int], size: int) -> int | None:
+    """Run ``step(offset, count)`` until ``size`` bytes moved or the source ends: the bytes moved,
+    or None when the kernel refuses this method before moving anything."""
     copied = 0
     try:
         while copied < size:
-            n = os.copy_file_range(fin.fileno(), fout.fileno(), min(_CHUNK, size - copied))
+            n = step(copied, min(_CHUNK, size - copied))
             if n == 0:
                 break
             copied += n
     except OSError as exc:
         if exc.errno in _UNSUPPORTED and copied == 0:
-            return False
+            return None
         raise
+    return copied
+
+
+def _copy_file_range(fin: IO[bytes], fout: IO[bytes], size: int) -> bool:
+    if not hasattr(os, "copy_file_range"):
+        return False
+    if _kernel_loop(lambda _, count: os.copy_file_range(fin.fileno(), fout.fileno(), count), size) is None:
+        return False
     _copy_rest(fin, fout)
     return True
 
 
 def _sendfile(fin: IO[bytes], fout: IO[bytes], size: int) -> bool:
-    copied = 0
-    try:
-        while copied < size:
-            n = os.sendfile(fout.fileno(), fin.fileno(), copied, min(_CHUNK, size - copied))
-            if n == 0:
-                break
-            copied += n
-    except OSError as exc:
-        if exc.errno in _UNSUPPORTED and copied == 0:
-            return False
-        raise
+    copied = _kernel_loop(lambda offset, count: os.sendfile(fout.fileno(), fin.fileno(), offset, count), size)
+    if copied is None:
+        return False
     fin.seek(copied)
     fout.seek(copied)
     _copy_rest(fin, fout)
