@@ -17,6 +17,10 @@ _LAZY = {
     "ExportResult": "gym_artifacts.exporter",
     "ExportStatus": "gym_artifacts.exporter",
     "export_run": "gym_artifacts.export",
+    "export_runs": "gym_artifacts.executor",
+    "RunResults": "gym_artifacts.executor",
+    "run_status": "gym_artifacts.status",
+    "list_exporters": "gym_artifacts.registry",
     "load_config": "gym_artifacts.config",
     "mask_secrets": "gym_artifacts.secrets",
 }

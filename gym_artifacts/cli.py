@@ -19,7 +19,6 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from gym_artifacts.executor import RunResults
-
 from gym_artifacts.flags import PARTIAL_OVERRIDE_FLAG, STALE_OVERRIDE_FLAG
 from gym_artifacts.progress import human_bytes
 from gym_artifacts.secrets import install_log_redaction
@@ -173,97 +172,47 @@ def _split_items(items: Sequence[str]) -> tuple[list[str], list[str]]:
 
 
 def cmd_export(ns: argparse.Namespace) -> int:
-    from gym_artifacts.config import check_export_config_keys, load_yaml_config, parse_overrides
+    """``export_runs`` with the parsed arguments; the results printed, the exit code chosen."""
     from gym_artifacts.errors import GymArtifactsError
-    from gym_artifacts.executor import ExportJob, require_ray, run_jobs
-    from gym_artifacts.exporter import ExportStatus
-    from gym_artifacts.progress import Progress
-    from gym_artifacts.registry import discover, get_entry
+    from gym_artifacts.executor import export_runs
 
     runs, overrides = _split_items(ns.items)
     if not runs:
         print("gym-artifacts: error: no run given (OUT.jsonl or an artifacts folder)", file=sys.stderr)
         return EXIT_USAGE
-    if ns.jobs < 1:
-        print("gym-artifacts: error: --jobs must be at least 1", file=sys.stderr)
-        return EXIT_USAGE
-    try:  # unusable arguments are refused before any run is read; precedence is the API's
-        if ns.config is not None:
-            check_export_config_keys(load_yaml_config(ns.config), str(ns.config))
-        parse_overrides(overrides)
-        entries = discover()
-        for name in ns.exporter:
-            get_entry(name, entries)
-    except GymArtifactsError as exc:
-        print(f"gym-artifacts: error: {exc}", file=sys.stderr)
-        return EXIT_USAGE
-    on_ray = ns.executor == "ray"
-    if ns.ray_address is not None and not on_ray:
-        print("gym-artifacts: error: --ray-address needs --executor ray", file=sys.stderr)
-        return EXIT_USAGE
+    finished: list[RunResults] = []
     try:
-        if on_ray:
-            require_ray()
-    except GymArtifactsError as exc:
-        print(f"gym-artifacts: error: {exc}", file=sys.stderr)
-        return EXIT_USAGE
-    shown = not (ns.json or ns.quiet)
-    jobs = [
-        ExportJob(
-            run=run,
-            config_file=None if ns.config is None else str(ns.config),
-            overrides=tuple(overrides),
-            exporters=tuple(ns.exporter),
+        outputs = export_runs(
+            runs,
+            ns.config,
+            overrides=overrides,
+            exporters=ns.exporter,
             upload_rollouts=ns.upload_rollouts,
             certify=ns.certify,
             verify=ns.verify,
             accept_partial_line=ns.accept_partial_line,
             accept_stale_aggregates=ns.accept_stale_aggregates,
-            # bytes progress on a terminal for one run at a time in this process
-            progress=shown and not on_ray and (ns.jobs == 1 or len(runs) == 1),
+            executor=ns.executor,
+            jobs=ns.jobs,
+            ray_address=ns.ray_address,
+            progress=not (ns.json or ns.quiet),
+            on_result=lambda _done, out: finished.append(out),
         )
-        for run in runs
-    ]
-    outputs: list[RunResults | None] = [None] * len(jobs)
-    FAILED = ExportStatus.FAILED
-    # runs finished so far, on a terminal, when several runs run at once
-    runs_progress = Progress(enabled=None if shown and (on_ray or ns.jobs > 1) and len(jobs) > 1 else False)
-    failed = 0
-    try:
-        for done, (i, out) in enumerate(
-            run_jobs(jobs, executor=ns.executor, jobs_in_parallel=ns.jobs, ray_address=ns.ray_address),
-            start=1,
-        ):
-            outputs[i] = out
-            failed += out.config_error is not None or any(r.status is FAILED for r in out.results)
-            runs_progress.count(f"runs exported ({failed} failed)", done, len(jobs))
-            logging.getLogger(__name__).info("%s: %s", out.run, _run_summary(out))
-    except GymArtifactsError as exc:  # the executor could not start (no Ray cluster at the address)
-        runs_progress.close()
+    except GymArtifactsError as exc:  # an unusable request, or no Ray cluster at the address
         print(f"gym-artifacts: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt:
-        runs_progress.close()
-        left = sum(1 for o in outputs if o is None)
-        print(f"gym-artifacts: interrupted: {left} run(s) not exported (cancelled)", file=sys.stderr)
-        _print_results([o for o in outputs if o is not None], ns)
+        print(f"gym-artifacts: interrupted: {len(runs) - len(finished)} run(s) not exported (cancelled)",
+              file=sys.stderr)  # fmt: skip
+        _print_results(sorted(finished, key=lambda out: runs.index(out.run)), ns)
         return EXIT_INTERRUPTED
-    runs_progress.close()
-    finished = [o for o in outputs if o is not None]
-    results = [r for out in finished for r in out.to_json()]
-    config_errors = [out for out in finished if out.config_error is not None]
-    for err in config_errors:
-        print(f"gym-artifacts: error: {err.run}: {err.config_error}", file=sys.stderr)
-    _print_results(finished, ns)
-    if config_errors:
+    for out in outputs:
+        if out.config_error is not None:
+            print(f"gym-artifacts: error: {out.run}: {out.config_error}", file=sys.stderr)
+    _print_results(outputs, ns)
+    if any(out.config_error is not None for out in outputs):
         return EXIT_USAGE
-    return EXIT_FAILED if any(r["status"] == "FAILED" for r in results) else EXIT_OK
-
-
-def _run_summary(out: RunResults) -> str:
-    if out.config_error is not None:
-        return f"config error: {out.config_error}"
-    return ", ".join(f"{r.exporter} {r.status.value}" for r in out.results)
+    return EXIT_FAILED if any(out.failed for out in outputs) else EXIT_OK
 
 
 def _print_results(outputs: Sequence[RunResults], ns: argparse.Namespace) -> None:
@@ -317,7 +266,7 @@ def format_results_table(results: Sequence[dict[str, Any]]) -> str:
 def cmd_status(ns: argparse.Namespace) -> int:
     from gym_artifacts.errors import GymArtifactsError, MissingRunError
     from gym_artifacts.run_names import NO_CONFIG
-    from gym_artifacts.status import run_status
+    from gym_artifacts.status import exports_table, run_status
 
     try:
         state = run_status(ns.run, verify=ns.verify)
@@ -340,31 +289,8 @@ def cmd_status(ns: argparse.Namespace) -> int:
     print(f"run identity: {state.run_identity}")
     print(format_table(["artifact", "identity"], [[k, v] for k, v in state.identities.items()]))
     print()
-    print(format_table(["exporter", "destination", "receipt", "backend run", "verified", "live run"],
-                       status_rows(state.exporters)))  # fmt: skip
+    print(format_table(*exports_table(state.exporters)))
     return EXIT_OK
-
-
-def status_rows(exporters: dict[str, dict[str, Any]]) -> list[list[str]]:
-    """One row per exporter and destination; the live run on the exporter's first row."""
-    rows = []
-    for name, info in exporters.items():
-        live = info.get("live_run", {})
-        live_text = live.get("run_id", "") + (f" [{live['state']}]" if "state" in live else "")
-        if live.get("superseded_by"):
-            live_text += f" superseded by {live['superseded_by']}"
-        if live.get("note"):
-            live_text += f" ({live['note']})"
-        entries = info["receipts"] or [info]
-        for i, entry in enumerate(entries):
-            detail = entry.get("backend_run_id") or entry.get("error") or ""
-            if entry.get("differences"):
-                detail += " (" + ", ".join(entry["differences"]) + ")"
-            rows.append([
-                name if i == 0 else "", entry.get("where", "-"), entry["receipt"], detail,
-                entry.get("verified", ""), live_text if i == 0 else "",
-            ])  # fmt: skip
-    return rows
 
 
 def cmd_report(ns: argparse.Namespace) -> int:
@@ -384,48 +310,23 @@ def cmd_report(ns: argparse.Namespace) -> int:
 
 
 def cmd_exporters(ns: argparse.Namespace) -> int:
-    from gym_artifacts.config import is_enabled, load_default_config, load_yaml_config, normalize
     from gym_artifacts.errors import GymArtifactsError
-    from gym_artifacts.registry import discover
+    from gym_artifacts.registry import list_exporters
 
+    logger.info("reading %s", ns.config or "the embedded default config")
     try:
-        logger.info("reading %s", ns.config or "the embedded default config")
-        cfg = normalize(load_yaml_config(ns.config) if ns.config else load_default_config())
-        logger.info("discovering exporters in the entry-point group gym_artifacts.exporters")
-        entries = discover()
-        rows = []
-        for name, entry in sorted(entries.items()):
-            rows.append(
-                {
-                    "name": name,
-                    "enabled": is_enabled(cfg, name),
-                    "sdk_installed": entry.sdk_installed(),
-                    "modes": entry.modes(),
-                    "provider": entry.provider,
-                    "target": entry.target,
-                }
-            )
+        rows = list_exporters(ns.config)
     except GymArtifactsError as exc:
         print(f"gym-artifacts: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
     if ns.json:
         print(json.dumps(rows, indent=2))
-    else:
-        print(
-            format_table(
-                ["exporter", "enabled", "sdk installed", "modes", "provider"],
-                [
-                    [
-                        r["name"],
-                        "yes" if r["enabled"] else "no",
-                        "yes" if r["sdk_installed"] else "no",
-                        r["modes"],
-                        r["provider"],
-                    ]
-                    for r in rows
-                ],
-            )
-        )
+        return EXIT_OK
+    yes_no = {True: "yes", False: "no"}
+    headers = ["exporter", "enabled", "sdk installed", "modes", "provider"]
+    print(format_table(headers, [
+        [r["name"], yes_no[r["enabled"]], yes_no[r["sdk_installed"]], r["modes"], r["provider"]] for r in rows
+    ]))  # fmt: skip
     return EXIT_OK
 
 

@@ -64,6 +64,11 @@ class RunResults:
     def to_json(self) -> list[dict[str, Any]]:
         return [r.to_json(self.run) for r in self.results]
 
+    @property
+    def failed(self) -> bool:
+        """The run was not exported everywhere: a config error or a FAILED backend."""
+        return self.config_error is not None or any(r.status is ExportStatus.FAILED for r in self.results)
+
 
 def failed_run(job: ExportJob, reason: str) -> RunResults:
     """FAILED for each backend the job names (``all`` when its config was to choose them)."""
@@ -262,13 +267,9 @@ def run_jobs(
     ray_retries: int = DEFAULT_RAY_RETRIES,
     ray_runtime_env: dict[str, Any] | None = None,
 ) -> Iterator[tuple[int, RunResults]]:
-    """``(index in jobs, RunResults)`` for each job, as each finishes."""
-    if executor not in EXECUTORS:
-        raise ConfigError(f"unknown executor {executor!r}: choose one of {', '.join(EXECUTORS)}")
-    if jobs_in_parallel < 1:
-        raise ConfigError("jobs must be at least 1")
+    """``(index in jobs, RunResults)`` for each job, as each finishes (the request checked by
+    :func:`check_export_request`)."""
     if executor == "ray":
-        require_ray()
         return _on_ray(
             jobs,
             ray_address,
@@ -276,8 +277,6 @@ def run_jobs(
             runtime_env=ray_runtime_env,
             local_cpus=jobs_in_parallel if jobs_in_parallel > 1 else None,
         )
-    if ray_address is not None:
-        raise ConfigError("a Ray address needs the ray executor (--executor ray)")
     if jobs_in_parallel > 1 and len(jobs) > 1:
         return _in_process_pool(jobs, jobs_in_parallel)
     return _in_this_process(jobs)
@@ -293,6 +292,52 @@ def require_ray() -> None:
         )
 
 
+def check_export_request(
+    config: str | os.PathLike[str] | Mapping[str, Any] | None = None,
+    *,
+    overrides: Sequence[str] = (),
+    exporters: Sequence[str] = (),
+    executor: str = "local",
+    jobs: int = 1,
+    ray_address: str | None = None,
+) -> None:
+    """ConfigError for a request no run could be exported with, before any run is read.
+
+    The one validation of ``export_runs`` and ``gym-artifacts export`` alike: a config file's (or
+    mapping's) unknown keys, malformed ``key=value`` overrides, unknown exporter names, the
+    executor, ``jobs`` and a Ray address without the Ray executor.
+    """
+    from gym_artifacts.config import check_export_config_keys, load_yaml_config, parse_overrides
+    from gym_artifacts.registry import discover, get_entry
+
+    if executor not in EXECUTORS:
+        raise ConfigError(f"unknown executor {executor!r}: choose one of {', '.join(EXECUTORS)}")
+    if jobs < 1:
+        raise ConfigError("jobs (--jobs) must be at least 1")
+    if ray_address is not None and executor != "ray":
+        raise ConfigError("a Ray address (--ray-address) needs the ray executor (--executor ray)")
+    if config is None:
+        pass
+    elif isinstance(config, (str, os.PathLike)):
+        check_export_config_keys(load_yaml_config(config), str(config))
+    else:
+        from omegaconf import OmegaConf
+
+        check_export_config_keys(OmegaConf.create(dict(config)), "the config mapping")
+    parse_overrides(overrides)
+    entries = discover()
+    for name in exporters:
+        get_entry(name, entries)
+    if executor == "ray":
+        require_ray()
+
+
+def _run_summary(out: RunResults) -> str:
+    if out.config_error is not None:
+        return f"config error: {out.config_error}"
+    return ", ".join(f"{r.exporter} {r.status.value}" for r in out.results)
+
+
 def export_runs(
     runs: Sequence[str | os.PathLike[str]],
     config: str | os.PathLike[str] | Mapping[str, Any] | None = None,
@@ -302,20 +347,35 @@ def export_runs(
     upload_rollouts: bool | None = None,
     certify: bool | None = None,
     verify: bool = False,
+    accept_partial_line: bool = False,
+    accept_stale_aggregates: bool = False,
     executor: str = "local",
     jobs: int = 1,
     ray_address: str | None = None,
     ray_retries: int = DEFAULT_RAY_RETRIES,
     ray_runtime_env: dict[str, Any] | None = None,
+    progress: bool = False,
     on_result: Callable[[int, RunResults], None] | None = None,
 ) -> list[RunResults]:
     """Export many runs, each exactly once per backend; one RunResults per run, in ``runs`` order.
 
-    ``config``: a YAML file, a mapping, or None (each run's saved config, else the default).
-    ``executor``: ``local`` (this process, or ``jobs`` processes) or ``ray`` (one task per run on
-    the cluster at ``ray_address``; ``auto`` joins the running one; None starts a local cluster
-    for this call and stops it). ``on_result(done, results)`` is called as each run finishes.
+    The Python API of ``gym-artifacts export`` (the command only parses its arguments into this
+    call and prints what it returns). ``config``: a YAML file, a mapping, or None (each run's
+    saved config, else the embedded default); ``overrides``: ``key=value`` strings; the flags
+    as in ``export_run``. ``executor``: ``local`` (this process, or ``jobs`` processes) or
+    ``ray`` (one task per run on the cluster at ``ray_address``; ``auto`` joins the running one;
+    None starts a local cluster for this call and stops it). ``progress``: progress lines on a
+    terminal's stderr. ``on_result(done, results)`` is called as each run finishes.
+
+    Raises ConfigError (nothing read, nothing sent) for an unusable request, see
+    :func:`check_export_request`; a run's own problems become its RunResults.
     """
+    from gym_artifacts.progress import Progress
+
+    check_export_request(
+        config, overrides=overrides, exporters=exporters, executor=executor, jobs=jobs,
+        ray_address=ray_address,
+    )  # fmt: skip
     if config is None or isinstance(config, (str, os.PathLike)):
         config_file, mapping = (None if config is None else str(config)), None
     else:
@@ -323,7 +383,8 @@ def export_runs(
 
         from gym_artifacts.config import raw_container
 
-        config_file, mapping = None, raw_container(OmegaConf.create(config))
+        config_file, mapping = None, raw_container(OmegaConf.create(dict(config)))
+    parallel = executor == "ray" or (jobs > 1 and len(runs) > 1)
     job_list = [
         ExportJob(
             run=str(run),
@@ -334,20 +395,33 @@ def export_runs(
             upload_rollouts=upload_rollouts,
             certify=certify,
             verify=verify,
+            accept_partial_line=accept_partial_line,
+            accept_stale_aggregates=accept_stale_aggregates,
+            # bytes progress for one run at a time in this process
+            progress=progress and not parallel,
         )
         for run in runs
     ]
+    # runs finished so far, when several runs run at once
+    runs_progress = Progress(enabled=None if progress and parallel and len(job_list) > 1 else False)
     out: list[RunResults | None] = [None] * len(job_list)
-    finished = run_jobs(
-        job_list,
-        executor=executor,
-        jobs_in_parallel=jobs,
-        ray_address=ray_address,
-        ray_retries=ray_retries,
-        ray_runtime_env=ray_runtime_env,
-    )
-    for done, (i, results) in enumerate(finished, start=1):
-        out[i] = results
-        if on_result is not None:
-            on_result(done, results)
+    failed = 0
+    try:
+        finished = run_jobs(
+            job_list,
+            executor=executor,
+            jobs_in_parallel=jobs,
+            ray_address=ray_address,
+            ray_retries=ray_retries,
+            ray_runtime_env=ray_runtime_env,
+        )
+        for done, (i, results) in enumerate(finished, start=1):
+            out[i] = results
+            failed += results.failed
+            runs_progress.count(f"runs exported ({failed} failed)", done, len(job_list))
+            logger.info("%s: %s", results.run, _run_summary(results))
+            if on_result is not None:
+                on_result(done, results)
+    finally:
+        runs_progress.close()
     return [r for r in out if r is not None]

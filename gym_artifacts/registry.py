@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import os
 from dataclasses import dataclass
 from importlib.metadata import entry_points
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from gym_artifacts.errors import ConfigError
 
@@ -130,3 +131,25 @@ def get_entry(name: str, entries: dict[str, ExporterEntry] | None = None) -> Exp
     except KeyError:
         known = ", ".join(sorted(entries)) or "none"
         raise ConfigError(f"unknown exporter {name!r} (known: {known})") from None
+
+
+def list_exporters(config: str | os.PathLike[str] | None = None) -> list[dict[str, Any]]:
+    """Every registered exporter, sorted by name: whether ``config`` (a YAML file, else the
+    embedded default) enables it, whether its SDK is installed, its modes and its provider.
+
+    The ``gym-artifacts exporters`` listing; imports no SDK.
+    """
+    from gym_artifacts.config import is_enabled, load_default_config, load_yaml_config, normalize
+
+    cfg = normalize(load_yaml_config(config) if config is not None else load_default_config())
+    return [
+        {
+            "name": name,
+            "enabled": is_enabled(cfg, name),
+            "sdk_installed": entry.sdk_installed(),
+            "modes": entry.modes(),
+            "provider": entry.provider,
+            "target": entry.target,
+        }
+        for name, entry in sorted(discover().items())
+    ]

@@ -184,3 +184,29 @@ def exporter_states(
             info["live_run"] = {"error": str(exc)}
         states[name] = info
     return states
+
+
+EXPORTS_HEADERS = ["exporter", "destination", "receipt", "backend run", "verified", "live run"]
+
+
+def exports_table(exporters: dict[str, dict[str, Any]]) -> tuple[list[str], list[list[str]]]:
+    """The exports table of ``status`` and the report: headers, then one row per exporter and
+    destination, the live run on the exporter's first row."""
+    rows = []
+    for name, info in exporters.items():
+        live = info.get("live_run", {})
+        live_text = live.get("run_id", "") + (f" [{live['state']}]" if "state" in live else "")
+        if live.get("superseded_by"):
+            live_text += f" superseded by {live['superseded_by']}"
+        if live.get("note"):
+            live_text += f" ({live['note']})"
+        entries = info["receipts"] or [info]
+        for i, entry in enumerate(entries):
+            detail = entry.get("backend_run_id") or entry.get("error") or ""
+            if entry.get("differences"):
+                detail += " (" + ", ".join(entry["differences"]) + ")"
+            rows.append([
+                name if i == 0 else "", entry.get("where", "-"), entry["receipt"], detail,
+                entry.get("verified", ""), live_text if i == 0 else "",
+            ])  # fmt: skip
+    return list(EXPORTS_HEADERS), rows

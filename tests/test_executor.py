@@ -58,7 +58,7 @@ def test_a_ray_address_without_the_ray_executor_exits_2(
     quickstart_run: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     assert main(["export", str(quickstart_run), "-e", "local", "--ray-address", "auto"]) == 2
-    assert "--ray-address needs --executor ray" in capsys.readouterr().err
+    assert "a Ray address (--ray-address) needs the ray executor (--executor ray)" in capsys.readouterr().err
 
 
 def test_an_unknown_executor_exits_2(quickstart_run: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -66,3 +66,21 @@ def test_an_unknown_executor_exits_2(quickstart_run: Path, capsys: pytest.Captur
         main(["export", str(quickstart_run), "--executor", "dask"])
     assert exc.value.code == 2
     assert "invalid choice: 'dask'" in capsys.readouterr().err
+
+
+def test_readme_python_api_block_runs_as_written(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    """README's "Python API" block, run in a folder holding the quickstart where it says."""
+    import re
+
+    from tests.conftest import copy_quickstart
+
+    section = (REPO / "README.md").read_text().split("\n## Python API", 1)[1].split("\n## ", 1)[0]
+    [block] = re.findall(r"```python\n(.*?)```", section, flags=re.S)[:1]
+    copy_quickstart(tmp_path / "examples" / "quickstart")
+    monkeypatch.chdir(tmp_path)
+    exec(compile(block, "README.md", "exec"), {})
+    out = capsys.readouterr().out
+    assert re.search(r"eval\.jsonl local EXPORTED \S+ None", out), out
+    assert "'local'" in out and "'mlflow'" in out
+    assert len(list((tmp_path / "gym-artifacts-runs").rglob("run.json"))) == 1

@@ -1,6 +1,6 @@
 """One precedence policy: every setting and flag gives the same export through the CLI and through
-the Python API (``build_export_config`` + ``export_run``), and a flat key on the command line
-wins over the embedded default's sections.
+the Python API (``export_runs``, and ``build_export_config`` + ``export_run``), a refused request is
+refused alike by both, and a flat key on the command line wins over the embedded default's sections.
 
 Each case runs once per side, in its own working folder (the embedded default's paths are
 relative), and compares statuses, rows, the destination every receipt names, and what the
@@ -21,7 +21,9 @@ pytest.importorskip("mlflow")
 from mlflow.tracking import MlflowClient
 
 from gym_artifacts.cli import main
+from gym_artifacts import export_runs
 from gym_artifacts.config import build_export_config
+from gym_artifacts.errors import GymArtifactsError
 from gym_artifacts.export import export_run
 from gym_artifacts.payload import load_run_config
 from gym_artifacts.receipts import read_receipts, write_marker
@@ -126,6 +128,15 @@ def via_api(run: Path, spec: dict[str, Any]) -> list[dict[str, Any]]:
     return [r.to_json(str(run)) for r in results]
 
 
+def via_export_runs(run: Path, spec: dict[str, Any]) -> list[dict[str, Any]]:
+    [out] = export_runs(
+        [run], "export.yaml" if "config" in spec else None, overrides=spec.get("overrides", []),
+        exporters=spec.get("exporters", []), upload_rollouts=spec.get("upload"), certify=spec.get("certify"),
+    )  # fmt: skip
+    assert out.config_error is None, out.config_error
+    return out.to_json()
+
+
 def landed(side: Path, run: Path, results: list[dict[str, Any]]) -> list[Any]:
     """Side-independent facts: status, rows, reason, receipt destination, backend contents."""
     facts: list[Any] = []
@@ -161,6 +172,7 @@ def test_cli_and_api_give_the_same_export(
     for side_name, export in (
         ("cli", lambda run: via_cli(run, spec, capsys)),
         ("api", lambda run: via_api(run, spec)),
+        ("export_runs", lambda run: via_export_runs(run, spec)),
     ):
         side = tmp_path / side_name
         run = prepare(side, spec, empty_mlflow_db)
@@ -168,7 +180,7 @@ def test_cli_and_api_give_the_same_export(
         results = export(run)
         assert all(r["status"] == "EXPORTED" for r in results), results
         outcomes.append(landed(side, run, results))
-    assert outcomes[0] == outcomes[1]
+    assert outcomes[0] == outcomes[1] == outcomes[2]
 
 
 def test_flat_keys_on_the_command_line_win_over_the_embedded_default(
@@ -191,3 +203,32 @@ def test_upload_rollouts_false_sends_no_rows_through_the_api(quickstart_run: Pat
                                                                      f"exporters.local.root={tmp_path / 's'}"])
     [result] = export_run(artifacts, cfg, exporters=["local"])
     assert result.status.value == "EXPORTED" and result.rows == 0
+
+
+# Requests no run can be exported with: (CLI arguments, export_runs keyword arguments).
+REFUSED: dict[str, tuple[list[str], dict[str, Any]]] = {
+    "unknown exporter": (["-e", "nope"], {"exporters": ["nope"]}),
+    "unknown config key": (["-c", "export.yaml"], {"config": "export.yaml"}),
+    "malformed override": (["exporters.local.enabled=perhaps", "-e", "local"],
+                           {"overrides": ["exporters.local.enabled=perhaps"], "exporters": ["local"]}),
+    "jobs 0": (["--jobs", "0"], {"jobs": 0}),
+    "ray address without ray": (["--ray-address", "auto"], {"ray_address": "auto"}),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("case", list(REFUSED))
+def test_cli_and_api_refuse_the_same_request_alike(
+    case: str, quickstart_run: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The CLI exits 2 with the API's own message, and neither sends anything anywhere."""
+    Path("export.yaml").write_text("exporters:\n  local: {enabled: true}\nuplod_rollouts: false\n")
+    argv, kwargs = REFUSED[case]
+    assert main(["export", str(quickstart_run), *argv]) == 2
+    err = capsys.readouterr().err
+    try:
+        [out] = export_runs([quickstart_run], **kwargs)
+        message = out.config_error
+    except GymArtifactsError as exc:
+        message = str(exc)
+    assert message and message in err, (message, err)
+    assert not list(quickstart_run.parent.glob("*_export_done*")) and not Path("gym-artifacts-runs").exists()

@@ -30,7 +30,7 @@ from gym_artifacts.report.page import render_page
 from gym_artifacts.report.rollouts import RolloutTable, rollout_lines
 from gym_artifacts.run import RunArtifacts, agent_label
 from gym_artifacts.run_names import NO_CONFIG
-from gym_artifacts.status import exporter_states
+from gym_artifacts.status import exporter_states, exports_table
 
 logger = logging.getLogger(__name__)
 EMBED_VIDEO_MAX = 5 << 20
@@ -70,15 +70,7 @@ def _summary(run: RunArtifacts, identities: dict[str, str], coverage: Coverage) 
             parts.append(_table(["session", "value"], [[k, v] for k, v in times.items()], "kv"))
     else:
         parts.append(_missing("No session times were recorded."))
-    states = exporter_states(run, identities)
-    rows = [
-        [name, s["receipt"], s.get("backend_run_id") or "-", ", ".join(s.get("differences") or []) or s.get("error", ""),
-         (s.get("live_run") or {}).get("run_id", "-")]
-        for name, s in states.items()
-    ]  # fmt: skip
-    parts.append(
-        "<h3>Exports</h3>" + _table(["exporter", "receipt", "backend run", "detail", "live run"], rows)
-    )
+    parts.append("<h3>Exports</h3>" + _table(*exports_table(exporter_states(run, identities))))
     parts.append(
         "<h3>Content identities</h3>"
         + _table(["artifact", "identity"], [[k, v] for k, v in identities.items()])
