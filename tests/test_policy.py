@@ -20,8 +20,8 @@ pytest.importorskip("mlflow")
 
 from mlflow.tracking import MlflowClient
 
-from gym_artifacts.cli import main
 from gym_artifacts import export_runs
+from gym_artifacts.cli import main
 from gym_artifacts.config import build_export_config
 from gym_artifacts.errors import GymArtifactsError
 from gym_artifacts.export import export_run
