@@ -68,14 +68,14 @@ def _throughput(tmp: Path, points: int) -> float:
     metrics = {f"m{i}": float(i) for i in range(per_call)}
     with live_exporters(cfg, tmp / "tp" / "out.jsonl") as live:
         live.flush(10)
-        worker = live.exporters[0]._worker
+        worker = live.channels[0].worker
         assert worker is not None
         worker.max_queued = points  # measure the worker, not the drop policy
         live.journal.worker.max_queued = points
         start = time.perf_counter()
         for step in range(points // per_call):
             live.export_metrics(metrics, step=step)
-        live.exporters[0].flush(600)
+        live.channels[0].flush(600)
         elapsed = time.perf_counter() - start
     return points / elapsed
 

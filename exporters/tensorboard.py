@@ -229,7 +229,7 @@ class TensorboardExporter(LiveExporter):
             numbers, texts = split_values(metrics)
             self._writer.scalars(numbers, step, timestamp)
             for tag, text in texts.items():
-                self._writer.text(tag, redact_text(text, self._secrets), step, timestamp)
+                self._writer.text(tag, redact_text(text, self.secrets), step, timestamp)
         self._writer.flush()
 
     def _log_rollouts(self, rollouts: list[Any]) -> None:

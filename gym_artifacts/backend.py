@@ -1,8 +1,9 @@
 """The backend contract: every hook a backend implements, what it receives and what it returns.
 
 A *post-run* backend subclasses ``gym_artifacts.exporter.Exporter`` and implements ``_export``.
-A *live* backend subclasses ``gym_artifacts.live.LiveExporter`` and implements the six
-``LiveHooks`` below (it then gets the post-run export, certify and supersede for free). Both set
+A *live* backend subclasses ``gym_artifacts.live_exporter.LiveExporter`` (also importable from
+``gym_artifacts.live`` and ``gym_artifacts.plugin``) and implements the six ``LiveHooks`` below;
+the core's ``LiveChannel`` calls them, and the post-run export decides certify or supersede. Both set
 the class attributes ``name`` (lower-case letters, digits, ``_``, ``-``; the entry-point name),
 ``config_model`` (an ``ExporterConfig`` subclass: the settings under ``exporters.<name>``, extra
 keys refused) and ``sdk_module`` (the SDK's top-level module, checked without importing it).
@@ -127,9 +128,10 @@ class PostRunHooks(ABC):
 class LiveHooks(ABC):
     """What a live backend implements; all run on its worker thread and may raise.
 
-    Available while they run: ``self.run`` (the eval's ``RunArtifacts``), ``self.resume_run_id``
-    (the earlier process's backend run when resuming, else None), ``self.run_id`` (the open run,
-    set from ``_setup``'s return), ``self.reopened`` and ``self.previous_last_step()``.
+    Called only by the backend's ``LiveChannel``, which sets what they read: ``self.run`` (the
+    eval's ``RunArtifacts``), ``self.resume_run_id`` (the earlier process's backend run when
+    resuming, else None), ``self.run_id`` (the open run, set from ``_setup``'s return),
+    ``self.reopened``, ``self.secrets`` and ``self.previous_last_step()``.
     """
 
     @abstractmethod

@@ -1,9 +1,9 @@
-"""Live logging that never slows or fails the eval: LiveExporter, its wrappers, and the fan-out.
+"""Live logging that never slows or fails the eval: the fan-out from one call to every backend.
 
-Backends implement the hooks declared in ``gym_artifacts.backend.LiveHooks`` and may raise freely.
-Call sites use the wrappers, which only enqueue onto the exporter's background worker: lifecycle
-requests (setup, start over, complete, teardown) travel through the same queue, so only the
-worker thread touches a backend's run.
+``live_exporters`` opens a ``LiveRun``: one call of the eval is journaled (``journal``) and
+handed to one ``LiveChannel`` per enabled backend (``live_channel``: the worker, guards, marker
+and report), which alone calls the backend's hooks (``backend.LiveHooks``, on ``LiveExporter``).
+This module also holds the exit hook that tears down a run the eval left open.
 """
 
 from __future__ import annotations
@@ -11,400 +11,56 @@ from __future__ import annotations
 import atexit
 import contextlib
 import logging
-import os
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass, field
-from pathlib import Path
+from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
-from gym_artifacts.backend import CannotCertify, LiveHooks, RunStatus
+from gym_artifacts.backend import RunStatus
 from gym_artifacts.config import enabled_exporters, is_resume, normalize
-from gym_artifacts.errors import GymArtifactsError, ReceiptError
-from gym_artifacts.exporter import CERTIFIED_NOTE, Exporter, ExportPlan, Sent
+from gym_artifacts.errors import GymArtifactsError
 from gym_artifacts.journal import MetricsJournal
 from gym_artifacts.live_args import RefusedCalls, checked_metrics, normalize_step, rollouts_batch
+from gym_artifacts.live_channel import (
+    DEFAULT_TEARDOWN_HARD_CAP,
+    DEFAULT_TEARDOWN_TIMEOUT_S,
+    TEARDOWN_HARD_CAP_ENV,
+    TEARDOWN_TIMEOUT_ENV,
+    LiveChannel,
+    LiveReport,
+    teardown_limits,
+)
+from gym_artifacts.live_exporter import LiveExporter
 from gym_artifacts.locking import try_lock
 from gym_artifacts.metric_records import MetricRecord, encode_record
 from gym_artifacts.payload import backend_config, save_run_config
 from gym_artifacts.ranks import is_rank_zero
-from gym_artifacts.receipts import RunIdMarker, read_marker, utc_now_iso, write_marker
 from gym_artifacts.registry import get_entry
 from gym_artifacts.run import RunArtifacts
-from gym_artifacts.secrets import install_log_redaction, mask_secrets, redact_text
-from gym_artifacts.worker import BackgroundWorker, Call, RecordSink, WorkerStats
+from gym_artifacts.secrets import install_log_redaction, mask_secrets
 
 if TYPE_CHECKING:
     from gym_artifacts.live_handle import HandleReceiver, LiveHandle, NoOpHandle
 
+# Where backends and callers have always imported these from.
+__all__ = [
+    "DEFAULT_TEARDOWN_HARD_CAP",
+    "DEFAULT_TEARDOWN_TIMEOUT_S",
+    "TEARDOWN_HARD_CAP_ENV",
+    "TEARDOWN_TIMEOUT_ENV",
+    "LiveChannel",
+    "LiveExporter",
+    "LiveReport",
+    "LiveRun",
+    "NoOpLiveRun",
+    "RunStatus",
+    "build_live_exporters",
+    "live_exporters",
+    "reregister_atexit",
+    "teardown_limits",
+]
+
 logger = logging.getLogger(__name__)
-
-DEFAULT_TEARDOWN_TIMEOUT_S = 10.0  # idle: teardown gives up after this long without progress
-DEFAULT_TEARDOWN_HARD_CAP = 60.0  # and in any case after this long
-TEARDOWN_TIMEOUT_ENV = "GYM_ARTIFACTS_TEARDOWN_IDLE_S"
-TEARDOWN_HARD_CAP_ENV = "GYM_ARTIFACTS_TEARDOWN_MAX_S"
-
-
-def teardown_limits(idle: float | None = None, hard_cap: float | None = None) -> tuple[float, float]:
-    """(idle deadline, hard cap) in seconds: the arguments, else the environment, else the defaults."""
-
-    def pick(value: float | None, env: str, default: float) -> float:
-        if value is not None:
-            return float(value)
-        raw = os.environ.get(env)
-        try:
-            return float(raw) if raw else default
-        except ValueError:
-            logger.warning("%s=%r is not a number of seconds; using %s", env, raw, default)
-            return default
-
-    return pick(idle, TEARDOWN_TIMEOUT_ENV, DEFAULT_TEARDOWN_TIMEOUT_S), pick(
-        hard_cap, TEARDOWN_HARD_CAP_ENV, DEFAULT_TEARDOWN_HARD_CAP
-    )
-
-
-@dataclass
-class LiveReport:
-    """What one backend received live, and what it did not."""
-
-    exporter: str
-    run_id: str | None
-    setup_error: str | None
-    delivered: int
-    failed: int
-    dropped: int
-    undelivered: int
-    teardown_finished: bool
-    last_error: str | None = None
-    dropped_kinds: dict[str, int] = field(default_factory=dict)
-
-    @property
-    def lost(self) -> int:
-        """Calls that never reached the backend (failed, dropped or left undelivered)."""
-        return self.failed + self.dropped + self.undelivered
-
-    def describe(self) -> str:
-        if self.setup_error:
-            return f"{self.exporter}: setup failed ({self.setup_error}); nothing was sent live"
-        parts = [f"{self.exporter}: {self.delivered} call(s) delivered"]
-        if self.failed:
-            parts.append(f"{self.failed} failed (last: {self.last_error})")
-        if self.dropped:
-            parts.append(f"{self.dropped} dropped ({self.dropped_kinds})")
-        if self.undelivered:
-            parts.append(f"{self.undelivered} not delivered before the deadline")
-        if not self.teardown_finished:
-            parts.append("teardown did not finish in time")
-        return ", ".join(parts)
-
-
-class LiveExporter(LiveHooks, Exporter):
-    """An exporter that can also follow a running eval.
-
-    Worker-thread state: ``run`` (the eval's output), ``resume_run_id`` (the marker's run when
-    resuming), ``run_id`` (the open backend run) and ``reopened``.
-    """
-
-    def __init__(self, settings: Any) -> None:
-        super().__init__(settings)
-        self.run: RunArtifacts | None = None
-        self.resume_run_id: str | None = None
-        self.run_id: str | None = None
-        self.reopened = False
-        self._worker: BackgroundWorker | None = None
-        self._setup_error: str | None = None
-        self._secrets: frozenset[str] = frozenset()
-        self._torn_down = False
-        # The marker is rewritten by the worker (complete) and by teardown (delivery record);
-        # once teardown recorded the delivery, a late complete() from the worker never lands.
-        self._marker_lock = threading.Lock()
-        self._delivery_recorded = False
-        self._skipped = 0
-        self._report: LiveReport | None = None
-        self._previous_last_step: Callable[[], int | None] | None = None
-
-    # -- post-run export with certify / supersede ---------------------------------------------------
-    def certify_refusal(self, marker: RunIdMarker, plan: ExportPlan) -> str | None:
-        """Why the live run of ``marker`` may not be completed by this export (None: it may).
-
-        Only a run the eval ``complete()``d, whose teardown delivered every call (recorded in
-        the marker), whose files did not change since, and that lives at this destination.
-        ``plan.certify`` False never certifies; True also accepts a marker from before the
-        loss record (``lossless`` unknown), never one that lost calls.
-        """
-        if plan.certify is False:
-            return "--no-certify"
-        if marker.destination_key not in (None, self.destination_key()):
-            return "it lives at another destination"
-        if marker.state != "completed":
-            return "the eval never called complete()"
-        if marker.lossless is False:
-            return f"it lost {marker.lost_calls} live call(s): its history is incomplete"
-        if marker.lossless is None and plan.certify is not True:
-            return "its delivery was not recorded (pass --certify to complete it anyway)"
-        if marker.identities != plan.identities:
-            return "the run changed since it completed"
-        return None
-
-    # -- post-run export with certify / supersede ---------------------------------------------------
-    def _export(self, run: RunArtifacts, plan: ExportPlan) -> Sent:
-        marker_fpath = run.run_id_marker_fpath(self.name)
-        try:
-            marker = read_marker(marker_fpath)
-        except ReceiptError as exc:
-            logger.warning("%s", exc)
-            marker = None
-        if marker is not None and marker.destination_key not in (None, self.destination_key()):
-            marker = None  # a live run elsewhere: neither certified nor superseded by this export
-        if marker is not None:
-            refusal = self.certify_refusal(marker, plan)
-            if refusal is None:
-                try:
-                    sent = self._certify(run, plan, marker.run_id)
-                except CannotCertify as exc:
-                    logger.info("%s: live run %s not certified: %s", self.name, marker.run_id, exc)
-                else:
-                    return Sent(sent.backend_run_id, sent.rows, sent.bytes, CERTIFIED_NOTE)
-            else:
-                logger.info("%s: live run %s not certified (%s); exporting a new run",
-                            self.name, marker.run_id, refusal)  # fmt: skip
-        sent = self._export_post_run(run, plan)
-        if marker is not None and marker.run_id != sent.backend_run_id:
-            try:
-                self._mark_superseded(marker.run_id, sent.backend_run_id or "")
-                write_marker(marker_fpath, marker.model_copy(update={"superseded_by": sent.backend_run_id}))
-            except Exception as exc:  # best effort: never fail an export for a courtesy note
-                logger.warning("%s: could not mark live run %s superseded: %s", self.name, marker.run_id, exc)
-        return sent
-
-    # -- wrappers: enqueue only, never raise, never block on the backend -------------------------------
-    def setup(
-        self,
-        run: RunArtifacts,
-        *,
-        resume: bool = False,
-        secrets: frozenset[str] = frozenset(),
-        previous_last_step: Callable[[], int | None] | None = None,
-    ) -> None:
-        """Start the worker and ask it to open (or, with ``resume``, reopen) the backend run.
-
-        ``previous_last_step`` tells a resumed backend the last step an earlier process logged.
-        """
-        self._secrets = frozenset(secrets)
-        self._previous_last_step = previous_last_step
-        records = RecordSink(self._guarded(self._log_metrics), self._guarded_batch(self._log_metrics_batch))
-        self._worker = BackgroundWorker(self.name, redact=self.redact, records=records)
-        self._worker.submit(Call(self._do_setup, (run, resume), "setup"))
-
-    def export_config(self, config: Mapping[str, Any]) -> None:
-        """Log the config (masked again here: a caller may pass an unmasked one)."""
-        try:
-            masked = mask_secrets(dict(config), self._secrets)
-        except Exception as exc:
-            logger.warning("%s: config not logged: %s", self.name, self.redact(str(exc)))
-            return
-        self._submit(Call(self._guarded(self._log_config), (masked,), "config"))
-
-    def export_metrics(
-        self, metrics: Mapping[str, Any], step: int | None = None, *, timestamp: float | None = None
-    ) -> None:
-        """Log step metrics (dropped first when the queue is full)."""
-        when = time.time() if timestamp is None else timestamp
-        self._enqueue_record(encode_record(metrics, step, when))
-
-    def _enqueue_record(self, record: MetricRecord) -> None:
-        """The fan-out's fast path: one record, encoded once, shared by every backend."""
-        worker = self._worker
-        if worker is not None:
-            worker.submit_record(record)
-
-    def export_rollouts(self, rollouts: list[Any]) -> None:
-        """Log finished rollouts (never dropped)."""
-        self._submit(Call(self._guarded(self._log_rollouts), (list(rollouts),), "rollouts"))
-
-    def start_over(self) -> None:
-        """Resume found nothing to resume: close the reopened run and open a new one."""
-        self._submit(Call(self._do_start_over, (), "start_over"))
-
-    def complete(self, identities: Callable[[], Mapping[str, str] | None] | None = None) -> None:
-        """Record that the eval finished, so ``export --certify`` may complete this live run."""
-        self._submit(Call(self._do_complete, (identities,), "complete"))
-
-    def flush(self, timeout: float = DEFAULT_TEARDOWN_TIMEOUT_S) -> bool:
-        """Wait (up to ``timeout``) until every earlier call was applied."""
-        return self._worker.flush(timeout) if self._worker is not None else True
-
-    def teardown(
-        self,
-        timeout: float = DEFAULT_TEARDOWN_TIMEOUT_S,
-        status: RunStatus = RunStatus.FINISHED,
-        hard_cap: float | None = None,
-    ) -> LiveReport:
-        """Flush while the backend makes progress (``timeout`` idle, ``hard_cap`` at most), end the
-        backend run, and report what was not delivered."""
-        if self._report is not None:
-            return self._report
-        worker = self._worker
-        if worker is None:
-            self._report = LiveReport(self.name, None, "setup never ran", 0, 0, 0, 0, True)
-            return self._report
-        worker.submit(Call(self._do_teardown, (status,), "teardown"))
-        self._report = self.report(finished=worker.stop(timeout, hard_cap))
-        self._record_delivery(self._report)
-        return self._report
-
-    def report(self, *, finished: bool) -> LiveReport:
-        """What this backend received so far (calls still queued count as undelivered)."""
-        worker = self._worker
-        if worker is None:
-            return LiveReport(self.name, None, "setup never ran", 0, 0, 0, 0, finished)
-        stats: WorkerStats = worker.stats
-        queued = 0 if finished else worker.pending
-        return LiveReport(
-            exporter=self.name,
-            run_id=self.run_id,
-            setup_error=self._setup_error,
-            delivered=stats.delivered - self._skipped,
-            failed=stats.failed,
-            dropped=stats.dropped,
-            undelivered=max(stats.undelivered, queued) + self._skipped,
-            teardown_finished=finished,
-            last_error=stats.last_error,
-            dropped_kinds=dict(stats.dropped_kinds),
-        )
-
-    def previous_last_step(self) -> int | None:
-        """For a resumed run: the last step an earlier process logged (from the journal)."""
-        return self._previous_last_step() if self._previous_last_step is not None else None
-
-    @property
-    def stats(self) -> WorkerStats | None:
-        return self._worker.stats if self._worker is not None else None
-
-    def redact(self, text: str) -> str:
-        return redact_text(text, self._secrets)
-
-    def _submit(self, call: Call) -> None:
-        if self._worker is None:
-            return
-        self._worker.submit(call)
-
-    def _guarded(self, hook: Callable[..., None]) -> Callable[..., None]:
-        """A hook that is skipped (not counted as a failure) once setup failed."""
-
-        def apply(*args: Any) -> None:
-            if self._setup_error is not None or self.run_id is None:
-                self._skipped += 1  # counted as undelivered, without backing off
-                return
-            hook(*args)
-
-        return apply
-
-    def _guarded_batch(self, hook: Callable[[list[Any]], None]) -> Callable[[list[Any]], None]:
-        def apply(entries: list[Any]) -> None:
-            if self._setup_error is not None or self.run_id is None:
-                self._skipped += len(entries)
-                return
-            hook(entries)
-
-        return apply
-
-    # -- lifecycle on the worker thread ------------------------------------------------------------------
-    def _do_setup(self, run: RunArtifacts, resume: bool) -> None:
-        self.run = run
-        marker_fpath = run.run_id_marker_fpath(self.name)
-        self.resume_run_id = None
-        if resume:
-            try:
-                marker = read_marker(marker_fpath)
-            except ReceiptError as exc:
-                logger.warning("%s: %s; starting a new run", self.name, exc)
-                marker = None
-            self.resume_run_id = marker.run_id if marker is not None else None
-        try:
-            self.run_id = self._setup()
-        except Exception as exc:
-            self._setup_error = self.redact(f"{type(exc).__name__}: {exc}".splitlines()[0][:500])
-            logger.warning("%s: live setup failed, this backend is skipped: %s", self.name, self._setup_error)
-            return
-        reregister_atexit()  # the SDK may have registered its own exit hook during setup
-        self.reopened = self.resume_run_id is not None and self.run_id == self.resume_run_id
-        if not self.reopened:
-            write_marker(marker_fpath, self._new_marker())
-
-    def _do_start_over(self) -> None:
-        if not self.reopened or self.run is None or self.run_id is None:
-            return
-        old = self.run_id
-        try:
-            self._release_reopened()
-        except Exception as exc:
-            logger.warning(
-                "%s: could not let go of reopened run %s: %s", self.name, old, self.redact(str(exc))
-            )
-        self.reopened = False
-        self.run_id = None
-        marker_fpath = self.run.run_id_marker_fpath(self.name)
-        try:
-            marker = read_marker(marker_fpath)
-            if marker is not None and marker.run_id == old:
-                marker_fpath.unlink()
-        except (ReceiptError, OSError) as exc:
-            logger.warning("%s: marker %s left in place: %s", self.name, marker_fpath, exc)
-        self._do_setup(self.run, resume=False)
-
-    def _do_complete(self, identities: Callable[[], Mapping[str, str] | None] | None) -> None:
-        if self.run is None or self.run_id is None:
-            return
-        marker_fpath = self.run.run_id_marker_fpath(self.name)
-        ids = identities() if identities is not None else None
-        with self._marker_lock:
-            if self._delivery_recorded:  # teardown gave up on this worker: too late to complete
-                return
-            marker = read_marker(marker_fpath) or self._new_marker()
-            if marker.run_id != self.run_id:
-                marker = self._new_marker()
-            update = {
-                "state": "completed",
-                "completed_at": utc_now_iso(),
-                "identities": dict(ids) if ids else None,
-            }
-            write_marker(marker_fpath, marker.model_copy(update=update))
-
-    def _new_marker(self) -> RunIdMarker:
-        assert self.run_id is not None
-        return RunIdMarker(exporter=self.name, run_id=self.run_id, destination_key=self.destination_key())
-
-    def _record_delivery(self, report: LiveReport) -> None:
-        """Write into the marker whether every call reached the backend (the certify rule).
-
-        A reopened run stays lossless only if the earlier process recorded that it was.
-        """
-        if self.run is None or report.run_id is None:
-            return
-        marker_fpath = self.run.run_id_marker_fpath(self.name)
-        with self._marker_lock:
-            self._delivery_recorded = True
-            self._write_delivery(marker_fpath, report)
-
-    def _write_delivery(self, marker_fpath: Path, report: LiveReport) -> None:
-        try:
-            marker = read_marker(marker_fpath)
-            if marker is None or marker.run_id != report.run_id:
-                return
-            earlier_ok = marker.lossless is True if self.reopened else True
-            lossless = earlier_ok and report.lost == 0 and report.teardown_finished
-            lost = (marker.lost_calls if self.reopened else 0) + report.lost
-            write_marker(marker_fpath, marker.model_copy(update={"lossless": lossless, "lost_calls": lost}))
-        except (ReceiptError, OSError) as exc:
-            logger.warning("%s: delivery not recorded in %s: %s", self.name, marker_fpath, exc)
-
-    def _do_teardown(self, status: RunStatus) -> None:
-        if self._torn_down or self._setup_error is not None or self.run_id is None:
-            return
-        self._torn_down = True
-        self._teardown(status)
 
 
 class NoOpLiveRun:
@@ -412,6 +68,7 @@ class NoOpLiveRun:
     doing nothing. ``writer_refused`` says why a writer was refused (None on other ranks)."""
 
     exporters: tuple[LiveExporter, ...] = ()
+    channels: tuple[LiveChannel, ...] = ()
     reports: tuple[LiveReport, ...] = ()
 
     def __init__(self, writer_refused: str | None = None) -> None:
@@ -464,13 +121,16 @@ class _OnceIdentities:
 
 
 class LiveRun:
-    """Every enabled live exporter of one eval, plus the metrics journal, behind one set of calls."""
+    """Every enabled live backend of one eval, each behind its ``LiveChannel``, plus the metrics
+    journal, behind one set of calls. ``exporters`` are the backends, ``channels`` their channels
+    (in the same order); the run reaches a backend only through its channel's public methods."""
 
     def __init__(
         self, run: RunArtifacts, exporters: list[LiveExporter], config: Any, *, resume: bool
     ) -> None:
         self.run = run
         self.exporters = tuple(exporters)
+        self.channels = tuple(LiveChannel(e, after_setup=reregister_atexit) for e in self.exporters)
         self.config = config
         self.resume = resume
         self.reports: list[LiveReport] = []
@@ -484,8 +144,8 @@ class LiveRun:
         self._receiver: HandleReceiver | None = None  # started by the first handle()
         self._handle_lock = threading.Lock()
         self.journal = MetricsJournal(run.metrics_journal_fpath, resume=resume)
-        for exporter in self.exporters:
-            exporter.setup(
+        for channel in self.channels:
+            channel.setup(
                 run, resume=resume, secrets=self._secrets, previous_last_step=self.journal.previous_last_step
             )
         _register_atexit(self)
@@ -493,8 +153,8 @@ class LiveRun:
     def export_config(self, config: Mapping[str, Any] | None = None) -> None:
         """Log the eval's config (masked) to every backend."""
         payload = self._masked_config if config is None else mask_secrets(dict(config), self._secrets)
-        for exporter in self.exporters:
-            exporter.export_config(payload)
+        for channel in self.channels:
+            channel.export_config(payload)
 
     def export_metrics(self, metrics: Mapping[str, Any], step: int | None = None) -> None:
         """Journal one step's metrics and hand them to every backend; microseconds, never raises.
@@ -523,8 +183,8 @@ class LiveRun:
     def export_record(self, record: MetricRecord) -> None:
         """Hand one encoded metric call (see ``metric_records``) to the journal and every backend."""
         self.journal.append_record(record)
-        for exporter in self.exporters:
-            exporter._enqueue_record(record)
+        for channel in self.channels:
+            channel.export_record(record)
 
     def handle(self, host: str | None = None) -> LiveHandle:
         """A picklable handle that Ray tasks and actors (any process that reaches ``host``) call
@@ -547,29 +207,29 @@ class LiveRun:
         except Exception as exc:  # never into the eval
             self.refused.add("export_rollouts", exc)
             return
-        for exporter in self.exporters:
-            exporter.export_rollouts(batch)
+        for channel in self.channels:
+            channel.export_rollouts(batch)
 
     def start_over(self) -> None:
         """Resume found nothing to resume: every reopened backend run is replaced by a new one."""
         if self.resume:
             self.journal.start_over()
             self._last_step = None
-        for exporter in self.exporters:
-            exporter.start_over()
+        for channel in self.channels:
+            channel.start_over()
 
     def complete(self) -> None:
         """The eval finished: lets ``export --certify`` complete these live runs later."""
         identities = _OnceIdentities(self.run, self.journal)
-        for exporter in self.exporters:
-            exporter.complete(identities)
+        for channel in self.channels:
+            channel.complete(identities)
 
     def flush(self, timeout: float = DEFAULT_TEARDOWN_TIMEOUT_S) -> bool:
         """Wait until the journal and every backend applied what was handed to them."""
         deadline = time.monotonic() + timeout
         ok = self.journal.flush(timeout)
-        for exporter in self.exporters:
-            ok = exporter.flush(max(0.0, deadline - time.monotonic())) and ok
+        for channel in self.channels:
+            ok = channel.flush(max(0.0, deadline - time.monotonic())) and ok
         return ok
 
     def teardown(
@@ -593,12 +253,12 @@ class LiveRun:
         deadline = time.monotonic() + max(timeout, hard_cap)
         results: dict[str, LiveReport] = {}
 
-        def end(exporter: LiveExporter) -> None:
-            results[exporter.name] = exporter.teardown(
+        def end(channel: LiveChannel) -> None:
+            results[channel.name] = channel.teardown(
                 timeout, status, hard_cap=max(0.0, deadline - time.monotonic())
             )
 
-        threads = [threading.Thread(target=end, args=(e,), daemon=True) for e in self.exporters]
+        threads = [threading.Thread(target=end, args=(c,), daemon=True) for c in self.channels]
         for t in threads:
             t.start()
         journal_closed = self.journal.close(min(timeout, max(0.0, deadline - time.monotonic())))
@@ -614,8 +274,8 @@ class LiveRun:
         for t in threads:
             # Each exporter's teardown keeps the deadline itself; the grace covers the hand-back.
             t.join(max(0.0, deadline - time.monotonic()) + 0.5)
-        for exporter in self.exporters:
-            report = results.get(exporter.name) or exporter.report(finished=False)
+        for channel in self.channels:
+            report = results.get(channel.name) or channel.report(finished=False)
             self.reports.append(report)
             if report.lost or report.setup_error or not report.teardown_finished:
                 logger.warning("live logging: %s", report.describe())

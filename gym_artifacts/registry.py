@@ -41,7 +41,7 @@ class ExporterEntry:
 
     def modes(self) -> str:
         """``live, post-run`` for a backend that can follow a running eval, else ``post-run only``."""
-        from gym_artifacts.live import LiveExporter
+        from gym_artifacts.live_exporter import LiveExporter
 
         return "live, post-run" if issubclass(self.load(), LiveExporter) else "post-run only"
 

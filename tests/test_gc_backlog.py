@@ -47,7 +47,7 @@ def queued_the_old_way(n):
 cfg = {"exporters": {"unanswering": {"enabled": True}}}
 result = {}
 with live_exporters(cfg, OUT) as live:
-    worker = live.exporters[0]._worker
+    worker = live.channels[0].worker
     worker.max_queued = BACKLOG + worker.MAX_BATCH
     live.flush(0.5)  # setup and config done; the metrics will wait behind an unanswering call
     empty_ms = [full_collection_ms() for _ in range(7)]

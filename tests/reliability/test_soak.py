@@ -33,7 +33,7 @@ SOAK = textwrap.dedent(
         loop = time.monotonic() - started
     report = live.reports[0]
     print(json.dumps({"base_mb": base, "peak_mb": peak_rss_mb(), "loop_s": loop, "failed": report.failed,
-                      "attempts": live.exporters[0].stats.failed_attempts,
+                      "attempts": live.channels[0].stats.failed_attempts,
                       "dropped": report.dropped, "undelivered": report.undelivered,
                       "journal_lost": live.journal_lost}), flush=True)
     """
