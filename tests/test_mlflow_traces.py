@@ -83,19 +83,23 @@ def test_traces_read_back_linked_to_the_run(
 
 
 def test_sigkilled_export_rerun_leaves_no_duplicate_trace(quickstart_run: Path, tmp_path: Path) -> None:
-    """Killed after 200 of 300 traces were written (the run exists, no receipt): the rerun
-    finds the run by its identity and rewrites the same trace ids in place."""
+    """Killed after 200 of 300 traces were committed, inside the third batch's transaction (the
+    run exists, no receipt): the rerun finds the run by its identity, keeps the 200 and adds
+    the other 100, each with its span and one reward assessment."""
     uri = f"sqlite:///{tmp_path / 'm.db'}"
     script = textwrap.dedent(
         f"""
         import os, signal, sys
         from gym_artifacts._builtin_exporters import _mlflow_traces as t
-        real = t.build_trace
-        def counting(r, *a, **k):
-            if r.row == 250:  # batches of 100: rows 0-199 are in, 200-249 are built, not sent
+        t.BATCH = 100
+        real = t._sql_rows
+        def counting(store, experiment, info, span):
+            # batches of 100 a transaction: rows 0-199 are committed; the kill lands inside the
+            # third batch's open transaction (rows 200-249 built), which leaves nothing behind
+            if info.tags[t.ROW_TAG] == "250":
                 os.kill(os.getpid(), signal.SIGKILL)
-            return real(r, *a, **k)
-        t.build_trace = counting
+            return real(store, experiment, info, span)
+        t._sql_rows = counting
         from gym_artifacts.cli import main
         sys.exit(main(["export", {str(quickstart_run)!r}, "-e", "mlflow",
                        "exporters.mlflow.tracking_uri={uri}", "exporters.mlflow.experiment_name=traces",
@@ -113,4 +117,92 @@ def test_sigkilled_export_rerun_leaves_no_duplicate_trace(quickstart_run: Path, 
     assert [r.info.run_id for r in client.search_runs([experiment.experiment_id])] == [result.backend_run_id]
     traces = assert_one_trace_per_rollout(client, result.backend_run_id, quickstart_run)
     assert all(len(t.info.assessments) == 1 for t in traces)  # the reward, once
+    assert all(len(t.data.spans) == 1 for t in traces)
     assert len(client.search_traces(locations=[experiment.experiment_id], max_results=500)) == 300
+
+
+def _table_rows(db: Path) -> dict[str, list[tuple[Any, ...]]]:
+    """Every row of MLflow's trace tables, sorted, with the folders of the two stores made equal."""
+    import sqlite3
+
+    tables = ["trace_info", "trace_tags", "trace_request_metadata", "assessments", "spans",
+              "entity_associations"]  # fmt: skip
+    with sqlite3.connect(db) as conn:
+        names = {n for (n,) in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+        tables += sorted(n for n in names if "rollup" in n)
+        dumped = {}
+        for table in tables:
+            rows = conn.execute(f"SELECT * FROM {table}").fetchall()
+            if table == "entity_associations":
+                rows = [r[1:-1] for r in rows]  # its own random id first, its creation time last
+            dumped[table] = sorted(rows, key=repr)
+    return dumped
+
+
+def test_batched_rows_equal_mlflows_own_start_trace_and_log_spans(
+    quickstart_run: Path, tmp_path: Path
+) -> None:
+    """The database-store path writes, table by table and row by row, what MLflow's own
+    ``start_trace`` + ``log_spans`` + ``link_traces_to_run`` write for the same traces: if an
+    MLflow upgrade changes its rows, this fails instead of leaving half-formed traces."""
+    from gym_artifacts._builtin_exporters import _mlflow_traces as t
+    from gym_artifacts._builtin_exporters._rollouts import iter_rollouts
+
+    stores = {}
+    for name in ("mlflow_own", "batched"):
+        client = MlflowClient(f"sqlite:///{tmp_path / name}.db")
+        experiment_id = client.create_experiment("traces", artifact_location="file:///artifacts")
+        run_id = client.create_run(experiment_id).info.run_id
+        stores[name] = (client._tracking_client.store, experiment_id, run_id)
+    _, experiment_id, run_id = stores["mlflow_own"]
+    _, other_experiment, other_run = stores["batched"]
+    assert other_experiment == experiment_id
+    # the same trace entities into both stores: one run id for both (the batched store's run is
+    # named by the link only, rewritten below)
+    traces = [t.build_trace(r, experiment_id, run_id, 1_700_000_000_000, frozenset())
+              for r in iter_rollouts(quickstart_run)][:120]  # fmt: skip
+    # one span with token usage and cost (which log_spans sums into the trace's columns)
+    info, span = traces[7]
+    span_dict = span.to_dict()
+    span_dict["attributes"]["mlflow.chat.tokenUsage"] = json.dumps(
+        {"input_tokens": 83, "output_tokens": 18, "total_tokens": 101}
+    )
+    span_dict["attributes"]["mlflow.llm.cost"] = json.dumps(
+        {"input_cost": 0.5, "output_cost": 0.25, "total_cost": 0.75}
+    )
+    traces[7] = (info, type(span).from_dict(span_dict))
+    own, _, _ = stores["mlflow_own"]
+    for info, _ in traces:
+        own.start_trace(info)
+    own.log_spans(experiment_id, [span for _, span in traces])
+    own.link_traces_to_run([info.trace_id for info, _ in traces[:100]], run_id)
+    own.link_traces_to_run([info.trace_id for info, _ in traces[100:]], run_id)
+    batched, _, _ = stores["batched"]
+    assert t.insert_traces(batched, experiment_id, traces[:50]) == 50
+    assert t.insert_traces(batched, experiment_id, traces) == 70  # the first 50 are kept as they are
+    for start in (0, 100):
+        batched.link_traces_to_run([info.trace_id for info, _ in traces[start : start + 100]], other_run)
+    own_rows, batched_rows = _table_rows(tmp_path / "mlflow_own.db"), _table_rows(tmp_path / "batched.db")
+    batched_rows["entity_associations"] = [
+        tuple(run_id if v == other_run else v for v in row) for row in batched_rows["entity_associations"]
+    ]
+    assert len(own_rows["trace_info"]) == 120 and len(own_rows["spans"]) == 120
+    assert len(own_rows["assessments"]) == 120
+    assert [r for r in own_rows["spans"] if 0.75 in r]  # the cost reached the span's columns
+    for table, rows in own_rows.items():
+        assert batched_rows[table] == rows, table
+
+
+def test_logging_the_same_traces_twice_keeps_one_of_each(quickstart_run: Path, tmp_path: Path) -> None:
+    """A second pass over the same rollouts (a re-export with its receipt lost) adds nothing."""
+    from gym_artifacts._builtin_exporters import _mlflow_traces as t
+    from gym_artifacts._builtin_exporters._rollouts import iter_rollouts
+
+    client = MlflowClient(f"sqlite:///{tmp_path / 'twice.db'}")
+    experiment_id = client.create_experiment("traces")
+    run_id = client.create_run(experiment_id).info.run_id
+    store = client._tracking_client.store
+    for _ in range(2):
+        assert t.log_rollout_traces(store, experiment_id, run_id, iter_rollouts(quickstart_run), 0) == 300
+    traces = assert_one_trace_per_rollout(client, run_id, quickstart_run)
+    assert all(len(tr.info.assessments) == 1 and len(tr.data.spans) == 1 for tr in traces)
