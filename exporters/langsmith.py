@@ -8,8 +8,9 @@ metrics and ``coverage``: the ``coverage/*`` figures the trackers log), one root
 linked to its task's example), and each numeric verdict (``reward`` first) as feedback on the run.
 
 Exactly once: dataset and experiment are found by name before any is created; example, run and
-feedback ids are uuid5 of the run's identity (and task, row, verdict), so a retry sends the same
-ids and LangSmith keeps the first copy (it answers a repeated id with 409, which the client and
+feedback ids are uuid5 of the dataset's and experiment's ids and the run's identity (and task,
+row, verdict), so a retry sends the same ids, and another destination on the same server (another
+dataset) its own and LangSmith keeps the first copy (it answers a repeated id with 409, which the client and
 this exporter treat as "already there"). Post-run only: the rollouts of a live eval are
 exported once the run is finished.
 """
@@ -109,8 +110,10 @@ class LangsmithExporter(Exporter):
         client = self._client(errors)
         name = _default_name(run, plan)
         dataset_name = self.settings.dataset_name or name
-        project_name = self.settings.experiment_name or f"{name}-rollouts"
-        namespace = uuid.uuid5(uuid.NAMESPACE_URL, f"gym-artifacts/langsmith/{plan.run_identity}")
+        # A named (shared) dataset: one experiment per run and dataset, so that another
+        # destination (another dataset) never adds its runs to this one's experiment.
+        shared = "" if self.settings.dataset_name is None else f"-{dataset_name}"
+        project_name = self.settings.experiment_name or f"{name}{shared}-rollouts"
         if client.has_dataset(dataset_name=dataset_name):
             dataset = client.read_dataset(dataset_name=dataset_name)
         else:
@@ -128,6 +131,10 @@ class LangsmithExporter(Exporter):
                 metadata=self._experiment_metadata(run, plan),
                 upsert=True,
             )
+        # LangSmith ids are global: ids of this run *in this dataset and experiment*, the same on a
+        # retry (both are found by name), others in another destination on the same server.
+        where = f"{dataset.id}/{project.id}/{plan.run_identity}"
+        namespace = uuid.uuid5(uuid.NAMESPACE_URL, f"gym-artifacts/langsmith/{where}")
         rows = 0
         rollouts = run.rollouts_fpath
         if plan.upload_rollouts and rollouts is not None and rollouts.is_file():

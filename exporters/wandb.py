@@ -105,7 +105,9 @@ class WandbExporter(LiveExporter):
 
     @classmethod
     def contract_settings(cls, folder: Path) -> dict[str, Any]:
-        return {"mode": "offline", "dir": str(folder)}
+        """Offline runs under ``folder``, in a project named after it (the project, not the
+        folder, is the destination: offline runs are synced there)."""
+        return {"mode": "offline", "dir": str(folder), "project": f"contract-{folder.name}"}
 
     settings: WandbSettings
 

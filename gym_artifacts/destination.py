@@ -72,6 +72,8 @@ def default_destination(settings: Any) -> Destination:
 
     A third-party backend that does not override ``Exporter.destination`` gets this: two
     exports with the same settings share a destination, any differing setting makes another.
+    A path setting is resolved (absolute, ``~`` expanded): ``./ledgers`` from two working
+    folders is two places, and ``/abs/ledgers`` and ``ledgers/`` from ``/abs`` one.
     """
     from pydantic import SecretStr
 
@@ -79,7 +81,7 @@ def default_destination(settings: Any) -> Destination:
     for key, value in settings:
         if key == "enabled" or is_secret_key(key) or isinstance(value, SecretStr):
             continue
-        out[key] = json_safe(str(value) if isinstance(value, Path) else value)
+        out[key] = json_safe(resolved_path(value) if isinstance(value, Path) else value)
     return out
 
 

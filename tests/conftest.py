@@ -115,6 +115,22 @@ def mlflow_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
     server.stop()
 
 
+@pytest.fixture(scope="session")
+def phoenix_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
+    """One real ``phoenix serve`` for the whole session (tests/test_phoenix.py and the contract
+    suite share it: it takes up to ~100 s to start on a loaded 2-core machine)."""
+    from tests.phoenix_server import PhoenixServer, phoenix_bin
+
+    binary = phoenix_bin()
+    if binary is None:
+        pytest.skip(
+            "no phoenix server binary: .ci/run builds .venv-phoenix (or set GYM_ARTIFACTS_PHOENIX_BIN)"
+        )
+    server = PhoenixServer(tmp_path_factory.mktemp("phoenix"), binary).start()
+    yield server
+    server.stop()
+
+
 @pytest.fixture(params=["sqlite", "server"])
 def tracking_uri(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     """An MLflow tracking URI: a fresh SQLite store, then the session's real mlflow server."""

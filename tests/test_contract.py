@@ -3,16 +3,58 @@
 Registration alone adds a backend here: built-ins through pyproject.toml, installed plugins
 through their own entry points (CI installs examples/ledger_plugin). ``GYM_ARTIFACTS_CONTRACT_REQUIRE``
 names backends that must be among them, so an install that silently failed cannot pass.
+
+LangSmith and Phoenix need a service: the fixtures below give the suite their settings, the local
+endpoint the real ``langsmith`` client talks to (tests/langsmith_api.py) and the session's real
+``phoenix serve`` (conftest.py, shared with tests/test_phoenix.py). Cost: the endpoint starts in
+milliseconds; Phoenix's start is paid once per session; their exports of the suite's 12-rollout
+runs take seconds, and their live tests skip (post-run only).
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
 
 from gym_artifacts.testing.contract import *  # noqa: F403  (the suite's fixtures and tests)
-from gym_artifacts.testing.contract import contract_exporters
+from gym_artifacts.testing.contract import ContractService, contract_exporters
 
-REQUIRED = ("local", "mlflow", "wandb")
+REQUIRED = ("local", "mlflow", "wandb", "tensorboard", "langsmith", "phoenix")
+
+
+def _named_after(folder: Path) -> str:
+    """A dataset name per contract folder: two folders, two destinations."""
+    return f"contract-{folder.name}-{hashlib.sha256(str(folder).encode()).hexdigest()[:10]}"
+
+
+@pytest.fixture(scope="session")
+def contract_service_langsmith() -> Iterator[ContractService]:
+    pytest.importorskip("langsmith")
+    from tests.langsmith_api import LangsmithApi
+
+    api = LangsmithApi().start()
+
+    def sent() -> list[bytes]:  # every request as the real client sent it
+        with api.state.lock:
+            return [r.path.encode() + json.dumps(r.headers).encode() + r.body for r in api.state.requests]
+
+    yield ContractService(lambda folder: {"api_url": api.url, "dataset_name": _named_after(folder)}, sent)
+    api.stop()
+
+
+@pytest.fixture(scope="session")
+def contract_service_phoenix(phoenix_server: object) -> ContractService:
+    root, url = phoenix_server.root, phoenix_server.url  # type: ignore[attr-defined]
+
+    def stored() -> list[bytes]:  # the server's SQLite database (and its log)
+        return [p.read_bytes() for p in root.rglob("*") if p.is_file()]
+
+    return ContractService(lambda folder: {"base_url": url, "dataset_name": _named_after(folder)}, stored)
 
 
 def test_required_backends_are_under_contract() -> None:

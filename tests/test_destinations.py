@@ -12,6 +12,7 @@ import json
 import shutil
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -173,3 +174,24 @@ def test_a_third_party_backend_gets_the_default_destination(quickstart_run: Path
     finally:
         registry.unregister("counting")
     assert target.destination == {} and target.key == destination_key({})
+
+
+def test_the_default_destination_resolves_path_settings(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A plugin's ``folder: Path`` setting: one place however it is spelled, two places for one
+    relative spelling in two working folders."""
+    from gym_artifacts.config import ExporterConfig
+    from gym_artifacts.destination import default_destination
+
+    class FolderSettings(ExporterConfig):
+        folder: Path = Path("./ledgers")
+
+    def where(folder: str) -> dict[str, Any]:
+        return default_destination(FolderSettings(folder=Path(folder)))
+
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    monkeypatch.chdir(tmp_path / "a")
+    in_a = where("ledgers")
+    assert in_a == where("./ledgers/") == where(str(tmp_path / "a" / "ledgers")) == where("../a/ledgers")
+    monkeypatch.chdir(tmp_path / "b")
+    assert where("ledgers") != in_a

@@ -7,7 +7,6 @@ import json
 import subprocess
 import sys
 import textwrap
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -23,23 +22,17 @@ from gym_artifacts.export import export_run
 from gym_artifacts.exporter import ExportStatus
 from gym_artifacts.receipts import read_receipts
 from gym_artifacts.run import RunArtifacts
-from tests.phoenix_server import PhoenixServer, phoenix_bin
+from tests.phoenix_server import PhoenixServer
 
 REPO = Path(__file__).resolve().parent.parent
 CANARY = "sk-phoenix-canary-2b7e40"
 pytestmark = pytest.mark.slow
 
 
-@pytest.fixture(scope="module")
-def phoenix(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PhoenixServer]:
-    binary = phoenix_bin()
-    if binary is None:
-        pytest.skip(
-            "no phoenix server binary: .ci/run builds .venv-phoenix (or set GYM_ARTIFACTS_PHOENIX_BIN)"
-        )
-    server = PhoenixServer(tmp_path_factory.mktemp("phoenix"), binary).start()
-    yield server
-    server.stop()
+@pytest.fixture
+def phoenix(phoenix_server: PhoenixServer) -> PhoenixServer:
+    """The session's server (conftest.py), shared with the contract suite."""
+    return phoenix_server
 
 
 def px_cfg(url: str, dataset: str) -> Any:

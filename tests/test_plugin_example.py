@@ -43,4 +43,38 @@ def test_example_plugin_installs_lists_and_passes_the_contract_suite(tmp_path: P
     suite = subprocess.run([sys.executable, "-S", "-m", "gym_artifacts.testing", "ledger"], env=env,
                            cwd=tmp_path, capture_output=True, text=True, timeout=300)  # fmt: skip
     assert suite.returncode == 0, suite.stdout[-3000:] + suite.stderr[-2000:]
-    assert "6 passed" in suite.stdout, suite.stdout[-2000:]
+    assert "7 passed" in suite.stdout, suite.stdout[-2000:]
+
+
+SERVICE_FIXTURES = '''
+import pytest
+from gym_artifacts.testing.contract import ContractService
+from tests.langsmith_api import LangsmithApi
+
+@pytest.fixture(scope="session")
+def contract_service_langsmith():
+    api = LangsmithApi().start()
+    yield ContractService(
+        settings=lambda folder: {"api_url": api.url, "dataset_name": f"contract-{folder.name}"},
+        stored=lambda: [r.body for r in api.state.requests],
+    )
+    api.stop()
+'''
+
+
+@pytest.mark.slow
+def test_a_service_backend_runs_the_suite_with_the_documented_fixture_module(tmp_path: Path) -> None:
+    """docs/plugins.md: ``python -m gym_artifacts.testing NAME -- -p MODULE`` with a
+    ``contract_service_<name>`` fixture in MODULE; without it the backend is skipped, saying why."""
+    pytest.importorskip("langsmith")
+    (tmp_path / "contract_fixtures.py").write_text(SERVICE_FIXTURES)
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    command = [sys.executable, "-m", "gym_artifacts.testing", "langsmith", "--", "-rs",
+               "-W", "ignore::DeprecationWarning"]  # fmt: skip
+    bare = subprocess.run(command, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert "7 skipped" in bare.stdout and "no fixture contract_service_langsmith" in bare.stdout, bare.stdout[-2000:]
+    served = subprocess.run([*command, "-p", "contract_fixtures"], env=env, cwd=tmp_path, capture_output=True,
+                            text=True, timeout=300)  # fmt: skip
+    assert served.returncode == 0, served.stdout[-3000:] + served.stderr[-2000:]
+    assert "5 passed, 2 skipped" in served.stdout, served.stdout[-2000:]
+    assert "langsmith is post-run only (no live hooks)" in served.stdout

@@ -3,7 +3,10 @@
 Parametrized over every registered exporter (built-in or installed; ``GYM_ARTIFACTS_CONTRACT``
 = ``name,name`` narrows it) whose SDK is installed. Each backend runs with the settings its
 ``contract_settings(folder)`` returns, so all it stores lands in one folder per backend, which
-the secrets check then reads byte by byte. Run it with ``python -m gym_artifacts.testing NAME``.
+the secrets check then reads byte by byte. A backend that needs a running service (a server, an
+endpoint) gets its settings from a pytest fixture named ``contract_service_<name>`` returning a
+:class:`ContractService` instead (see docs/plugins.md). Post-run-only backends skip the live
+tests, saying so. Run it with ``python -m gym_artifacts.testing NAME``.
 """
 
 from __future__ import annotations
@@ -12,18 +15,23 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 import pytest
 
 from gym_artifacts import registry
 from gym_artifacts.backend import ExportStatus, missing_hooks
+from gym_artifacts.destination import destination_key
 from gym_artifacts.export import export_run
+from gym_artifacts.jsonio import canonical_json
 from gym_artifacts.live import LiveExporter, LiveRun, live_exporters
-from gym_artifacts.receipts import read_marker
+from gym_artifacts.receipts import read_marker, read_receipts
 from gym_artifacts.run import RunArtifacts
+from gym_artifacts.secrets import is_secret_key
 from gym_artifacts.testing.sample_run import (
     ROLLOUTS,
     SECRET_CANARY,
@@ -36,6 +44,22 @@ from gym_artifacts.testing.sample_run import (
 SELECT_ENV = "GYM_ARTIFACTS_CONTRACT"
 TEARDOWN_DEADLINE_S = 20.0
 CERTIFIED_NOTE = "certified the live run"
+SERVICE_FIXTURE = "contract_service_{}"  # the fixture giving a service-backed backend's settings
+CREDENTIAL_CANARY = "cred-" + "9f8e7d6c5b4a3f2e"  # put in every credential a destination must drop
+
+
+@dataclass(frozen=True)
+class ContractService:
+    """What a pytest fixture ``contract_service_<name>`` returns for a backend that needs a service.
+
+    ``settings(folder)``: settings aimed at the running service for one test folder; two
+    folders must give two destinations (name the dataset/project/experiment after the folder).
+    ``stored()``: every byte the service holds or was sent so far (files, request bodies), read
+    by the secrets check; None when the service keeps nothing the suite can read.
+    """
+
+    settings: Callable[[Path], dict[str, Any]]
+    stored: Callable[[], Iterable[bytes]] | None = None
 
 
 def contract_exporters() -> list[str]:
@@ -61,23 +85,54 @@ def contract_isolation(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
 class Backend:
     """One backend under test: its class, its contained settings, and a run maker."""
 
-    def __init__(self, name: str, store: Path) -> None:
+    def __init__(self, name: str, store: Path, request: pytest.FixtureRequest) -> None:
         entry = registry.get_entry(name)
         if not entry.sdk_installed():
             pytest.skip(f"{name}: its SDK ({entry.load().sdk_module}) is not installed")
         self.name = name
         self.cls = entry.load()
         self.store = store
-        settings = self.cls.contract_settings(store)
-        if settings is None:
-            pytest.skip(f"{name}: needs a service; its contract_settings() returned None")
-        self.settings: dict[str, Any] = settings
+        self.service = _service(request, name)
+        if self.service is None and self.cls.contract_settings(store) is None:
+            fixture = SERVICE_FIXTURE.format(_fixture_name(name))
+            pytest.skip(f"{name}: needs a service; its contract_settings() returned None and no fixture "
+                        f"{fixture} provides one (docs/plugins.md)")  # fmt: skip
+        self.settings: dict[str, Any] = self.settings_for(store)
+
+    def settings_for(self, folder: Path) -> dict[str, Any]:
+        """The settings that keep everything in ``folder`` (or aim at the service for it)."""
+        if self.service is not None:
+            return dict(self.service.settings(folder))
+        return dict(self.cls.contract_settings(folder) or {})
+
+    @property
+    def is_live(self) -> bool:
+        return issubclass(self.cls, LiveExporter)
+
+    def require_live(self) -> None:
+        if not self.is_live:
+            pytest.skip(f"{self.name} is post-run only (no live hooks): no live logging, resume or certify")
+
+    def config_with(self, settings: dict[str, Any]) -> Any:
+        from omegaconf import OmegaConf
+
+        return OmegaConf.create({"exporters": {self.name: {"enabled": True, **settings}}})
 
     @property
     def config(self) -> Any:
-        from omegaconf import OmegaConf
+        return self.config_with(self.settings)
 
-        return OmegaConf.create({"exporters": {self.name: {"enabled": True, **self.settings}}})
+    def destination(self, settings: dict[str, Any]) -> dict[str, Any]:
+        return self.cls.destination_for(self.cls.config_model.model_validate({"enabled": True, **settings}))
+
+    def stored_bytes(self) -> Iterator[tuple[str, bytes]]:
+        """Everything the backend stored: the files under its folder, and what its service holds."""
+        for p in self.store.rglob("*"):
+            if p.is_file() and not p.is_symlink():
+                yield str(p), p.read_bytes()
+        if self.service is not None and self.service.stored is not None:
+            for i, blob in enumerate(self.service.stored()):
+                yield f"{self.name} service item {i}", blob
 
     def run(self, folder: Path) -> tuple[Path, list[dict[str, Any]]]:
         return make_run(folder, self.name, self.settings)
@@ -85,6 +140,52 @@ class Backend:
     def live(self, out: Path, *, resume: bool = False) -> Any:
         cfg = run_config(self.name, self.settings) | ({"resume": True} if resume else {})
         return live_exporters(cfg, out, teardown_timeout=TEARDOWN_DEADLINE_S)
+
+
+def _fixture_name(name: str) -> str:
+    return name.replace("-", "_")
+
+
+def _service(request: pytest.FixtureRequest, name: str) -> ContractService | None:
+    """The ``contract_service_<name>`` fixture's value, when one is defined (it may skip)."""
+    try:
+        return request.getfixturevalue(SERVICE_FIXTURE.format(_fixture_name(name)))
+    except pytest.FixtureLookupError:
+        return None
+
+
+def respelled(settings: dict[str, Any]) -> dict[str, Any]:
+    """The same places written another way: absolute paths made relative to the working folder
+    with a trailing slash, ``sqlite:////abs`` as ``sqlite:///rel``, URLs with an upper-case
+    scheme and a trailing slash. A backend must see one destination in both."""
+    out = dict(settings)
+    for key, value in settings.items():
+        if not isinstance(value, str):
+            continue
+        if value.startswith("sqlite:////"):
+            out[key] = "sqlite:///" + os.path.relpath(value[len("sqlite:///") :])
+        elif value.startswith(("http://", "https://")):
+            scheme, rest = value.split("://", 1)
+            out[key] = f"{scheme.upper()}://{rest.rstrip('/')}/"
+        elif os.path.isabs(value):
+            out[key] = os.path.join(".", os.path.relpath(value), "")
+    return out
+
+
+def with_credentials(model: Any, settings: dict[str, Any]) -> dict[str, Any]:
+    """``settings`` with a credential in every secret setting and in every URI's user, password
+    and ``token`` query parameter."""
+    out = dict(settings)
+    for key, field in model.model_fields.items():
+        if is_secret_key(key) or "SecretStr" in str(field.annotation):
+            out[key] = CREDENTIAL_CANARY
+    for key, value in settings.items():
+        if isinstance(value, str) and "://" in value:
+            parts = urlsplit(value)
+            query = "&".join(filter(None, [f"token={CREDENTIAL_CANARY}", parts.query]))
+            netloc = f"user:{CREDENTIAL_CANARY}@{parts.netloc}"
+            out[key] = urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
+    return out
 
 
 @pytest.fixture(scope="module", params=contract_exporters())
@@ -99,8 +200,8 @@ def store(backend_name: str, tmp_path_factory: pytest.TempPathFactory) -> Iterat
 
 
 @pytest.fixture
-def backend(backend_name: str, store: Path) -> Backend:
-    return Backend(backend_name, store)
+def backend(backend_name: str, store: Path, request: pytest.FixtureRequest) -> Backend:
+    return Backend(backend_name, store, request)
 
 
 def _live_session(backend: Backend, out: Path, records: list[dict[str, Any]], *, complete: bool) -> LiveRun:
@@ -156,6 +257,7 @@ def test_export_skip_and_change(backend: Backend, tmp_path: Path, monkeypatch: p
 
 def test_live_then_certify(backend: Backend, tmp_path: Path) -> None:
     """Live calls all arrive within the teardown deadline; a completed run is certified, not duplicated."""
+    backend.require_live()
     out, records = backend.run(tmp_path / "run")
     live = _live_session(backend, out, records, complete=True)
     [report] = live.reports
@@ -175,6 +277,7 @@ def test_live_then_certify(backend: Backend, tmp_path: Path) -> None:
 
 def test_resume_reopens_or_starts_over(backend: Backend, tmp_path: Path) -> None:
     """A resumed eval goes on logging, into the earlier backend run when the backend can reopen it."""
+    backend.require_live()
     out, records = backend.run(tmp_path / "run")
     first = _live_session(backend, out, records[:6], complete=False).reports[0]
     with backend.live(out, resume=True) as live:
@@ -190,18 +293,51 @@ def test_resume_reopens_or_starts_over(backend: Backend, tmp_path: Path) -> None
 
 
 def test_no_secret_is_stored(backend: Backend, tmp_path: Path) -> None:
-    """Live and post-run, nothing the backend stored holds the config's secret."""
+    """Live (for a live backend) and post-run, nothing the backend stored holds the config's secret."""
     out, records = backend.run(tmp_path / "run")
-    _live_session(backend, out, records, complete=False)
+    if backend.is_live:
+        _live_session(backend, out, records, complete=False)
     [result] = export_run(out, backend.config, certify=False)
     assert result.status is ExportStatus.EXPORTED, result.reason
-    leaks = [
-        str(p)
-        for p in backend.store.rglob("*")
-        if p.is_file() and not p.is_symlink() and SECRET_CANARY.encode() in p.read_bytes()
-    ]
+    stored = list(backend.stored_bytes())
+    nonce = records[0]["response"]["nonce"].encode()  # proof that the scan reads where the run landed
+    assert any(nonce in data for _, data in stored), "nothing of the run found where the backend stores"
+    leaks = [where for where, data in stored if SECRET_CANARY.encode() in data]
     leaks += [str(p) for p in out.parent.glob("eval_*.json") if SECRET_CANARY.encode() in p.read_bytes()]
     assert leaks == []
+
+
+def test_one_receipt_per_destination(
+    backend: Backend, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Another destination gets the run once more, with a receipt of its own; the same destination
+    spelled differently (relative path, trailing slash, equivalent URL) skips without calling the
+    backend; no credential of the settings reaches a destination or a receipt."""
+    out, _ = backend.run(tmp_path / "run")
+    elsewhere = backend.settings_for(backend.store / "elsewhere")
+    here_dest, elsewhere_dest = backend.destination(backend.settings), backend.destination(elsewhere)
+    assert here_dest != elsewhere_dest, "contract settings of two folders must be two destinations"
+    for settings in (backend.settings, elsewhere):
+        [result] = export_run(out, backend.config_with(settings))
+        assert result.status is ExportStatus.EXPORTED, result.reason
+    receipts = read_receipts(RunArtifacts.from_path(out).export_done_fpath(backend.name))
+    assert sorted(r.destination_key for r in receipts) == sorted(
+        destination_key(d) for d in (here_dest, elsewhere_dest)
+    )
+
+    calls: list[str] = []
+    real = backend.cls._export
+    monkeypatch.setattr(
+        backend.cls, "_export", lambda self, run, plan: calls.append("x") or real(self, run, plan)
+    )
+    for settings in (respelled(backend.settings), respelled(elsewhere)):
+        assert backend.destination(settings) in (here_dest, elsewhere_dest), settings
+        [again] = export_run(out, backend.config_with(settings))
+        assert again.status is ExportStatus.SKIPPED and calls == [], (settings, again.reason)
+    assert len(read_receipts(RunArtifacts.from_path(out).export_done_fpath(backend.name))) == 2
+
+    credentialed = with_credentials(backend.cls.config_model, backend.settings)
+    assert CREDENTIAL_CANARY.encode() not in canonical_json(backend.destination(credentialed))
 
 
 def test_listing_imports_no_sdk(backend: Backend) -> None:

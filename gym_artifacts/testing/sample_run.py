@@ -30,7 +30,7 @@ def rollouts(nonce: str, start: int = 0, count: int = ROLLOUTS) -> list[dict[str
             "task_index": i // 2,
             "repeat": i % 2,
             "agent_ref": {"name": "contract_agent"},
-            "response": {"output_text": f"answer {i}", "nonce": nonce},
+            "response": {"output_text": f"answer {i} of run {nonce}", "nonce": nonce},
             "reward": float(i % 2),
         }
         for i in range(start, start + count)
