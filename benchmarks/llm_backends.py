@@ -1,69 +1,205 @@
-"""The LLM-eval backends at scale: 100,000 rollouts to TensorBoard, and MLflow rollout traces.
+"""The LLM-eval backends at scale: 100,000 rollouts to TensorBoard and as MLflow traces, and
+LangSmith and Phoenix at the largest sizes that fit a session.
 
 TensorBoard: one post-run export of 100,000 rollouts (~200 MB), wall time, peak RSS above the
 imports and the event file's size, against copying the rollouts file. MLflow traces: the same
 run's export to a SQLite store with ``log_traces`` on and off (the difference is the traces'
-cost); MLflow writes one trace per request, so this is measured on ``TRACE_ROWS`` rollouts and the
-per-trace figures are stated with the 100,000-rollout projection.
+cost), and MLflow's own per-trace calls (``start_trace`` + ``log_spans``, what a server gets) on
+``OWN_CALLS_ROWS`` rollouts for the per-trace cost they replace. LangSmith (the local endpoint of
+tests/langsmith_api.py, driven by the real client) and Phoenix (a real ``phoenix serve``) are
+request-bound: each is measured at two sizes, so the memory figures say whether it grows with rows.
+
+``GYM_BENCH_LLM=tensorboard,mlflow,langsmith,phoenix`` picks parts (default: all; ``--tiny``
+leaves out Phoenix);
+``GYM_BENCH_LLM_ROWS`` overrides the MLflow/TensorBoard size (default 100,000).
 """
 
 from __future__ import annotations
 
+import os
 import tempfile
 from pathlib import Path
 
-from benchmarks.common import Row, make_run
+from benchmarks.common import Row, make_run, run_measured, write_rollouts
 from benchmarks.large_export import _copy_baseline, _ours
 
-TRACE_ROWS = 1_000
+ROWS = 100_000
+OWN_CALLS_ROWS = 1_000
+LANGSMITH_ROWS = (2_000, 10_000)
+PHOENIX_ROWS = (500, 3_000)
+PARTS = ("tensorboard", "mlflow", "langsmith", "phoenix")
+
+MEASURED = """
+import time
+from omegaconf import OmegaConf
+from gym_artifacts.export import export_run
+import gym_artifacts.identity, {imports}
+__base = peak_rss_mb()
+cfg = OmegaConf.create({{'exporters': {section!r}}})
+t = time.perf_counter()
+[r] = export_run({out!r}, cfg)
+assert r.status.value == 'EXPORTED', r.reason
+__result['wall'] = time.perf_counter() - t
+__result['base_rss_mb'] = __base
+__result['above_mb'] = peak_rss_mb() - __base
+"""
+
+OWN_CALLS = """
+import time
+from pathlib import Path
+import mlflow.tracking
+from gym_artifacts._builtin_exporters import _mlflow_traces as t
+from gym_artifacts._builtin_exporters._rollouts import iter_rollouts
+c = mlflow.tracking.MlflowClient({uri!r})
+exp = c.create_experiment('own')
+run = c.create_run(exp).info.run_id
+t._is_database_store = lambda store: False  # MLflow's own calls, one start_trace per rollout
+start = time.perf_counter()
+t.log_rollout_traces(c._tracking_client.store, exp, run, iter_rollouts(Path({out!r})), 0)
+__result['wall'] = time.perf_counter() - start
+"""
 
 
 def _dir_mb(path: Path) -> float:
     return sum(p.stat().st_size for p in path.rglob("*") if p.is_file()) / 1e6
 
 
+def _export(out: Path, section: dict, imports: str) -> dict:
+    """A cold post-run export of ``out`` in a fresh process: wall time, RSS above the imports."""
+    out.with_name(f".{out.stem}.gymart-identities.json").unlink(missing_ok=True)
+    for receipt in out.parent.glob(f"{out.stem}_*_export_done.json"):
+        receipt.unlink()
+    return run_measured(MEASURED.format(imports=imports, section=section, out=str(out)))
+
+
+def _rollouts_run(dpath: Path, rows: int) -> Path:
+    out = make_run(dpath, 2000, 1_000)  # aggregate metrics and a tiny recording
+    write_rollouts(out, rows)
+    stamp = out.with_name("run_aggregate_metrics.json").stat().st_mtime - 1
+    os.utime(out, (stamp, stamp))
+    return out
+
+
+def _tensorboard(tmp: Path, out: Path, n_rows: int) -> list[Row]:
+    logdir = tmp / "tb"
+    tb = _ours(out, {"tensorboard": {"enabled": True, "logdir": str(logdir)}})
+    copy = _copy_baseline(out, tmp / "copy.jsonl")
+    return [
+        Row(
+            f"export: {n_rows:,} rollouts to TensorBoard",
+            f"{tb['wall']:.2f} s, +{tb['above_mb']:.0f} MB, events {_dir_mb(logdir):.0f} MB",
+            f"copy {copy['wall']:.2f} s",
+            tb["wall"] / copy["wall"],
+            "<= 150 MB (memory constant in rows)",
+            tb["above_mb"] <= 150,
+            tb["above_mb"] + tb["base_rss_mb"],
+        )
+    ]
+
+
+def _mlflow(tmp: Path, out: Path, n_rows: int, tiny: bool) -> list[Row]:
+    figures = {}
+    for traces in (False, True):
+        db = tmp / f"traces-{traces}.db"
+        section = {"enabled": True, "tracking_uri": f"sqlite:///{db}", "experiment_name": "bench"}
+        figures[traces] = _export(out, {"mlflow": {**section, "log_traces": traces}}, "mlflow")
+        figures[traces]["db_mb"] = db.stat().st_size / 1e6
+    on, off = figures[True], figures[False]
+    per_trace = (on["wall"] - off["wall"]) / n_rows
+    per_trace_kb = (on["db_mb"] - off["db_mb"]) * 1000 / n_rows
+    own_rows = 50 if tiny else OWN_CALLS_ROWS
+    small = _rollouts_run(tmp / "own", own_rows)
+    own = run_measured(OWN_CALLS.format(uri=f"sqlite:///{tmp / 'own.db'}", out=str(small)))
+    own_per_trace = own["wall"] / own_rows
+    return [
+        Row(
+            f"export: {n_rows:,} rollouts as MLflow traces (SQLite)",
+            f"{on['wall']:.1f} s, +{on['above_mb']:.0f} MB, db {on['db_mb']:.0f} MB; "
+            f"{per_trace * 1000:.2f} ms and {per_trace_kb:.1f} KB a trace",
+            f"without traces {off['wall']:.1f} s, +{off['above_mb']:.0f} MB, db {off['db_mb']:.1f} MB",
+            on["wall"] / off["wall"],
+            "memory constant in rows (batches of 500)",
+            on["above_mb"] - off["above_mb"] <= 100,
+            on["above_mb"] + on["base_rss_mb"],
+        ),
+        Row(
+            f"MLflow's own calls (start_trace + log_spans per rollout), {own_rows:,} rollouts",
+            f"{own_per_trace * 1000:.1f} ms a trace",
+            f"batched {per_trace * 1000:.2f} ms a trace",
+            own_per_trace / per_trace if per_trace > 0 else None,
+            "reference (what the batch replaces)",
+            None,
+            own["peak_rss_mb"],
+        ),
+    ]
+
+
+def _request_bound(name: str, sizes: tuple[int, ...], tmp: Path, section_for, imports: str) -> list[Row]:
+    """One export per size; the per-rollout cost and the memory above the imports at each."""
+    results = {}
+    for n in sizes:
+        out = _rollouts_run(tmp / f"{name}-{n}", n)
+        results[n] = _export(out, {name: section_for(n)}, imports)
+    small, large = sizes[0], sizes[-1]
+    lo, hi = results[small], results[large]
+    per = hi["wall"] / large
+    return [
+        Row(
+            f"export: {large:,} rollouts to {name}",
+            f"{hi['wall']:.1f} s, {per * 1000:.1f} ms a rollout, +{hi['above_mb']:.0f} MB",
+            f"{small:,} rollouts: {lo['wall']:.1f} s, +{lo['above_mb']:.0f} MB",
+            (hi["wall"] / large) / (lo["wall"] / small),
+            "memory: growth from the small to the large size",
+            None,
+            hi["above_mb"] + hi["base_rss_mb"],
+        )
+    ]
+
+
+def _langsmith(tmp: Path, tiny: bool) -> list[Row]:
+    from tests.langsmith_api import LangsmithApi
+
+    api = LangsmithApi().start()
+    try:
+        section = {"enabled": True, "api_url": api.url, "api_key": "bench-key"}
+        sizes = (50, 200) if tiny else LANGSMITH_ROWS
+        return _request_bound("langsmith", sizes, tmp, lambda n: section, "langsmith")
+    finally:
+        api.stop()
+
+
+def _phoenix(tmp: Path, tiny: bool) -> list[Row]:
+    from tests.phoenix_server import PhoenixServer, phoenix_bin
+
+    binary = phoenix_bin()
+    if binary is None:
+        return [Row("export to Phoenix", "skipped: no phoenix binary", "", None, "", None)]
+    server = PhoenixServer(tmp / "phoenix", binary).start()
+    try:
+        section = {"enabled": True, "base_url": server.url}
+        sizes = (20, 100) if tiny else PHOENIX_ROWS
+        return _request_bound("phoenix", sizes, tmp, lambda n: section, "phoenix.client")
+    finally:
+        server.stop()
+
+
 def run(tiny: bool) -> list[Row]:
+    # --tiny (the harness test) leaves out Phoenix: starting `phoenix serve` alone takes minutes
+    default = PARTS[:3] if tiny else PARTS
+    parts = [p for p in os.environ.get("GYM_BENCH_LLM", ",".join(default)).split(",") if p]
+    n_rows = 500 if tiny else int(os.environ.get("GYM_BENCH_LLM_ROWS", ROWS))
     rows: list[Row] = []
     with tempfile.TemporaryDirectory(prefix="gymart-bench-llm-") as tmp_name:
         tmp = Path(tmp_name)
-        out = make_run(tmp / "run", 2_000_000 if tiny else 200_000_000, 1_000)
-        n_rows = out.read_bytes().count(b"\n")
-        logdir = tmp / "tb"
-        tb = _ours(out, {"tensorboard": {"enabled": True, "logdir": str(logdir)}})
-        copy = _copy_baseline(out, tmp / "copy.jsonl")
-        rows.append(
-            Row(
-                f"export: {n_rows:,} rollouts to TensorBoard",
-                f"{tb['wall']:.2f} s, +{tb['above_mb']:.0f} MB, events {_dir_mb(logdir):.0f} MB",
-                f"copy {copy['wall']:.2f} s",
-                tb["wall"] / copy["wall"],
-                "<= 150 MB (memory constant in rows)",
-                tb["above_mb"] <= 150,
-                tb["above_mb"] + tb["base_rss_mb"],
-            )
-        )
-        trace_rows = 50 if tiny else TRACE_ROWS
-        small = make_run(tmp / "small", trace_rows * 2000, 1_000)
-        figures = {}
-        for traces in (False, True):
-            db = tmp / f"traces-{traces}.db"
-            section = {"enabled": True, "tracking_uri": f"sqlite:///{db}", "experiment_name": "bench"}
-            figures[traces] = _ours(small, {"mlflow": {**section, "log_traces": traces}})
-            figures[traces]["db_mb"] = db.stat().st_size / 1e6
-        on, off = figures[True], figures[False]
-        per_trace = (on["wall"] - off["wall"]) / trace_rows
-        per_trace_kb = (on["db_mb"] - off["db_mb"]) * 1000 / trace_rows
-        rows.append(
-            Row(
-                f"export: {trace_rows:,} rollouts as MLflow traces (SQLite)",
-                f"{on['wall']:.1f} s, +{on['above_mb']:.0f} MB, db {on['db_mb']:.1f} MB; "
-                f"{per_trace * 1000:.0f} ms and {per_trace_kb:.1f} KB a trace "
-                f"(100,000: ~{per_trace * 100_000 / 60:.0f} min, ~{per_trace_kb * 100:.0f} MB)",
-                f"without traces {off['wall']:.1f} s, db {off['db_mb']:.1f} MB",
-                on["wall"] / off["wall"],
-                "memory constant in rows (batches of 100)",
-                on["above_mb"] - off["above_mb"] <= 50,
-                on["above_mb"] + on["base_rss_mb"],
-            )
-        )
+        if "tensorboard" in parts or "mlflow" in parts:
+            out = make_run(tmp / "run", n_rows * 2000, 1_000)
+            n_rows = out.read_bytes().count(b"\n")
+            if "tensorboard" in parts:
+                rows += _tensorboard(tmp, out, n_rows)
+            if "mlflow" in parts:
+                rows += _mlflow(tmp, out, n_rows, tiny)
+        if "langsmith" in parts:
+            rows += _langsmith(tmp, tiny)
+        if "phoenix" in parts:
+            rows += _phoenix(tmp, tiny)
     return rows

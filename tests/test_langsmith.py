@@ -66,8 +66,9 @@ def assert_read_back_once(api: LangsmithApi, project_id: str, quickstart_run: Pa
     runs = list(client.list_runs(project_id=project_id))
     by_row = {r.extra["metadata"]["row"]: r for r in runs}
     assert len(runs) == len(by_row) == len(rows)  # every rollout once
-    feedback = {(str(f.run_id), f.key): f.score for f in client.list_feedback(run_ids=[r.id for r in runs])}
-    assert len(feedback) == len(rows)
+    listed = list(client.list_feedback(run_ids=[r.id for r in runs]))
+    feedback = {(str(f.run_id), f.key): f.score for f in listed}
+    assert len(listed) == len(feedback) == len(rows)  # one reward per rollout, none twice
     project = client.read_project(project_id=project_id)
     examples = list(client.list_examples(dataset_id=project.reference_dataset_id))
     assert len(examples) == len({r["_ng_task_index"] for r in rows})  # one example per task
