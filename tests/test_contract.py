@@ -21,6 +21,7 @@ from pathlib import Path
 
 import pytest
 
+from gym_artifacts import registry
 from gym_artifacts.testing.contract import *  # noqa: F403  (the suite's fixtures and tests)
 from gym_artifacts.testing.contract import ContractService, contract_exporters
 
@@ -60,3 +61,5 @@ def contract_service_phoenix(phoenix_server: object) -> ContractService:
 def test_required_backends_are_under_contract() -> None:
     required = {*REQUIRED, *filter(None, os.environ.get("GYM_ARTIFACTS_CONTRACT_REQUIRE", "").split(","))}
     assert required <= set(contract_exporters())
+    # Under contract, not skipped: a required backend whose SDK is missing would skip every test.
+    assert [n for n in sorted(required) if not registry.get_entry(n).sdk_installed()] == []

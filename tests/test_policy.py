@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 pytest.importorskip("mlflow")
 
@@ -67,6 +68,10 @@ CASES: dict[str, dict[str, Any]] = {
         "config": "exporters:\n  local: {enabled: true, root: ./from-c}\nupload_rollouts: false\n",
         "overrides": ["upload_rollouts=true"],
     },
+    "-c, the run's saved upload_rollouts": {
+        "config": "exporters:\n  local: {enabled: true, root: ./from-c}\n",
+        "saved": "upload_rollouts: false\n",
+    },
     "--certify": {"certify": True, "exporters": ["local"], "live_marker": True},
     "--no-certify": {"certify": False, "exporters": ["local"], "live_marker": True},
     "default certify": {"exporters": ["local"], "live_marker": True},
@@ -98,6 +103,9 @@ def prepare(side: Path, spec: dict[str, Any], empty_db: Path) -> Path:
             exporter="local", run_id="eval-live-1", state="completed", identities=ids, lossless=True))
     if "config" in spec:
         (side / "export.yaml").write_text(spec["config"])
+    if "saved" in spec:  # a setting the eval saved with the run
+        with open(run.with_name("eval_config.yaml"), "a") as fh:
+            fh.write(spec["saved"])
     return run
 
 
@@ -128,9 +136,13 @@ def via_api(run: Path, spec: dict[str, Any]) -> list[dict[str, Any]]:
     return [r.to_json(str(run)) for r in results]
 
 
-def via_export_runs(run: Path, spec: dict[str, Any]) -> list[dict[str, Any]]:
+def via_export_runs(run: Path, spec: dict[str, Any], *, mapping: bool = False) -> list[dict[str, Any]]:
+    """``export_runs`` given ``-c``'s file, or (``mapping``) its content as a mapping."""
+    config: Any = None
+    if "config" in spec:
+        config = yaml.safe_load(spec["config"]) if mapping else "export.yaml"
     [out] = export_runs(
-        [run], "export.yaml" if "config" in spec else None, overrides=spec.get("overrides", []),
+        [run], config, overrides=spec.get("overrides", []),
         exporters=spec.get("exporters", []), upload_rollouts=spec.get("upload"), certify=spec.get("certify"),
     )  # fmt: skip
     assert out.config_error is None, out.config_error
@@ -169,18 +181,21 @@ def test_cli_and_api_give_the_same_export(
 ) -> None:
     spec = CASES[case]
     outcomes = []
-    for side_name, export in (
+    sides: list[tuple[str, Any]] = [
         ("cli", lambda run: via_cli(run, spec, capsys)),
         ("api", lambda run: via_api(run, spec)),
         ("export_runs", lambda run: via_export_runs(run, spec)),
-    ):
+    ]
+    if "config" in spec:  # -c's content given to export_runs as a mapping
+        sides.append(("export_runs with a mapping", lambda run: via_export_runs(run, spec, mapping=True)))
+    for side_name, export in sides:
         side = tmp_path / side_name
         run = prepare(side, spec, empty_mlflow_db)
         monkeypatch.chdir(side)
         results = export(run)
         assert all(r["status"] == "EXPORTED" for r in results), results
         outcomes.append(landed(side, run, results))
-    assert outcomes[0] == outcomes[1] == outcomes[2]
+    assert outcomes[1:] == [outcomes[0]] * (len(sides) - 1), outcomes
 
 
 def test_flat_keys_on_the_command_line_win_over_the_embedded_default(
