@@ -14,15 +14,17 @@ import json
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from gym_artifacts.jsonio import iter_jsonl, json_safe
+from gym_artifacts.jsonio import json_safe
 from gym_artifacts.payload import metric_value
 from gym_artifacts.responses_api import last_user_message
 from gym_artifacts.responses_api import response_text as api_response_text
 from gym_artifacts.run import agent_label
 from gym_artifacts.secrets import redact_text
+
+if TYPE_CHECKING:
+    from gym_artifacts.run_payload import RunPayload
 
 NAMESPACE = uuid.UUID("5f0c1b7e-6d43-5b9a-9a43-6b1d2e0f8c21")
 REQUEST_KEYS = ("responses_create_params", "request", "input", "prompt")
@@ -111,9 +113,9 @@ def rollout_from_record(row: int, record: Any) -> Rollout:
     )
 
 
-def iter_rollouts(fpath: Path) -> Iterator[Rollout]:
-    """Every rollout of the file in order, row numbers from 0, in constant memory."""
-    for row, (_lineno, record) in enumerate(iter_jsonl(fpath, "rollouts")):
+def payload_rollouts(payload: RunPayload) -> Iterator[Rollout]:
+    """Every rollout the export sends (complete lines only), row numbers from 0, streamed."""
+    for row, record in enumerate(payload.rollout_records()):
         yield rollout_from_record(row, record)
 
 

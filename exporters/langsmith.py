@@ -25,16 +25,15 @@ from typing import Any
 
 from pydantic import Field, SecretStr
 
-from gym_artifacts.aggregate import experiment_metadata
 from gym_artifacts.config import ExporterConfig
-from gym_artifacts.destination import credential_free_uri
+from gym_artifacts.destination import dataset_service_destination
 from gym_artifacts.errors import GymArtifactsError
 from gym_artifacts.exporter import Exporter, ExportPlan, Sent
 from gym_artifacts.jsonio import json_safe
-from gym_artifacts.payload import complete_rollouts
 from gym_artifacts.run import RunArtifacts
+from gym_artifacts.run_payload import RunPayload
 
-from ._rollouts import Rollout, as_object, iter_rollouts, masked
+from ._rollouts import Rollout, as_object, masked, payload_rollouts
 
 BATCH = 100
 
@@ -75,13 +74,8 @@ class LangsmithExporter(Exporter):
 
     @classmethod
     def destination_for(cls, settings: Any) -> dict[str, Any]:
-        """The api_url without credentials and the dataset and experiment names (None: named
-        per run); the API key and the timeout do not say where runs go."""
-        return {
-            "api_url": credential_free_uri(settings.api_url),
-            "dataset_name": settings.dataset_name,
-            "experiment_name": settings.experiment_name,
-        }
+        """The api_url without credentials and the dataset and experiment names."""
+        return dataset_service_destination(settings, "api_url")
 
     def expected_errors(self) -> tuple[type[BaseException], ...]:
         import requests
@@ -136,19 +130,12 @@ class LangsmithExporter(Exporter):
         where = f"{dataset.id}/{project.id}/{plan.run_identity}"
         namespace = uuid.uuid5(uuid.NAMESPACE_URL, f"gym-artifacts/langsmith/{where}")
         rows = 0
-        rollouts = run.rollouts_fpath
-        if plan.upload_rollouts and rollouts is not None and rollouts.is_file():
-            with complete_rollouts(rollouts, plan) as complete:
-                rows = self._send_rollouts(
-                    client,
-                    iter_rollouts(complete),
-                    dataset.id,
-                    project.id,
-                    project_name,
-                    namespace,
-                    plan,
-                    errors,
-                )
+        payload = RunPayload.of(run, plan)
+        if payload.sends_rollouts:
+            rollouts = payload_rollouts(payload)
+            rows = self._send_rollouts(
+                client, rollouts, dataset.id, project.id, project_name, namespace, plan, errors
+            )
         return Sent(backend_run_id=str(project.id), rows=rows)
 
     @staticmethod
@@ -156,7 +143,7 @@ class LangsmithExporter(Exporter):
         metadata: dict[str, Any] = {
             "gym_artifacts.identity": plan.run_identity,
             "config": plan.config,
-            **experiment_metadata(run, plan.coverage),
+            **RunPayload.of(run, plan).experiment_metadata,
         }
         return masked(json_safe(metadata), plan.secrets)
 

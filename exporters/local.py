@@ -23,7 +23,7 @@ from typing import IO, Any
 
 from pydantic import field_validator
 
-from gym_artifacts.aggregate import run_values, table_jsonl
+from gym_artifacts.aggregate import table_jsonl
 from gym_artifacts.atomic import atomic_write_bytes, atomic_write_json, atomic_writer
 from gym_artifacts.backend import CannotCertify
 from gym_artifacts.config import ExporterConfig
@@ -33,18 +33,11 @@ from gym_artifacts.journal import journal_line, repair_partial_last_line
 from gym_artifacts.jsonio import canonical_json, json_safe, read_json
 from gym_artifacts.layout import RECORDING
 from gym_artifacts.live import LiveExporter, RunStatus
-from gym_artifacts.payload import (
-    Masker,
-    complete_rollouts,
-    count_lines,
-    iter_journal,
-    masked_artifact,
-    masked_sidecar,
-    partial_line_record,
-)
+from gym_artifacts.payload import partial_line_record
 from gym_artifacts.receipts import utc_now_iso
 from gym_artifacts.run import RunArtifacts
 from gym_artifacts.run_names import saved_config_run_name
+from gym_artifacts.run_payload import RunPayload
 from gym_artifacts.run_times import eval_times
 from gym_artifacts.snapshot import snapshot_copy
 
@@ -124,18 +117,25 @@ class LocalExporter(LiveExporter):
         atomic_write_json(dpath / "run.json", run_json)
         rows, sent_bytes = self._write_run_content(run, plan, dpath)
         run_json.update(self._finished_fields(run, plan, rows))
-        run_json.update(self._write_report(run, dpath))
+        run_json.update(self._write_report(run, plan, dpath))
         atomic_write_json(dpath / "run.json", run_json)
         return Sent(backend_run_id=run_id, rows=rows, bytes=sent_bytes)
 
     @staticmethod
-    def _write_report(run: RunArtifacts, dpath: Path) -> dict[str, Any]:
-        """``report.html`` in the run folder; a report that fails never fails the export."""
+    def _write_report(run: RunArtifacts, plan: ExportPlan, dpath: Path) -> dict[str, Any]:
+        """``report.html`` in the run folder (from the export's identities and coverage: the run
+        is not hashed again); a report that fails never fails the export."""
         from gym_artifacts.report import build_report
 
         try:
             href = f"artifacts/{RECORDING}" if (dpath / "artifacts" / RECORDING).is_file() else None
-            build_report(run, dpath / "report.html", recording_href=href)
+            build_report(
+                run,
+                dpath / "report.html",
+                recording_href=href,
+                identities=plan.identities or None,
+                coverage=plan.coverage,
+            )
         except Exception as exc:
             logger.warning("local: report not written: %s", exc)
             return {"report_error": f"{type(exc).__name__}: {exc}"}
@@ -149,7 +149,7 @@ class LocalExporter(LiveExporter):
         rows, sent_bytes = self._write_run_content(run, plan, dpath)
         run_json = read_json(run_json_fpath)
         run_json.update(self._finished_fields(run, plan, rows), certified=True)
-        run_json.update(self._write_report(run, dpath))
+        run_json.update(self._write_report(run, plan, dpath))
         atomic_write_json(run_json_fpath, run_json)
         return Sent(backend_run_id=live_run_id, rows=rows, bytes=sent_bytes)
 
@@ -177,42 +177,41 @@ class LocalExporter(LiveExporter):
 
     def _write_run_content(self, run: RunArtifacts, plan: ExportPlan, dpath: Path) -> tuple[int, int]:
         """Config, journal, aggregate metrics, rollouts and artifacts; returns (rows, bytes)."""
+        payload = RunPayload.of(run, plan)
         sent_bytes = 0
-        if plan.config is not None:
-            data = canonical_json(json_safe(plan.config))
+        if payload.config is not None:
+            data = canonical_json(json_safe(payload.config))
             atomic_write_bytes(dpath / "config.json", data)
             sent_bytes += len(data)
-        sent_bytes += self._write_journal(run, dpath)
-        summary, tables = run_values(run, plan.coverage)
-        summary.update(partial_line_record(plan))
+        sent_bytes += self._write_journal(payload, dpath)
+        summary = payload.values
+        summary.update(payload.omitted_partial_line)
         atomic_write_json(dpath / "summary.json", json_safe(summary))
-        for table in tables:
+        for table in payload.tables:
             data = table_jsonl(table)
             atomic_write_bytes(dpath / "tables" / f"{table.name}.jsonl", data)
             sent_bytes += len(data)
-        if run.has_rollouts_file and run.aggregate_metrics_fpath.is_file():
-            sent_bytes += snapshot_copy(run.aggregate_metrics_fpath, dpath / "aggregate_metrics.json")
-        for name, fpath in run.sidecar_files().items():
-            sent_bytes += publish_artifact(fpath, dpath / "nemo_gym" / name, plan.secrets, masked_sidecar)
-        if run.has_rollouts_file and run.acceptance_fpath.is_file():
-            sent_bytes += snapshot_copy(run.acceptance_fpath, dpath / "acceptance.json")
-        rows = 0
-        rollouts = run.rollouts_fpath
-        if plan.upload_rollouts and rollouts is not None and rollouts.is_file():
-            rows = plan.rollout_rows if plan.rollout_rows is not None else count_lines(rollouts)
-            with complete_rollouts(rollouts, plan) as complete:
+        if payload.aggregate_file is not None:
+            sent_bytes += payload.aggregate_file.write_to(dpath / payload.aggregate_file.name)
+        for item in payload.sidecars:
+            sent_bytes += item.write_to(dpath / "nemo_gym" / item.name)
+        if payload.acceptance_file is not None:
+            sent_bytes += payload.acceptance_file.write_to(dpath / payload.acceptance_file.name)
+        with payload.rollouts_file() as complete:
+            if complete is not None:
                 sent_bytes += snapshot_copy(complete, dpath / "rollouts.jsonl")
-        for rel, fpath in run.runtime_artifact_files().items():
-            sent_bytes += publish_artifact(fpath, dpath / "artifacts" / rel, plan.secrets)
-        return rows, sent_bytes
+        for item in payload.runtime_artifacts:
+            sent_bytes += item.write_to(dpath / "artifacts" / item.name)
+        return payload.rollout_rows, sent_bytes
 
     @staticmethod
-    def _write_journal(run: RunArtifacts, dpath: Path) -> int:
+    def _write_journal(payload: RunPayload, dpath: Path) -> int:
         """The live journal with its original steps and times, one canonical line each."""
+        run = payload.run
         if not run.has_rollouts_file or not run.metrics_journal_fpath.is_file():
             return 0
         with atomic_writer(dpath / "metrics.jsonl") as fh:
-            for entry in iter_journal(run):
+            for entry in payload.journal():
                 fh.write(journal_line(entry.metrics, entry.step, entry.time) + b"\n")
             return fh.tell()
 
@@ -300,11 +299,3 @@ class LocalExporter(LiveExporter):
         self._close_live_files()
         self._set_status(self._status_before_reopen)
 
-
-def publish_artifact(src: Path, dst: Path, secrets: frozenset[str], mask: Masker = masked_artifact) -> int:
-    """Snapshot-copy one artifact; a small JSON or YAML file that holds a secret is masked first."""
-    masked = mask(src, secrets)
-    if masked is not None:
-        atomic_write_bytes(dst, masked)
-        return len(masked)
-    return snapshot_copy(src, dst)

@@ -23,7 +23,7 @@ from typing import Any
 
 from pydantic import Field, SecretStr
 
-from gym_artifacts.aggregate import run_values, table_split_json
+from gym_artifacts.aggregate import table_split_json
 from gym_artifacts.backend import CannotCertify
 from gym_artifacts.config import ExporterConfig
 from gym_artifacts.destination import absolute_store_uri, credential_free_uri
@@ -31,20 +31,10 @@ from gym_artifacts.exporter import ExportPlan, Sent
 from gym_artifacts.jsonio import canonical_json, json_safe
 from gym_artifacts.layout import NVML_SUMMARY
 from gym_artifacts.live import LiveExporter, RunStatus
-from gym_artifacts.payload import (
-    Masker,
-    complete_rollouts,
-    count_lines,
-    iter_journal,
-    iter_nvml_series,
-    masked_artifact,
-    masked_sidecar,
-    nvml_summary,
-    partial_line_record,
-)
 from gym_artifacts.receipts import utc_now_iso
 from gym_artifacts.run import RunArtifacts
 from gym_artifacts.run_names import saved_config_run_name
+from gym_artifacts.run_payload import PayloadArtifact, RunPayload
 from gym_artifacts.run_times import run_times
 from gym_artifacts.snapshot import snapshot_copy
 from gym_artifacts.spool import RolloutSpool
@@ -59,7 +49,7 @@ from ._mlflow_client import (
 )
 from ._mlflow_mapping import config_params, split_metrics, tag_value
 from ._mlflow_traces import log_rollout_traces
-from ._rollouts import iter_rollouts
+from ._rollouts import payload_rollouts
 
 logger = logging.getLogger(__name__)
 
@@ -369,19 +359,20 @@ class MlflowExporter(LiveExporter):
         self, ml: ScopedMlflow, run_id: str, run: RunArtifacts, plan: ExportPlan
     ) -> tuple[int, int]:
         """Everything the run has; idempotent (metric points keep their timestamps, files overwrite)."""
+        payload = RunPayload.of(run, plan)
         sent = 0
         tags: dict[str, str] = {}
-        if plan.config is not None:
-            refused = ml.log_params(run_id, config_params(plan.config))
+        if payload.config is not None:
+            refused = ml.log_params(run_id, config_params(payload.config))
             if refused:
                 tags["gym_artifacts.params_refused"] = tag_value(", ".join(refused))
             sent += self._upload_bytes(
-                ml, run_id, "config.json", canonical_json(json_safe(plan.config)), None
+                ml, run_id, "config.json", canonical_json(json_safe(payload.config)), None
             )
         journal_tags: dict[str, str] = {}
 
         def journal_points() -> Any:
-            for entry in iter_journal(run):
+            for entry in payload.journal():
                 numbers, texts = split_metrics(entry.metrics)
                 journal_tags.update(texts)
                 step = entry.step if entry.step is not None else 0
@@ -390,76 +381,76 @@ class MlflowExporter(LiveExporter):
 
         ml.log_metrics(run_id, journal_points())
         tags.update(journal_tags)
-        values, tables = run_values(run, plan.coverage)
-        numbers, texts = split_metrics(values)
+        numbers, texts = split_metrics(payload.values)
         ts = file_mtime_ms(run.aggregate_metrics_fpath) if run.aggregate_metrics_fpath.is_file() else 0
         ml.log_metrics(run_id, ((k, v, ts, 0) for k, v in numbers.items()))
         tags.update(texts)
-        if run.has_rollouts_file and run.aggregate_metrics_fpath.is_file():
-            sent += self._upload_file(ml, run_id, run.aggregate_metrics_fpath, "aggregate_metrics.json", None)
+        if payload.aggregate_file is not None:
+            sent += self._upload_artifact(ml, run_id, payload.aggregate_file, None)
+        tables = payload.tables
         for table in tables:
             sent += self._upload_bytes(ml, run_id, f"{table.name}.json", table_split_json(table), "tables")
         if tables:  # MLflow's UI shows these artifacts as tables (what mlflow.log_table records)
             tags[LOGGED_ARTIFACTS_TAG] = json.dumps(
                 [{"path": f"tables/{t.name}.json", "type": "table"} for t in tables]
             )
-        if plan.coverage is not None:
-            tags["gym_artifacts.coverage"] = tag_value(plan.coverage.text())
-            tags["gym_artifacts.partial"] = "true" if plan.coverage.partial else "false"
-        for name, fpath in run.sidecar_files().items():
-            sent += self._upload_artifact(ml, run_id, fpath, "nemo_gym", plan.secrets, name, masked_sidecar)
-        acceptance = run.read_acceptance()
-        if acceptance is not None:
+        if payload.coverage is not None:
+            tags["gym_artifacts.coverage"] = tag_value(payload.coverage.text())
+            tags["gym_artifacts.partial"] = "true" if payload.coverage.partial else "false"
+        for item in payload.sidecars:
+            sent += self._upload_artifact(ml, run_id, item, "nemo_gym")
+        acceptance = payload.acceptance
+        if acceptance is not None and payload.acceptance_file is not None:
             tags["gym_artifacts.accepted_partial"] = "true"
             tags["gym_artifacts.acceptance_reason"] = tag_value(acceptance.reason)
             tags["gym_artifacts.omitted_rows"] = str(acceptance.omitted_rows)
             tags["gym_artifacts.planned_rows"] = str(acceptance.planned_rows)
-            sent += self._upload_file(ml, run_id, run.acceptance_fpath, "acceptance.json", None)
-        self._send_system_metrics(ml, run_id, run, tags)
-        rows = 0
+            sent += self._upload_artifact(ml, run_id, payload.acceptance_file, None)
+        self._send_system_metrics(ml, run_id, payload, tags)
         rollouts = run.rollouts_fpath
-        if plan.upload_rollouts and rollouts is not None and rollouts.is_file():
-            rows = plan.rollout_rows if plan.rollout_rows is not None else count_lines(rollouts)
-            with complete_rollouts(rollouts, plan) as complete:
+        with payload.rollouts_file() as complete:
+            if complete is not None:
+                assert rollouts is not None
                 sent += self._upload_file(ml, run_id, complete, "rollouts.jsonl", "rollouts")
                 if self.settings.log_traces:
-                    self._log_traces(ml, run_id, complete, file_mtime_ms(rollouts), plan.secrets)
-        omitted = partial_line_record(plan)
+                    self._log_traces(ml, run_id, payload, file_mtime_ms(rollouts))
+        omitted = payload.omitted_partial_line
         if omitted:
             ts = file_mtime_ms(rollouts) if rollouts is not None else 0
             ml.log_metrics(run_id, ((k, float(v), ts, 0) for k, v in omitted.items()))
             tags.update({f"gym_artifacts.{k}": str(v) for k, v in omitted.items()})
-        for rel, fpath in run.runtime_artifact_files().items():
-            parts = rel.rsplit("/", 1)
+        for item in payload.runtime_artifacts:
+            parts = item.name.rsplit("/", 1)
             artifact_dir = "runtime" if len(parts) == 1 else f"runtime/{parts[0]}"
-            sent += self._upload_artifact(ml, run_id, fpath, artifact_dir, plan.secrets)
+            sent += self._upload_artifact(ml, run_id, item, artifact_dir)
         if tags:
             ml.set_tags(run_id, tags)
-        return rows, sent
+        return payload.rollout_rows, sent
 
     @staticmethod
-    def _log_traces(
-        ml: ScopedMlflow, run_id: str, rollouts: Path, fallback_ms: int, secrets: frozenset[str]
-    ) -> int:
+    def _log_traces(ml: ScopedMlflow, run_id: str, payload: RunPayload, fallback_ms: int) -> int:
         """Every rollout as a trace in the run's experiment, linked to the run (see _mlflow_traces);
         a rollout without its own time is placed at ``fallback_ms`` plus its row in milliseconds."""
         experiment_id = str(ml.get_run(run_id).info.experiment_id)
         store = ml.client._tracking_client.store
-        return log_rollout_traces(store, experiment_id, run_id, iter_rollouts(rollouts), fallback_ms, secrets)
+        rollouts = payload_rollouts(payload)
+        return log_rollout_traces(store, experiment_id, run_id, rollouts, fallback_ms, payload.secrets)
 
     @staticmethod
-    def _send_system_metrics(ml: ScopedMlflow, run_id: str, run: RunArtifacts, tags: dict[str, str]) -> None:
-        figures, reason = nvml_summary(run)
+    def _send_system_metrics(
+        ml: ScopedMlflow, run_id: str, payload: RunPayload, tags: dict[str, str]
+    ) -> None:
+        figures, reason = payload.nvml_summary
         if reason is not None:
             tags["gym_artifacts.nvml"] = tag_value(reason)
         if figures:
             numbers, _ = split_metrics(figures, prefix="system")
-            ts = file_mtime_ms(run.artifacts_dpath / NVML_SUMMARY)
+            ts = file_mtime_ms(payload.run.artifacts_dpath / NVML_SUMMARY)
             ml.log_metrics(run_id, ((k, v, ts, 0) for k, v in numbers.items()))
         steps: dict[int, int] = {}
 
         def series_points() -> Any:
-            for sample in iter_nvml_series(run):
+            for sample in payload.nvml_series():
                 step = steps.get(sample.gpu, 0)
                 steps[sample.gpu] = step + 1
                 numbers, _ = split_metrics(sample.metrics, prefix=f"system/gpu{sample.gpu}")
@@ -487,22 +478,10 @@ class MlflowExporter(LiveExporter):
             staged.write_bytes(data)
             return ml.log_artifact(run_id, staged, artifact_dir)
 
-    @classmethod
+    @staticmethod
     def _upload_artifact(
-        cls,
-        ml: ScopedMlflow,
-        run_id: str,
-        src: Path,
-        artifact_dir: str,
-        secrets: frozenset[str],
-        name: str | None = None,
-        mask: Masker = masked_artifact,
+        ml: ScopedMlflow, run_id: str, item: PayloadArtifact, artifact_dir: str | None
     ) -> int:
-        """A run file as it is (as ``name``, default its own), except a small JSON or YAML file
-        holding a secret (masked first)."""
-        masked = mask(src, secrets)
-        if masked is not None:
-            return cls._upload_bytes(ml, run_id, name or src.name, masked, artifact_dir)
-        if name is not None and name != src.name:
-            return cls._upload_file(ml, run_id, src, name, artifact_dir)
-        return ml.log_artifact(run_id, src, artifact_dir)
+        """One run file under its payload name, masked when it held a secret."""
+        with item.as_file() as staged:
+            return ml.log_artifact(run_id, staged, artifact_dir)

@@ -21,14 +21,13 @@ from typing import Any
 
 from pydantic import Field, SecretStr
 
-from gym_artifacts.aggregate import experiment_metadata
 from gym_artifacts.config import ExporterConfig
-from gym_artifacts.destination import credential_free_uri
+from gym_artifacts.destination import dataset_service_destination
 from gym_artifacts.exporter import Exporter, ExportPlan, Sent
-from gym_artifacts.payload import complete_rollouts
 from gym_artifacts.run import RunArtifacts
+from gym_artifacts.run_payload import RunPayload
 
-from ._rollouts import Rollout, as_object, iter_rollouts, masked
+from ._rollouts import Rollout, as_object, masked, payload_rollouts
 
 IDENTITY_KEY = "gym_artifacts.identity"
 
@@ -58,13 +57,8 @@ class PhoenixExporter(Exporter):
 
     @classmethod
     def destination_for(cls, settings: Any) -> dict[str, Any]:
-        """The base_url without credentials and the dataset and experiment names (None: named
-        per run); the API key and the timeout do not say where runs go."""
-        return {
-            "base_url": credential_free_uri(settings.base_url),
-            "dataset_name": settings.dataset_name,
-            "experiment_name": settings.experiment_name,
-        }
+        """The base_url without credentials and the dataset and experiment names."""
+        return dataset_service_destination(settings, "base_url")
 
     def expected_errors(self) -> tuple[type[BaseException], ...]:
         import httpx
@@ -79,17 +73,17 @@ class PhoenixExporter(Exporter):
 
     def _export(self, run: RunArtifacts, plan: ExportPlan) -> Sent:
         client = self._client()
-        rollouts = run.rollouts_fpath
-        if not (plan.upload_rollouts and rollouts is not None and rollouts.is_file()):
+        payload = RunPayload.of(run, plan)
+        if not payload.sends_rollouts:
             return Sent(
                 backend_run_id=None, note="no rollouts sent: Phoenix holds runs only as an experiment"
             )
-        with complete_rollouts(rollouts, plan) as complete:
-            tasks, repetitions = self._tasks(iter_rollouts(complete), plan)
-            dataset = self._dataset(client, run, plan, tasks)
-            example_of_task = {str(e["metadata"].get("task")): e["id"] for e in dataset.examples}
-            experiment_id = self._experiment(client, run, plan, dataset.id, repetitions)
-            rows = self._send_runs(client, experiment_id, example_of_task, iter_rollouts(complete), plan)
+        # Two passes (tasks first: the dataset must exist before its runs), each streamed.
+        tasks, repetitions = self._tasks(payload_rollouts(payload), plan)
+        dataset = self._dataset(client, run, plan, tasks)
+        example_of_task = {str(e["metadata"].get("task")): e["id"] for e in dataset.examples}
+        experiment_id = self._experiment(client, run, plan, dataset.id, repetitions)
+        rows = self._send_runs(client, experiment_id, example_of_task, payload_rollouts(payload), plan)
         return Sent(backend_run_id=experiment_id, rows=rows)
 
     @staticmethod
@@ -131,7 +125,7 @@ class PhoenixExporter(Exporter):
         metadata: dict[str, Any] = {
             IDENTITY_KEY: plan.run_identity,
             "config": plan.config,
-            **experiment_metadata(run, plan.coverage),
+            **RunPayload.of(run, plan).experiment_metadata,
         }
         created = client.experiments.create(
             dataset_id=dataset_id,

@@ -30,25 +30,19 @@ from typing import Any
 
 from pydantic import Field
 
-from gym_artifacts.aggregate import LevelTable, run_values
+from gym_artifacts.aggregate import LevelTable
 from gym_artifacts.config import ExporterConfig
 from gym_artifacts.destination import resolved_path
 from gym_artifacts.exporter import ExportPlan, Sent
 from gym_artifacts.jsonio import canonical_json, json_safe
 from gym_artifacts.live import LiveExporter, RunStatus
-from gym_artifacts.payload import (
-    complete_rollouts,
-    flatten,
-    iter_journal,
-    iter_nvml_series,
-    metric_value,
-    nvml_summary,
-)
+from gym_artifacts.payload import flatten, metric_value
 from gym_artifacts.run import RunArtifacts
 from gym_artifacts.run_names import saved_config_run_name
+from gym_artifacts.run_payload import RunPayload
 from gym_artifacts.secrets import redact_text
 
-from ._rollouts import Rollout, iter_rollouts, request_text, response_text
+from ._rollouts import Rollout, payload_rollouts, request_text, response_text
 
 TABLE_CHUNK = 50
 CELL_CHARS = 200
@@ -269,40 +263,38 @@ class TensorboardExporter(LiveExporter):
         return Sent(backend_run_id=name, rows=rows, bytes=writer.bytes)
 
     def _write_run(self, w: EventWriter, run: RunArtifacts, plan: ExportPlan) -> int:
+        payload = RunPayload.of(run, plan)
         agg = run.aggregate_metrics_fpath
         finished = agg.stat().st_mtime if agg.is_file() else time.time()
-        if plan.config is not None:
-            w.text("config", config_markdown(plan.config), 0, finished)
-        for entry in iter_journal(run):
+        if payload.config is not None:
+            w.text("config", config_markdown(payload.config), 0, finished)
+        for entry in payload.journal():
             numbers, texts = split_values(entry.metrics)
             step = entry.step if entry.step is not None else 0
             w.scalars(numbers, step, entry.time)
             for tag, text in texts.items():
-                w.text(tag, redact_text(text, plan.secrets), step, entry.time)
-        values, tables = run_values(run, plan.coverage)
-        numbers, texts = split_values(values)
+                w.text(tag, redact_text(text, payload.secrets), step, entry.time)
+        numbers, texts = split_values(payload.values)
         w.scalars(numbers, 0, finished)
-        if plan.coverage is not None:
-            texts["coverage/text"] = plan.coverage.text()
-        for table in tables:  # TensorBoard has no table artifacts: a Markdown text per level
+        if payload.coverage is not None:
+            texts["coverage/text"] = payload.coverage.text()
+        for table in payload.tables:  # TensorBoard has no table artifacts: a Markdown text per level
             texts[f"tables/{table.name}"] = level_markdown(table, self.settings.table_rows)
         for tag, text in texts.items():
-            w.text(tag, redact_text(text, plan.secrets), 0, finished)
-        self._write_system(w, run, finished)
-        rollouts = run.rollouts_fpath
-        if not (plan.upload_rollouts and rollouts is not None and rollouts.is_file()):
+            w.text(tag, redact_text(text, payload.secrets), 0, finished)
+        self._write_system(w, payload, finished)
+        if not payload.sends_rollouts:
             return 0
-        with complete_rollouts(rollouts, plan) as complete:
-            return self._write_rollouts(w, iter_rollouts(complete), plan.secrets, finished)
+        return self._write_rollouts(w, payload_rollouts(payload), payload.secrets, finished)
 
     @staticmethod
-    def _write_system(w: EventWriter, run: RunArtifacts, finished: float) -> None:
-        figures, reason = nvml_summary(run)
+    def _write_system(w: EventWriter, payload: RunPayload, finished: float) -> None:
+        figures, reason = payload.nvml_summary
         if reason is not None:
             w.text("system/nvml", reason, 0, finished)
         w.scalars({f"system/{k}": v for k, v in figures.items()}, 0, finished)
         steps: dict[int, int] = {}
-        for sample in iter_nvml_series(run):
+        for sample in payload.nvml_series():
             step = steps.get(sample.gpu, 0)
             steps[sample.gpu] = step + 1
             values = {f"system/gpu{sample.gpu}/{k}": v for k, v in sample.metrics.items()}

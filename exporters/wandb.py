@@ -22,26 +22,17 @@ from typing import Any, Literal
 
 from pydantic import Field, SecretStr
 
-from gym_artifacts.aggregate import LevelTable, run_values, table_jsonl
+from gym_artifacts.aggregate import LevelTable, table_jsonl
 from gym_artifacts.config import ExporterConfig
 from gym_artifacts.destination import credential_free_uri
 from gym_artifacts.exporter import ExportPlan, Sent
-from gym_artifacts.jsonio import iter_jsonl, json_safe
+from gym_artifacts.jsonio import json_safe
 from gym_artifacts.layout import NVML_SUMMARY, RECORDING
 from gym_artifacts.live import LiveExporter, RunStatus
-from gym_artifacts.payload import (
-    NVML_SERIES,
-    Masker,
-    complete_rollouts,
-    flatten,
-    iter_journal,
-    masked_artifact,
-    masked_sidecar,
-    nvml_summary,
-    partial_line_record,
-)
+from gym_artifacts.payload import NVML_SERIES, flatten
 from gym_artifacts.run import RunArtifacts
 from gym_artifacts.run_names import saved_config_run_name
+from gym_artifacts.run_payload import PayloadArtifact, RunPayload
 from gym_artifacts.run_times import run_times
 from gym_artifacts.spool import RolloutSpool
 
@@ -280,17 +271,17 @@ class WandbExporter(LiveExporter):
         """Journal steps (when ``first_new_step`` is given), summary, tables, media and artifacts."""
         import wandb
 
+        payload = RunPayload.of(run, plan)
         sent = 0
         if first_new_step is not None:
-            for entry in iter_journal(run):
+            for entry in payload.journal():
                 if entry.step is None or entry.step < first_new_step:
                     continue
                 wb_run.log(flatten(dict(entry.metrics)), step=entry.step)
-        values, tables = run_values(run, plan.coverage)
-        summary: dict[str, Any] = dict(values)
-        if plan.coverage is not None:
-            summary["coverage/text"] = plan.coverage.text()
-        acceptance = run.read_acceptance()
+        summary: dict[str, Any] = payload.values
+        if payload.coverage is not None:
+            summary["coverage/text"] = payload.coverage.text()
+        acceptance = payload.acceptance
         if acceptance is not None:
             summary["acceptance/planned_rows"] = acceptance.planned_rows
             summary["acceptance/omitted_rows"] = acceptance.omitted_rows
@@ -301,33 +292,30 @@ class WandbExporter(LiveExporter):
                 {"eval/start_time": times.iso(times.start), "eval/end_time": times.iso(times.end),
                  "eval/duration_s": times.end - times.start, "eval/times_from": times.source}
             )  # fmt: skip
-        figures, reason = nvml_summary(run)
+        figures, reason = payload.nvml_summary
         for key, value in figures.items():
             summary[f"system/{key}"] = value
         if reason is not None:
             summary["system/nvml"] = reason
         wb_run.summary.update(summary)
-        sent += self._send_tables(wb_run, tables)
-        sidecars = run.sidecar_files()
-        if sidecars:
+        sent += self._send_tables(wb_run, payload.tables)
+        if payload.sidecars:
             artifact = wandb.Artifact(f"nemo-gym-{wb_run.id}", type="nemo-gym")
-            for name, fpath in sidecars.items():
-                sent += self._add_file(artifact, name, fpath, plan.secrets, masked_sidecar)
+            for item in payload.sidecars:
+                sent += self._add_file(artifact, item)
             wb_run.log_artifact(artifact)
         rows = 0
-        rollouts = run.rollouts_fpath
-        if plan.upload_rollouts and rollouts is not None and rollouts.is_file():
-            end = plan.partial_line.complete_bytes if plan.partial_line else None
-            records = (record for _, record in iter_jsonl(rollouts, "rollouts JSONL", end=end))
-            with complete_rollouts(rollouts, plan) as complete:
+        with payload.rollouts_file() as complete:
+            if complete is not None:
+                records = payload.rollout_records()
                 rows = self._send_rollouts(wb_run, records, f"rollouts-{wb_run.id}", raw=complete)
                 sent += complete.stat().st_size
-        for key, value in partial_line_record(plan).items():
+        for key, value in payload.omitted_partial_line.items():
             wb_run.summary[f"rollouts/{key}"] = value
-        artifacts = run.runtime_artifact_files()
+        artifacts = {item.name: item for item in payload.runtime_artifacts}
         recording = artifacts.get(RECORDING)
         if recording is not None:
-            wb_run.summary["recording"] = wandb.Video(str(recording), format="mp4")
+            wb_run.summary["recording"] = wandb.Video(str(recording.source), format="mp4")
         groups = {
             "profile": [n for n in artifacts if n.startswith("profile")],
             "nvml": [n for n in artifacts if n in (NVML_SERIES, NVML_SUMMARY)],
@@ -340,22 +328,19 @@ class WandbExporter(LiveExporter):
                 continue
             artifact = wandb.Artifact(f"{kind}-{wb_run.id}", type=kind)
             for name in names:
-                sent += self._add_file(artifact, name, artifacts[name], plan.secrets)
+                sent += self._add_file(artifact, artifacts[name])
             wb_run.log_artifact(artifact)
         return rows, sent
 
     @staticmethod
-    def _add_file(
-        artifact: Any, name: str, fpath: Path, secrets: frozenset[str], mask: Masker = masked_artifact
-    ) -> int:
-        """One run file into an artifact, a small JSON or YAML file holding a secret masked first."""
-        masked = mask(fpath, secrets)
-        if masked is not None:
-            with artifact.new_file(name, mode="wb") as fh:
-                fh.write(masked)
-            return len(masked)
-        artifact.add_file(str(fpath), name=name)
-        return fpath.stat().st_size
+    def _add_file(artifact: Any, item: PayloadArtifact) -> int:
+        """One run file into an artifact under its payload name: its masked bytes, or the file."""
+        if isinstance(item.content, bytes):
+            with artifact.new_file(item.name, mode="wb") as fh:
+                fh.write(item.content)
+        else:
+            artifact.add_file(str(item.content), name=item.name)
+        return item.size
 
     def _send_tables(self, wb_run: Any, tables: list[LevelTable]) -> int:
         """The per-task and per-repeat levels as ``wandb.Table`` objects in one table artifact;

@@ -142,28 +142,26 @@ def table_split_json(table: LevelTable) -> bytes:
     return canonical_json(json_safe({"columns": table.columns, "data": table.rows}))
 
 
-def run_values(run: RunArtifacts, coverage: Coverage | None) -> tuple[dict[str, Scalar], list[LevelTable]]:
-    """What every backend logs from a finished run: bounded values (aggregate under NeMo Gym's
-    names, ``coverage/*``, ``omitted_rows``) and the per-level tables."""
+def values_and_tables(
+    entries: list[dict[str, Any]] | None, coverage: Coverage | None, omitted_rows: int
+) -> tuple[dict[str, Scalar], list[LevelTable]]:
+    """Bounded values and per-level tables of aggregate ``entries`` (None: the run has none)."""
     values: dict[str, Scalar] = {}
     tables: list[LevelTable] = []
-    if run.has_rollouts_file and run.aggregate_metrics_fpath.is_file():
-        entries = run.read_aggregate_metrics()
+    if entries is not None:
         values.update(tracker_values(entries))
         tables = level_tables(entries)
     if coverage is not None:
         values.update(coverage.metrics())
-    values["omitted_rows"] = run.omitted_rows()
+    values["omitted_rows"] = omitted_rows
     return values, tables
 
 
-def experiment_metadata(run: RunArtifacts, coverage: Coverage | None) -> dict[str, Any]:
-    """The run's figures an LLM backend keeps in its experiment's metadata (LangSmith's project,
-    Phoenix's experiment), which has no metrics of its own: the aggregate metrics in their nested
-    form and ``coverage/*`` exactly as ``run_values`` gives them to the trackers."""
-    metadata: dict[str, Any] = {}
+def run_values(run: RunArtifacts, coverage: Coverage | None) -> tuple[dict[str, Scalar], list[LevelTable]]:
+    """What every backend logs from a finished run: bounded values (aggregate under NeMo Gym's
+    names, ``coverage/*``, ``omitted_rows``) and the per-level tables."""
+    entries = None
     if run.has_rollouts_file and run.aggregate_metrics_fpath.is_file():
-        metadata["aggregate_metrics"] = aggregate_metrics(run.read_aggregate_metrics())
-    values, _ = run_values(run, coverage)
-    metadata["coverage"] = {k: v for k, v in values.items() if k.startswith("coverage/")}
-    return metadata
+        entries = run.read_aggregate_metrics()
+    return values_and_tables(entries, coverage, run.omitted_rows())
+

@@ -92,6 +92,9 @@ class ExportPlan:
     partial_line: PartialLine | None = None
     # Planned, scored and failed rollouts (``coverage/*`` in every backend).
     coverage: Coverage | None = None
+    # The export's ``RunPayload`` per run, made on first use (``RunPayload.of``): what every
+    # backend sends, read and masked once for all of them.
+    payloads: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
 
 @dataclass(frozen=True)

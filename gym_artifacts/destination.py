@@ -67,6 +67,17 @@ def credential_free_uri(uri: str) -> str:
     return urlunsplit((parts.scheme, netloc, parts.path.rstrip("/"), query, ""))
 
 
+def dataset_service_destination(settings: Any, url_field: str) -> Destination:
+    """Where an LLM-eval service (LangSmith, Phoenix) puts a run: the URL in ``url_field``
+    without credentials, and the dataset and experiment names (None: named per run). The API
+    key and the timeouts do not say where runs go."""
+    return {
+        url_field: credential_free_uri(getattr(settings, url_field)),
+        "dataset_name": settings.dataset_name,
+        "experiment_name": settings.experiment_name,
+    }
+
+
 def default_destination(settings: Any) -> Destination:
     """Every setting except ``enabled`` and secrets, JSON-safe: the default a backend may narrow.
 

@@ -17,6 +17,7 @@ from gym_artifacts.jsonio import canonical_json, iter_jsonl, json_safe
 from gym_artifacts.live_exporter import LiveExporter
 from gym_artifacts.payload import count_lines, masked_artifact
 from gym_artifacts.run import RunArtifacts
+from gym_artifacts.run_payload import PayloadArtifact, RunPayload
 from gym_artifacts.secrets import mask_secrets
 from gym_artifacts.spool import RolloutSpool
 
@@ -28,8 +29,10 @@ __all__ = [
     "GymArtifactsError",
     "LevelTable",
     "LiveExporter",
+    "PayloadArtifact",
     "RolloutSpool",
     "RunArtifacts",
+    "RunPayload",
     "RunStatus",
     "Sent",
     "aggregate_metrics",

@@ -36,9 +36,10 @@ def _reflink(fin: IO[bytes], fout: IO[bytes]) -> bool:
     return True
 
 
-def _kernel_loop(step: Callable[[int, int], int], size: int) -> int | None:
+def kernel_copy_loop(step: Callable[[int, int], int], size: int) -> int | None:
     """Run ``step(offset, count)`` until ``size`` bytes moved or the source ends: the bytes moved,
-    or None when the kernel refuses this method before moving anything."""
+    or None when the kernel refuses this method before moving anything (then try the next one).
+    The one loop for both kernel methods, here and in recording assembly."""
     copied = 0
     try:
         while copied < size:
@@ -56,14 +57,20 @@ def _kernel_loop(step: Callable[[int, int], int], size: int) -> int | None:
 def _copy_file_range(fin: IO[bytes], fout: IO[bytes], size: int) -> bool:
     if not hasattr(os, "copy_file_range"):
         return False
-    if _kernel_loop(lambda _, count: os.copy_file_range(fin.fileno(), fout.fileno(), count), size) is None:
+    def step(_: int, count: int) -> int:
+        return os.copy_file_range(fin.fileno(), fout.fileno(), count)
+
+    if kernel_copy_loop(step, size) is None:
         return False
     _copy_rest(fin, fout)
     return True
 
 
 def _sendfile(fin: IO[bytes], fout: IO[bytes], size: int) -> bool:
-    copied = _kernel_loop(lambda offset, count: os.sendfile(fout.fileno(), fin.fileno(), offset, count), size)
+    def step(offset: int, count: int) -> int:
+        return os.sendfile(fout.fileno(), fin.fileno(), offset, count)
+
+    copied = kernel_copy_loop(step, size)
     if copied is None:
         return False
     fin.seek(copied)

@@ -2,22 +2,14 @@
 
 from __future__ import annotations
 
-import contextlib
 import os
-import signal
-import socket
 import subprocess
 import sys
-import time
-import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+from tests.server_process import free_port as free_port  # re-exported: tests import it from here
+from tests.server_process import kill_process_group, start_process_group
 
 
 @dataclass
@@ -52,28 +44,10 @@ class MlflowServer:
             str(mlflow_bin), "server", "--host", "127.0.0.1", "--port", str(self.port), "--workers", "1",
             "--backend-store-uri", f"sqlite:///{self.db}", "--artifacts-destination", str(self.artifacts),
         ]  # fmt: skip
-        with open(self.log, "ab") as log:
-            self.proc = subprocess.Popen(
-                cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
-            )
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"mlflow server exited: {self.log.read_text()[-2000:]}")
-            try:
-                with urllib.request.urlopen(f"{self.uri}/health", timeout=1) as resp:
-                    if resp.status == 200:
-                        return self
-            except OSError:
-                time.sleep(0.2)
-        self.stop()
-        raise RuntimeError(f"mlflow server not ready in {timeout}s: {self.log.read_text()[-2000:]}")
+        self.proc = start_process_group(cmd, env, self.log, f"{self.uri}/health", timeout)
+        return self
 
     def stop(self) -> None:
         """Kill the whole process group (uvicorn's child too) and wait for it."""
-        if self.proc is None:
-            return
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        self.proc.wait(30)
+        kill_process_group(self.proc)
         self.proc = None

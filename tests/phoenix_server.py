@@ -8,16 +8,12 @@ checkout (``.ci/run`` builds it), else ``/work/venv-phoenix``.
 
 from __future__ import annotations
 
-import contextlib
 import os
-import signal
 import subprocess
-import time
-import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
-from tests.mlflow_server import free_port
+from tests.server_process import free_port, kill_process_group, start_process_group
 
 REPO = Path(__file__).resolve().parent.parent
 CANDIDATES = (REPO / ".venv-phoenix" / "bin" / "phoenix", Path("/work/venv-phoenix/bin/phoenix"))
@@ -59,31 +55,12 @@ class PhoenixServer:
             PHOENIX_GRPC_PORT=str(free_port()),
             PHOENIX_TELEMETRY_ENABLED="false",
         )
-        with open(self.log, "ab") as log:
-            self.proc = subprocess.Popen(
-                [str(self.binary), "serve"],
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                env=env,
-                start_new_session=True,
-            )
-        deadline = time.monotonic() + timeout  # a loaded 2-core machine takes ~100 s to import it
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"phoenix serve exited: {self.log.read_text()[-2000:]}")
-            try:
-                with urllib.request.urlopen(f"{self.url}/healthz", timeout=1) as resp:
-                    if resp.status == 200:
-                        return self
-            except OSError:
-                time.sleep(0.5)
-        self.stop()
-        raise RuntimeError(f"phoenix serve not ready in {timeout}s: {self.log.read_text()[-2000:]}")
+        # a loaded 2-core machine takes ~100 s to import it
+        self.proc = start_process_group(
+            [str(self.binary), "serve"], env, self.log, f"{self.url}/healthz", timeout, poll_s=0.5
+        )
+        return self
 
     def stop(self) -> None:
-        if self.proc is None:
-            return
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        self.proc.wait(30)
+        kill_process_group(self.proc)
         self.proc = None

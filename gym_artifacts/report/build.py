@@ -332,15 +332,22 @@ def build_report(
     dest: Path | str | None = None,
     *,
     recording_href: str | None = None,
+    identities: dict[str, str] | None = None,
+    coverage: Coverage | None = None,
 ) -> Path:
-    """Write the run's report (default ``STEM_report.html`` beside the run); returns its path."""
+    """Write the run's report (default ``STEM_report.html`` beside the run); returns its path.
+
+    ``identities`` and ``coverage``, when an export has computed them, are used as they are
+    (the run is not hashed again).
+    """
     run = run if isinstance(run, RunArtifacts) else RunArtifacts.from_path(run)
     run.require_present()
     dest = Path(dest) if dest is not None else run.stem.with_name(run.stem.name + "_report.html")
-    logger.info("hashing %s's files for the summary", run.source)
-    record_counts: dict[str, int] = {}
-    identities = content_identities(run, record_counts=record_counts)
-    coverage = coverage_of(run, record_counts)
+    if identities is None or coverage is None:
+        logger.info("hashing %s's files for the summary", run.source)
+        record_counts: dict[str, int] = {}
+        identities = content_identities(run, record_counts=record_counts)
+        coverage = coverage_of(run, record_counts)
     logger.info("reading the rollouts for the table and histogram")
     rollouts_html, rollouts_json = _rollouts(run, coverage)
     sections = [

@@ -2,13 +2,12 @@
 
 Chunks are ordered by their integer index (``chunk_100000`` after ``chunk_99999``), missing
 indexes are reported, and the bytes move in the kernel (``os.copy_file_range``, else
-``os.sendfile``, else a buffered copy), never through a whole-file buffer. The result is
-published atomically.
+``os.sendfile``, else a buffered copy; the kernel loop is ``snapshot``'s), never through a
+whole-file buffer. The result is published atomically.
 """
 
 from __future__ import annotations
 
-import errno
 import os
 import re
 from collections.abc import Callable
@@ -17,9 +16,9 @@ from pathlib import Path
 
 from gym_artifacts.atomic import atomic_writer
 from gym_artifacts.errors import RunError
+from gym_artifacts.snapshot import kernel_copy_loop
 
 CHUNK_RE = re.compile(r"^chunk[_-](\d+)\.m4s$")
-_FALLBACK_ERRNOS = {errno.EXDEV, errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP, errno.EBADF}
 
 
 @dataclass
@@ -48,25 +47,20 @@ def _copy_fd(src_fd: int, dst_fd: int, size: int, method: list[str]) -> int:
     """Copy ``size`` bytes at the current offsets, in the kernel when the system allows.
 
     ``method`` holds the way that works here; it falls back (and remembers) when the kernel or
-    the filesystem refuses one.
+    the filesystem refuses one (``snapshot.kernel_copy_loop`` decides what counts as refused).
     """
     start = os.lseek(src_fd, 0, os.SEEK_CUR)
-    kernel_copies: dict[str, Callable[[int], int]] = {
-        "copy_file_range": lambda done: os.copy_file_range(src_fd, dst_fd, size - done),
-        "sendfile": lambda done: os.sendfile(dst_fd, src_fd, start + done, size - done),
+    kernel_steps: dict[str, Callable[[int, int], int]] = {
+        "copy_file_range": lambda _, count: os.copy_file_range(src_fd, dst_fd, count),
+        "sendfile": lambda offset, count: os.sendfile(dst_fd, src_fd, start + offset, count),
     }
     for name, fallback in (("copy_file_range", "sendfile"), ("sendfile", "buffered")):
         if method[0] != name:
             continue
-        copied = 0
-        try:
-            while copied < size and (n := kernel_copies[name](copied)):
-                copied += n
+        copied = kernel_copy_loop(kernel_steps[name], size)
+        if copied is not None:
             return copied
-        except OSError as exc:
-            if exc.errno not in _FALLBACK_ERRNOS or copied:
-                raise
-            method[0] = fallback
+        method[0] = fallback
     return _buffered_copy(src_fd, dst_fd, size)
 
 

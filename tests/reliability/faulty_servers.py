@@ -11,15 +11,15 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import TypeVar
 
 
 @dataclass
-class BlackHole:
-    """Accepts connections and never answers (nor closes them) until stopped."""
+class _AcceptLoop:
+    """A listening socket whose accept loop hands each connection to ``_accepted`` until stopped."""
 
     sock: socket.socket
-    held: list[socket.socket] = field(default_factory=list)
-    stopped: threading.Event = field(default_factory=threading.Event)
+    stopped: threading.Event = field(default_factory=threading.Event, kw_only=True)
 
     @property
     def uri(self) -> str:
@@ -32,7 +32,46 @@ class BlackHole:
                 conn, _ = self.sock.accept()
             except OSError:
                 continue
-            self.held.append(conn)
+            self._accepted(conn)
+
+    def _accepted(self, conn: socket.socket) -> None:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        self.stopped.set()
+        self.sock.close()
+
+
+_AcceptLoopT = TypeVar("_AcceptLoopT", bound=_AcceptLoop)
+
+
+def _listening() -> socket.socket:
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(64)
+    return sock
+
+
+@contextlib.contextmanager
+def _serving(server: _AcceptLoopT) -> Iterator[_AcceptLoopT]:
+    """Run ``server``'s accept loop on a daemon thread while the block runs; close it after."""
+    thread = threading.Thread(target=server.serve, daemon=True)
+    thread.start()
+    try:
+        yield server
+    finally:
+        server.close()
+        thread.join(2)
+
+
+@dataclass
+class BlackHole(_AcceptLoop):
+    """Accepts connections and never answers (nor closes them) until stopped."""
+
+    held: list[socket.socket] = field(default_factory=list)
+
+    def _accepted(self, conn: socket.socket) -> None:
+        self.held.append(conn)
 
     def close(self) -> None:
         self.stopped.set()
@@ -42,19 +81,8 @@ class BlackHole:
         self.sock.close()
 
 
-@contextlib.contextmanager
-def black_hole() -> Iterator[BlackHole]:
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    sock.listen(64)
-    hole = BlackHole(sock)
-    thread = threading.Thread(target=hole.serve, daemon=True)
-    thread.start()
-    try:
-        yield hole
-    finally:
-        hole.close()
-        thread.join(2)
+def black_hole() -> contextlib.AbstractContextManager[BlackHole]:
+    return _serving(BlackHole(_listening()))
 
 
 @dataclass
@@ -100,40 +128,35 @@ class _Handler(BaseHTTPRequestHandler):
 
 
 @contextlib.contextmanager
-def http_fault(fault: HttpFault) -> Iterator[tuple[str, HttpFault]]:
-    server = _Server(("127.0.0.1", 0), _Handler)
-    server.fault = fault
+def _http_serving(server: ThreadingHTTPServer) -> Iterator[str]:
+    """Serve on a daemon thread while the block runs (yields the URI); shut down after."""
     thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.1}, daemon=True)
     thread.start()
     try:
-        yield f"http://127.0.0.1:{server.server_address[1]}", fault
+        yield f"http://127.0.0.1:{server.server_address[1]}"
     finally:
         server.shutdown()
         server.server_close()
 
 
+@contextlib.contextmanager
+def http_fault(fault: HttpFault) -> Iterator[tuple[str, HttpFault]]:
+    server = _Server(("127.0.0.1", 0), _Handler)
+    server.fault = fault
+    with _http_serving(server) as uri:
+        yield uri, fault
+
+
 @dataclass
-class DripServer:
+class DripServer(_AcceptLoop):
     """Answers every request with a 200 whose body arrives one byte every ``interval`` seconds,
     forever: no read timeout ever fires, only an overall deadline ends the client's wait."""
 
-    sock: socket.socket
     interval: float = 1.0
     requests: int = 0
-    stopped: threading.Event = field(default_factory=threading.Event)
 
-    @property
-    def uri(self) -> str:
-        return f"http://127.0.0.1:{self.sock.getsockname()[1]}"
-
-    def serve(self) -> None:
-        self.sock.settimeout(0.2)
-        while not self.stopped.is_set():
-            try:
-                conn, _ = self.sock.accept()
-            except OSError:
-                continue
-            threading.Thread(target=self._drip, args=(conn,), daemon=True).start()
+    def _accepted(self, conn: socket.socket) -> None:
+        threading.Thread(target=self._drip, args=(conn,), daemon=True).start()
 
     def _drip(self, conn: socket.socket) -> None:
         with contextlib.suppress(OSError), conn:
@@ -145,24 +168,9 @@ class DripServer:
             while not self.stopped.wait(self.interval):
                 conn.sendall(b" ")
 
-    def close(self) -> None:
-        self.stopped.set()
-        self.sock.close()
 
-
-@contextlib.contextmanager
-def drip_server(interval: float = 1.0) -> Iterator[DripServer]:
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    sock.listen(64)
-    server = DripServer(sock, interval)
-    thread = threading.Thread(target=server.serve, daemon=True)
-    thread.start()
-    try:
-        yield server
-    finally:
-        server.close()
-        thread.join(2)
+def drip_server(interval: float = 1.0) -> contextlib.AbstractContextManager[DripServer]:
+    return _serving(DripServer(_listening(), interval))
 
 
 @dataclass
@@ -239,15 +247,8 @@ class _ProxyHandler(BaseHTTPRequestHandler):
         return
 
 
-@contextlib.contextmanager
-def delaying_proxy(proxy: DelayingProxy) -> Iterator[str]:
+def delaying_proxy(proxy: DelayingProxy) -> contextlib.AbstractContextManager[str]:
     """A proxy on 127.0.0.1 in front of ``proxy.target``; yields its URI."""
     server = _ProxyServer(("127.0.0.1", 0), _ProxyHandler)
     server.proxy = proxy
-    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.1}, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
+    return _http_serving(server)

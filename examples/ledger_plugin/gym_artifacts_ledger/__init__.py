@@ -50,18 +50,18 @@ class LedgerExporter(ga.LiveExporter):
 
     def _export_post_run(self, run: ga.RunArtifacts, plan: ga.ExportPlan) -> ga.Sent:
         run_id = plan.run_identity.removeprefix("b3:")[:32]  # the same run always lands in one ledger
-        lines = [{"kind": "config", "data": plan.config or {}}]
-        lines += [{"kind": "metrics", "data": vars(entry)} for entry in ga.iter_journal(run)]
-        rows = [r for _, r in ga.iter_jsonl(run.rollouts_fpath)] if plan.upload_rollouts and run.rollouts_fpath else []
-        lines += [{"kind": "rollout", "data": r} for r in rows]
-        lines += [{"kind": "aggregate", "data": ga.aggregate_metrics(run.read_aggregate_metrics())}]
+        payload = ga.RunPayload.of(run, plan)  # what to send: masked, complete lines only, read once
+        lines = [{"kind": "config", "data": payload.config or {}}]
+        lines += [{"kind": "metrics", "data": vars(entry)} for entry in payload.journal()]
+        lines += [{"kind": "rollout", "data": r} for r in payload.rollout_records()]
+        lines += [{"kind": "aggregate", "data": payload.values}]
         data = b"".join(json.dumps(ga.json_safe(line)).encode() + b"\n" for line in lines)
         ga.atomic_write_bytes(self._ledger(run_id), data)  # whole or not at all: a retry cannot duplicate
-        return ga.Sent(run_id, rows=len(rows), bytes=len(data))
+        return ga.Sent(run_id, rows=payload.rollout_rows, bytes=len(data))
 
     def _certify(self, run: ga.RunArtifacts, plan: ga.ExportPlan, live_run_id: str) -> ga.Sent:
         if not self._ledger(live_run_id).is_file():
             raise ga.CannotCertify(f"ledger {live_run_id} is gone")
-        self._append("aggregate", ga.aggregate_metrics(run.read_aggregate_metrics()), live_run_id)
+        self._append("aggregate", ga.RunPayload.of(run, plan).values, live_run_id)
         self._append("status", "CERTIFIED", live_run_id)
         return ga.Sent(live_run_id)

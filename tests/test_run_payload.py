@@ -1,0 +1,166 @@
+"""RunPayload: one payload per export, rollouts read once per backend, every artifact kind masked.
+
+The opens are counted with an audit hook (``open`` events: Python's ``open``, ``os.open`` and
+whatever an SDK opens through them), attributed to the backend whose ``export`` is running.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from omegaconf import OmegaConf
+
+from gym_artifacts.backend import ExportPlan
+from gym_artifacts.export import export_run
+from gym_artifacts.exporter import Exporter
+from gym_artifacts.run import RunArtifacts
+from gym_artifacts.run_payload import RunPayload
+
+_WATCHED: dict[str, Any] = {"path": None, "backend": None, "opens": Counter()}
+
+
+def _tail_check() -> bool:
+    """The open is ``partial_last_line``'s: a look at the file's last line, not a read of it."""
+    frame = sys._getframe(2)
+    for _ in range(4):
+        if frame is None:
+            return False
+        if frame.f_code.co_name == "partial_last_line":
+            return True
+        frame = frame.f_back
+    return False
+
+
+def _audit(event: str, args: tuple[Any, ...]) -> None:
+    watched = _WATCHED["path"]
+    if event == "open" and watched is not None and args and isinstance(args[0], str | Path) and str(args[0]) == watched:
+        who = _WATCHED["backend"] or "core"
+        _WATCHED["opens"][f"{who} tail" if _tail_check() else who] += 1
+
+
+sys.addaudithook(_audit)  # audit hooks cannot be removed: it does nothing unless a path is watched
+
+
+@pytest.fixture
+def count_opens(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
+    """``watch(path)`` starts counting opens of ``path`` by backend; returns the live Counter."""
+    real_export = Exporter.export
+
+    def export(self: Exporter, run: RunArtifacts, plan: ExportPlan) -> Any:
+        _WATCHED["backend"] = self.name
+        try:
+            return real_export(self, run, plan)
+        finally:
+            _WATCHED["backend"] = None
+
+    monkeypatch.setattr(Exporter, "export", export)
+
+    def watch(path: Path) -> Counter[str]:
+        _WATCHED.update(path=str(path), opens=Counter())
+        return _WATCHED["opens"]
+
+    yield watch
+    _WATCHED.update(path=None, backend=None)
+
+
+def _config(tmp_path: Path) -> Any:
+    return OmegaConf.create(
+        {
+            "exporters": {
+                "local": {"enabled": True, "root": str(tmp_path / "local")},
+                "tensorboard": {"enabled": True, "logdir": str(tmp_path / "tb")},
+            }
+        }
+    )
+
+
+def test_each_backend_reads_the_rollouts_file_once(quickstart_run: Path, tmp_path: Path, count_opens: Any) -> None:
+    """Rows come from the identity pass, not a recount; each backend reads the rollouts once."""
+    opens = count_opens(quickstart_run)
+    results = export_run(quickstart_run, _config(tmp_path))
+    assert [r.status.value for r in results] == ["EXPORTED", "EXPORTED"], results
+    assert {r.exporter: r.rows for r in results} == {"local": 300, "tensorboard": 300}
+    # the identity pass reads it once for all backends; local copies it and its report reads it
+    # for the table (no second hashing: the report takes the export's identities); TensorBoard
+    # streams it. Looks at the last line (a torn line?) read a few bytes from the end, no more.
+    assert (opens["core"], opens["local"], opens["tensorboard"]) == (1, 2, 1), opens
+    assert opens["local tail"] + opens["tensorboard tail"] <= 1, opens
+    shipped = tmp_path / "local" / "default"
+    [folder] = list(shipped.iterdir())
+    assert (folder / "rollouts.jsonl").read_bytes() == quickstart_run.read_bytes()
+
+
+def test_one_payload_per_export_counts_rows_once(quickstart_run: Path, count_opens: Any) -> None:
+    """Without the identity pass's count, the rows are counted once for all backends."""
+    run = RunArtifacts.from_path(quickstart_run)
+    plan = ExportPlan(identities={}, run_identity="b3:x", upload_rollouts=True, rollout_rows=None)
+    opens = count_opens(quickstart_run)
+    first = RunPayload.of(run, plan)
+    assert RunPayload.of(run, plan) is first
+    assert [RunPayload.of(run, plan).rollout_rows for _ in range(3)] == [300, 300, 300]
+    assert opens["core"] == 1, opens
+    other = ExportPlan(identities={}, run_identity="b3:x", upload_rollouts=True, rollout_rows=None)
+    assert RunPayload.of(run, other) is not first  # another export, another payload
+
+
+def test_a_torn_last_line_is_never_in_the_payload(quickstart_run: Path, count_opens: Any) -> None:
+    """Streamed records and the uploadable file both stop before the torn line."""
+    with quickstart_run.open("ab") as fh:
+        fh.write(b'{"torn": ')
+    run = RunArtifacts.from_path(quickstart_run)
+    torn = run.partial_rollouts_line()
+    assert torn is not None
+    plan = ExportPlan(identities={}, run_identity="b3:x", upload_rollouts=True, partial_line=torn)
+    payload = RunPayload.of(run, plan)
+    assert sum(1 for _ in payload.rollout_records()) == 300
+    with payload.rollouts_file() as complete:
+        assert complete is not None
+        assert complete.read_bytes() == quickstart_run.read_bytes()[: torn.complete_bytes]
+    assert payload.omitted_partial_line == {"omitted_partial_lines": 1, "omitted_partial_line_bytes": 9}
+    assert RunPayload.of(run, ExportPlan({}, "b3:y", upload_rollouts=False)).rollout_rows == 0
+
+
+CANARY = "canary-payload-secret-7q8r9s"
+
+
+def test_every_artifact_kind_is_masked(quickstart_run: Path) -> None:
+    """A config secret in the aggregate, the acceptance record, a sidecar, a JSON and a YAML runtime
+    artifact: the payload ships none of it (bytes or file), nor in values, tables or metadata; a
+    file without a secret ships as the run's own file."""
+    agg_fpath = quickstart_run.with_name("eval_aggregate_metrics.json")
+    entries = json.loads(agg_fpath.read_text())
+    entries[0]["judge_url"] = f"https://judge.example/?note={CANARY}"
+    agg_fpath.write_text(json.dumps(entries))
+    quickstart_run.with_name("eval_acceptance.json").write_text(
+        json.dumps({"planned_rows": 300, "omitted_rows": 0, "reason": f"by {CANARY}"})
+    )
+    failures = quickstart_run.with_name("eval_failures.jsonl")
+    failures.write_text(failures.read_text() + json.dumps({"error": f"401 for key {CANARY}"}) + "\n")
+    artifacts = quickstart_run.with_name("eval_artifacts")
+    (artifacts / "server.json").write_text(json.dumps({"model": "m", "api_key": CANARY}))
+    (artifacts / "server.yaml").write_text(f"model: m\nopenai_key: {CANARY}\n")
+    (artifacts / "plain.json").write_text(json.dumps({"model": "m"}))
+    run = RunArtifacts.from_path(quickstart_run)
+    plan = ExportPlan({}, "b3:x", upload_rollouts=True, secrets=frozenset({CANARY}))
+    payload = RunPayload.of(run, plan)
+    items = [payload.aggregate_file, payload.acceptance_file, *payload.sidecars, *payload.runtime_artifacts]
+    kinds = Counter(item.kind for item in items if item is not None and item.masked)
+    assert kinds == {"aggregate": 1, "acceptance": 1, "sidecar": 1, "runtime": 2}, kinds
+    for item in items:
+        assert item is not None
+        with item.as_file() as shipped:
+            assert CANARY.encode() not in shipped.read_bytes(), item.name
+            assert shipped.name == item.basename
+        written = item.write_to(Path(str(quickstart_run.parent / "out") + "/" + item.name))
+        assert written == item.size
+    plain = next(i for i in payload.runtime_artifacts if i.name == "plain.json")
+    assert plain.content == artifacts / "plain.json"  # nothing to mask: the file itself
+    shown = json.dumps([payload.values, [t.rows for t in payload.tables], payload.experiment_metadata])
+    assert CANARY not in shown
+    assert "weather_simple_agent/judge_url" in payload.values  # redacted, not dropped
