@@ -33,7 +33,6 @@ from gym_artifacts.journal import journal_line, repair_partial_last_line
 from gym_artifacts.jsonio import canonical_json, json_safe, read_json
 from gym_artifacts.layout import RECORDING
 from gym_artifacts.live import LiveExporter, RunStatus
-from gym_artifacts.payload import partial_line_record
 from gym_artifacts.receipts import utc_now_iso
 from gym_artifacts.run import RunArtifacts
 from gym_artifacts.run_names import saved_config_run_name
@@ -135,6 +134,7 @@ class LocalExporter(LiveExporter):
                 recording_href=href,
                 identities=plan.identities or None,
                 coverage=plan.coverage,
+                secrets=plan.secrets,
             )
         except Exception as exc:
             logger.warning("local: report not written: %s", exc)
@@ -169,7 +169,7 @@ class LocalExporter(LiveExporter):
             "identities": plan.identities,
             "rows": rows,
             "omitted_rows": run.omitted_rows(),
-            **partial_line_record(plan),
+            **RunPayload.of(run, plan).omitted_partial_line,
             **eval_times(run),
             "coverage": plan.coverage.to_json() if plan.coverage is not None else None,
             "upload_rollouts": plan.upload_rollouts,

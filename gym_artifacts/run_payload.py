@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from gym_artifacts.payload import (
     JournalEntry,
+    Masker,
     NvmlSample,
     complete_rollouts,
     count_lines,
@@ -47,7 +48,7 @@ RUNTIME = "runtime"  # OUT_artifacts/<relative name>
 # How each kind is masked. NeMo Gym's own output (aggregate, acceptance, sidecars) by value only:
 # its keys name counts (``tokens``) that a config masker would take for credentials. Runtime
 # artifacts (session configs, manifests) as a config: secret keys and secret-shaped values.
-_MASKERS: dict[str, Callable[[Any, frozenset[str]], bytes | None]] = {
+_MASKERS: dict[str, Masker] = {
     AGGREGATE: masked_sidecar,
     ACCEPTANCE: masked_sidecar,
     SIDECAR: masked_sidecar,

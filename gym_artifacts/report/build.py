@@ -334,11 +334,13 @@ def build_report(
     recording_href: str | None = None,
     identities: dict[str, str] | None = None,
     coverage: Coverage | None = None,
+    secrets: frozenset[str] = frozenset(),
 ) -> Path:
     """Write the run's report (default ``STEM_report.html`` beside the run); returns its path.
 
     ``identities`` and ``coverage``, when an export has computed them, are used as they are
-    (the run is not hashed again).
+    (the run is not hashed again). ``secrets``: values redacted from the page (a report that
+    an export ships must not quote a config secret the run's own files hold).
     """
     run = run if isinstance(run, RunArtifacts) else RunArtifacts.from_path(run)
     run.require_present()
@@ -362,6 +364,10 @@ def build_report(
     page = render_page(
         title=f"gym-artifacts report: {run.name}", sections=sections, rollouts_json=rollouts_json
     )
+    if secrets:
+        from gym_artifacts.secrets import redact_text
+
+        page = redact_text(page, secrets)
     logger.info("writing %s", dest)
     atomic_write_bytes(dest, page.encode("utf-8"))
     return dest

@@ -58,6 +58,7 @@ CANARIES = {
     "journal": "canary-journal-metric-6m7n8o",
     "yaml_artifact": "canary-yaml-artifact-9p0q1r",
     "live_metric": "canary-live-metric-2s3t4u",
+    "json_artifact": "canary-json-artifact-5v6w7x",
 }
 
 
@@ -113,6 +114,7 @@ exporters:
     experiment_name: canary
     tags: {{team_token: {c["mlflow_tag"]}, owner: evals}}
   wandb: {{enabled: true, mode: offline, project: canary, dir: {tmp_path / "wb"}, api_key: {c["wandb"]}}}
+  tensorboard: {{enabled: true, logdir: {tmp_path / "tb"}}}
 """
 
 
@@ -137,8 +139,20 @@ def test_no_canary_reaches_any_backend_log_or_environment(
         fh.write(json.dumps({"step": 10_000, "time": 1.0, "metrics": {"api_key": CANARIES["journal"]}}) + "\n")
     yaml_artifact = quickstart_run.with_name("eval_artifacts") / "server_config.yaml"
     yaml_artifact.write_text(f"model: m\nopenai_key: {CANARIES['yaml_artifact']}\n")
+    json_artifact = quickstart_run.with_name("eval_artifacts") / "server_config.json"
+    json_artifact.write_text(json.dumps({"model": "m", "api_key": CANARIES["json_artifact"]}))
+    # every other kind of file a backend ships: a config secret quoted in NeMo Gym's own output
+    # (a sidecar, the aggregate metrics: masked by value, their keys are never secret names)
+    sidecar = quickstart_run.with_name("eval_materialized_inputs.jsonl")
+    first, rest = sidecar.read_text().split("\n", 1)
+    sidecar.write_text(json.dumps({**json.loads(first), "judge": f"key={CANARIES['api_key']}"}) + "\n" + rest)
+    aggregate = quickstart_run.with_name("eval_aggregate_metrics.json")
+    entries = json.loads(aggregate.read_text())
+    entries[0]["judge_note"] = f"judged with {CANARIES['token']}"
+    aggregate.write_text(json.dumps(entries))
     # the run's own saved config (live logging writes OUT_config.yaml as NeMo Gym does): the user's file
-    user_files = {saved, journal, yaml_artifact, tmp_path / "live" / "eval_config.yaml"}
+    user_files = {saved, journal, yaml_artifact, json_artifact, sidecar, aggregate}
+    user_files.add(tmp_path / "live" / "eval_config.yaml")
     # live, from the eval's side
     live_out = tmp_path / "live" / "eval.jsonl"
     live_out.parent.mkdir()
@@ -155,10 +169,10 @@ def test_no_canary_reaches_any_backend_log_or_environment(
     proc = subprocess.run([sys.executable, "-m", "gym_artifacts.cli", "-v", "export", str(quickstart_run), "--json"],
                           capture_output=True, text=True, cwd=REPO, env=env, timeout=300)  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert proc.stdout.count('"EXPORTED"') == 3
+    assert proc.stdout.count('"EXPORTED"') == 4
     server.stop()
     scanned: list[tuple[str, bytes]] = []
-    roots = [tmp_path / "local", tmp_path / "wb", server.root, quickstart_run.parent, live_out.parent]
+    roots = [tmp_path / "local", tmp_path / "wb", tmp_path / "tb", server.root, quickstart_run.parent, live_out.parent]
     roots += [
         Path(os.environ[v]) for v in ("WANDB_DIR", "WANDB_DATA_DIR", "WANDB_CACHE_DIR", "WANDB_CONFIG_DIR")
     ]
@@ -171,7 +185,7 @@ def test_no_canary_reaches_any_backend_log_or_environment(
     captured = capfd.readouterr()
     scanned.append(("test stdout+stderr", (captured.out + captured.err).encode()))
     assert len(scanned) > 40
-    kinds = {"receipt": 0, "marker": 0, "mlflow db": 0, "wandb": 0}
+    kinds = {"receipt": 0, "marker": 0, "mlflow db": 0, "wandb": 0, "tfevents": 0}
     for name, data in scanned:
         for label, canary in CANARIES.items():
             assert canary.encode() not in data, f"{label} canary found in {name}"
@@ -179,8 +193,10 @@ def test_no_canary_reaches_any_backend_log_or_environment(
         kinds["marker"] += name.endswith("_run_id")
         kinds["mlflow db"] += name.endswith("server.db")
         kinds["wandb"] += name.endswith(".wandb")
+        kinds["tfevents"] += "tfevents" in name
     assert (
-        kinds["receipt"] == 3 and kinds["marker"] == 3 and kinds["mlflow db"] == 1 and kinds["wandb"] >= 2
+        kinds["receipt"] == 4 and kinds["marker"] == 4 and kinds["mlflow db"] == 1 and kinds["wandb"] >= 2
+        and kinds["tfevents"] >= 2
     ), kinds
     # never written to the process environment
     added = {k: v for k, v in os.environ.items() if environ_before.get(k) != v}
