@@ -45,6 +45,9 @@ def _now() -> str:
 class Handler(BaseHTTPRequestHandler):
     state: State
     protocol_version = "HTTP/1.1"
+    # Headers and body go out as two writes: with Nagle's algorithm on, the second waits for the
+    # client's delayed ACK (~40 ms a request), a stall LangSmith's own servers do not add.
+    disable_nagle_algorithm = True
 
     def log_message(self, *args: Any) -> None:  # quiet
         pass

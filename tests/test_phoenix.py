@@ -55,6 +55,7 @@ def assert_read_back_once(url: str, experiment_id: str, dataset: str, quickstart
         e.experiment_run_id: e.result["score"] for e in experiment["evaluation_runs"] if e.name == "reward"
     }
     assert len(rewards) == len(records)
+    assert sum(e.name == "reward" for e in experiment["evaluation_runs"]) == len(records)  # none twice
     for record in records:
         run = by_key[(str(record["_ng_task_index"]), record["_ng_rollout_index"] + 1)]
         assert run["output"] == record["response"]
