@@ -1,5 +1,9 @@
 """The ``gym-artifacts`` command: export finished eval runs once per backend, show status, write reports.
 
+Argv and printing only: each command is one call of the Python API (``export_runs``,
+``run_status``, ``build_report``, ``list_exporters``), which decides everything else, so the
+command and the API cannot disagree.
+
 Exit codes: 0 when every result is EXPORTED or SKIPPED, 1 when any FAILED, 2 for unusable
 arguments or config, or a run that does not exist. Heavy modules are imported inside the
 commands that need them.
@@ -19,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from gym_artifacts.executor import RunResults
+
 from gym_artifacts.flags import PARTIAL_OVERRIDE_FLAG, STALE_OVERRIDE_FLAG
 from gym_artifacts.progress import human_bytes
 from gym_artifacts.secrets import install_log_redaction
