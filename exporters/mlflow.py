@@ -257,7 +257,7 @@ class MlflowExporter(LiveExporter):
         if complete:  # another folder's copy of this run (or a lost receipt) already put it here
             run_id = str(complete[0].info.run_id)
             logger.info("mlflow: run %s already holds this run's identity, complete", run_id)
-            rows = (plan.rollout_rows or 0) if plan.upload_rollouts else 0
+            rows = RunPayload.of(run, plan).rollout_rows
             return Sent(run_id, rows=rows, note=f"already in MLflow (run {run_id} holds this identity)")
         attempt = uuid.uuid4().hex
         if found:  # an earlier export died before its receipt: finish that run, never a second one

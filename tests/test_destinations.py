@@ -19,6 +19,7 @@ import pytest
 pytest.importorskip("mlflow")
 
 from mlflow.tracking import MlflowClient
+from omegaconf import OmegaConf
 
 from gym_artifacts.cli import main
 from gym_artifacts.destination import credential_free_uri, destination_key
@@ -195,3 +196,46 @@ def test_the_default_destination_resolves_path_settings(tmp_path: Path, monkeypa
     assert in_a == where("./ledgers/") == where(str(tmp_path / "a" / "ledgers")) == where("../a/ledgers")
     monkeypatch.chdir(tmp_path / "b")
     assert where("ledgers") != in_a
+
+
+@pytest.mark.parametrize(
+    ("exporter", "url", "expected_url", "secrets"),
+    [
+        (
+            "langsmith",
+            "https://alice:pw-canary-91@eu.api.smith.langchain.com:8443/api/?api_key=qk-canary-17&region=eu",
+            "https://eu.api.smith.langchain.com:8443/api?region=eu",
+            ("alice", "pw-canary-91", "qk-canary-17"),
+        ),
+        (
+            "phoenix",
+            "http://bob:pw-canary-33@phoenix.internal:6006/?token=qt-canary-58&space=a",
+            "http://phoenix.internal:6006?space=a",
+            ("bob", "pw-canary-33", "qt-canary-58"),
+        ),
+    ],
+)
+def test_dataset_service_destination_is_url_and_names_without_credentials(
+    exporter: str, url: str, expected_url: str, secrets: tuple[str, ...]
+) -> None:
+    """LangSmith and Phoenix: a key in the URL, in its query or in ``api_key``: none reaches the
+    receipt's destination, while the names that select where runs go do; a timeout is not a
+    destination."""
+    from gym_artifacts.registry import get_entry
+
+    cls = get_entry(exporter).load()
+    url_field = "api_url" if exporter == "langsmith" else "base_url"
+    api_key = f"sk-{exporter}-canary-2b7e40"
+    section = {url_field: url, "api_key": api_key, "dataset_name": "d", "experiment_name": "e"}
+
+    def destination(**extra: Any) -> dict[str, Any]:
+        cfg = OmegaConf.create({"exporters": {exporter: {**section, **extra}}})
+        return cls.destination_for(cls.settings_from(cfg))
+
+    where = destination()
+    assert where == {url_field: expected_url, "dataset_name": "d", "experiment_name": "e"}
+    for secret in (*secrets, api_key):
+        assert secret not in json.dumps(where)
+    assert destination(request_timeout=5) == where
+    assert destination(dataset_name="other") != where
+    assert destination(experiment_name="other") != where

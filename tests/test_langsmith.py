@@ -19,7 +19,6 @@ pytest.importorskip("langsmith")
 
 from langsmith import Client
 
-from gym_artifacts._builtin_exporters.langsmith import LangsmithExporter
 from gym_artifacts.export import export_run
 from gym_artifacts.exporter import ExportStatus
 from gym_artifacts.receipts import read_receipts
@@ -169,25 +168,3 @@ def test_two_destinations_get_one_project_each_and_skip_without_contact(quicksta
     finally:
         for api in apis:
             api.stop()
-
-
-def test_destination_is_url_and_names_without_credentials() -> None:
-    """A key in the URL, in its query or in ``api_key``: none reaches the receipt's destination,
-    while the names that select where runs go do; a timeout is not a destination."""
-    url = "https://alice:pw-canary-91@eu.api.smith.langchain.com:8443/api/?api_key=qk-canary-17&region=eu"
-    section = {"api_url": url, "api_key": API_KEY, "dataset_name": "d", "experiment_name": "e"}
-
-    def destination(**extra: Any) -> dict[str, Any]:
-        cfg = OmegaConf.create({"exporters": {"langsmith": {**section, **extra}}})
-        return LangsmithExporter.destination_for(LangsmithExporter.settings_from(cfg))
-
-    where = destination()
-    assert where == {
-        "api_url": "https://eu.api.smith.langchain.com:8443/api?region=eu",
-        "dataset_name": "d",
-        "experiment_name": "e",
-    }
-    for secret in ("alice", "pw-canary-91", "qk-canary-17", API_KEY):
-        assert secret not in json.dumps(where)
-    assert destination(request_timeout=5) == where
-    assert destination(dataset_name="other") != where

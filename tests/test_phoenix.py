@@ -129,25 +129,3 @@ def test_two_destinations_get_one_experiment_each_and_skip_without_contact(
         [again] = export_run(quickstart_run, px_cfg(phoenix.url, dataset))
         assert again.status is ExportStatus.SKIPPED, again.reason
         assert again.backend_run_id == experiment_id
-
-
-def test_destination_is_url_and_names_without_credentials() -> None:
-    """A key in the URL, in its query or in ``api_key``: none reaches the receipt's destination,
-    while the names that select where runs go do; a timeout is not a destination."""
-    url = "http://bob:pw-canary-33@phoenix.internal:6006/?token=qt-canary-58&space=a"
-    section = {"base_url": url, "api_key": CANARY, "dataset_name": "d", "experiment_name": "e"}
-
-    def destination(**extra: Any) -> dict[str, Any]:
-        cfg = OmegaConf.create({"exporters": {"phoenix": {**section, **extra}}})
-        return PhoenixExporter.destination_for(PhoenixExporter.settings_from(cfg))
-
-    where = destination()
-    assert where == {
-        "base_url": "http://phoenix.internal:6006?space=a",
-        "dataset_name": "d",
-        "experiment_name": "e",
-    }
-    for secret in ("bob", "pw-canary-33", "qt-canary-58", CANARY):
-        assert secret not in json.dumps(where)
-    assert destination(request_timeout=5) == where
-    assert destination(experiment_name="other") != where

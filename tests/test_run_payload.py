@@ -44,12 +44,12 @@ def _audit(event: str, args: tuple[Any, ...]) -> None:
         _WATCHED["opens"][f"{who} tail" if _tail_check() else who] += 1
 
 
-sys.addaudithook(_audit)  # audit hooks cannot be removed: it does nothing unless a path is watched
-
-
 @pytest.fixture
 def count_opens(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
     """``watch(path)`` starts counting opens of ``path`` by backend; returns the live Counter."""
+    if not _WATCHED.get("hooked"):  # once per session (a hook cannot be removed); idle unless watching
+        sys.addaudithook(_audit)
+        _WATCHED["hooked"] = True
     real_export = Exporter.export
 
     def export(self: Exporter, run: RunArtifacts, plan: ExportPlan) -> Any:
