@@ -75,6 +75,11 @@ def _config(tmp_path: Path) -> Any:
             "exporters": {
                 "local": {"enabled": True, "root": str(tmp_path / "local")},
                 "tensorboard": {"enabled": True, "logdir": str(tmp_path / "tb")},
+                "mlflow": {
+                    "enabled": True,
+                    "tracking_uri": f"sqlite:///{tmp_path / 'mlflow.db'}",
+                    "artifact_location": (tmp_path / "mlartifacts").as_uri(),
+                },
             }
         }
     )
@@ -84,13 +89,14 @@ def test_each_backend_reads_the_rollouts_file_once(quickstart_run: Path, tmp_pat
     """Rows come from the identity pass, not a recount; each backend reads the rollouts once."""
     opens = count_opens(quickstart_run)
     results = export_run(quickstart_run, _config(tmp_path))
-    assert [r.status.value for r in results] == ["EXPORTED", "EXPORTED"], results
-    assert {r.exporter: r.rows for r in results} == {"local": 300, "tensorboard": 300}
+    assert [r.status.value for r in results] == ["EXPORTED"] * 3, results
+    assert {r.exporter: r.rows for r in results} == {"local": 300, "tensorboard": 300, "mlflow": 300}
     # the identity pass reads it once for all backends; local copies it and its report reads it
     # for the table (no second hashing: the report takes the export's identities); TensorBoard
-    # streams it. Looks at the last line (a torn line?) read a few bytes from the end, no more.
-    assert (opens["core"], opens["local"], opens["tensorboard"]) == (1, 2, 1), opens
-    assert opens["local tail"] + opens["tensorboard tail"] <= 1, opens
+    # streams it; MLflow uploads it. Looks at the last line (a torn line?) read a few bytes from
+    # the end, no more.
+    assert (opens["core"], opens["local"], opens["tensorboard"], opens["mlflow"]) == (1, 2, 1, 1), opens
+    assert opens["local tail"] + opens["tensorboard tail"] + opens["mlflow tail"] <= 1, opens
     shipped = tmp_path / "local" / "default"
     [folder] = list(shipped.iterdir())
     assert (folder / "rollouts.jsonl").read_bytes() == quickstart_run.read_bytes()
