@@ -49,13 +49,15 @@ import time
 from pathlib import Path
 import mlflow.tracking
 from gym_artifacts._builtin_exporters import _mlflow_traces as t
-from gym_artifacts._builtin_exporters._rollouts import iter_rollouts
+from gym_artifacts._builtin_exporters._rollouts import rollout_from_record
+from gym_artifacts.jsonio import iter_jsonl
 c = mlflow.tracking.MlflowClient({uri!r})
 exp = c.create_experiment('own')
 run = c.create_run(exp).info.run_id
 t._is_database_store = lambda store: False  # MLflow's own calls, one start_trace per rollout
 start = time.perf_counter()
-t.log_rollout_traces(c._tracking_client.store, exp, run, iter_rollouts(Path({out!r})), 0)
+rollouts = (rollout_from_record(i, rec) for i, (_, rec) in enumerate(iter_jsonl(Path({out!r}))))
+t.log_rollout_traces(c._tracking_client.store, exp, run, rollouts, 0)
 __result['wall'] = time.perf_counter() - start
 """
 

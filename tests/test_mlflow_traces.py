@@ -6,6 +6,7 @@ import json
 import subprocess
 import sys
 import textwrap
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -121,6 +122,14 @@ def test_sigkilled_export_rerun_leaves_no_duplicate_trace(quickstart_run: Path, 
     assert len(client.search_traces(locations=[experiment.experiment_id], max_results=500)) == 300
 
 
+def file_rollouts(fpath: Path) -> Iterator[Any]:
+    """The rollouts of a JSONL file as the exporters see them, row numbers from 0."""
+    from gym_artifacts._builtin_exporters._rollouts import rollout_from_record
+
+    for row, record in enumerate(json.loads(line) for line in fpath.read_text().splitlines()):
+        yield rollout_from_record(row, record)
+
+
 def _table_rows(db: Path) -> dict[str, list[tuple[Any, ...]]]:
     """Every row of MLflow's trace tables, sorted, with the folders of the two stores made equal."""
     import sqlite3
@@ -146,7 +155,6 @@ def test_batched_rows_equal_mlflows_own_start_trace_and_log_spans(
     ``start_trace`` + ``log_spans`` + ``link_traces_to_run`` write for the same traces: if an
     MLflow upgrade changes its rows, this fails instead of leaving half-formed traces."""
     from gym_artifacts._builtin_exporters import _mlflow_traces as t
-    from gym_artifacts._builtin_exporters._rollouts import iter_rollouts
 
     stores = {}
     for name in ("mlflow_own", "batched"):
@@ -160,7 +168,7 @@ def test_batched_rows_equal_mlflows_own_start_trace_and_log_spans(
     # the same trace entities into both stores: one run id for both (the batched store's run is
     # named by the link only, rewritten below)
     traces = [t.build_trace(r, experiment_id, run_id, 1_700_000_000_000, frozenset())
-              for r in iter_rollouts(quickstart_run)][:120]  # fmt: skip
+              for r in file_rollouts(quickstart_run)][:120]  # fmt: skip
     # one span with token usage and cost (which log_spans sums into the trace's columns)
     info, span = traces[7]
     span_dict = span.to_dict()
@@ -196,13 +204,12 @@ def test_batched_rows_equal_mlflows_own_start_trace_and_log_spans(
 def test_logging_the_same_traces_twice_keeps_one_of_each(quickstart_run: Path, tmp_path: Path) -> None:
     """A second pass over the same rollouts (a re-export with its receipt lost) adds nothing."""
     from gym_artifacts._builtin_exporters import _mlflow_traces as t
-    from gym_artifacts._builtin_exporters._rollouts import iter_rollouts
 
     client = MlflowClient(f"sqlite:///{tmp_path / 'twice.db'}")
     experiment_id = client.create_experiment("traces")
     run_id = client.create_run(experiment_id).info.run_id
     store = client._tracking_client.store
     for _ in range(2):
-        assert t.log_rollout_traces(store, experiment_id, run_id, iter_rollouts(quickstart_run), 0) == 300
+        assert t.log_rollout_traces(store, experiment_id, run_id, file_rollouts(quickstart_run), 0) == 300
     traces = assert_one_trace_per_rollout(client, run_id, quickstart_run)
     assert all(len(tr.info.assessments) == 1 and len(tr.data.spans) == 1 for tr in traces)
