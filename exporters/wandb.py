@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import threading
 import uuid
 from collections.abc import Iterator
@@ -111,14 +112,22 @@ class WandbExporter(LiveExporter):
 
     @classmethod
     def destination_for(cls, settings: WandbSettings) -> dict[str, Any]:
-        """Server, entity and project (and the mode: an offline run is not on the server)."""
+        """Server, entity and project (and the mode: an offline run is not on the server).
+
+        An offline run lands in a folder (``dir``, else ``WANDB_DIR``, else the working folder, as
+        ``wandb.init`` picks it): that resolved folder is part of where it went, so a second
+        folder is a second destination while another spelling of the same one is not.
+        """
         s = settings
-        return {
+        where: dict[str, Any] = {
             "base_url": credential_free_uri(s.base_url) if s.base_url else "https://api.wandb.ai",
             "entity": s.entity,
             "project": s.project,
             "mode": s.mode,
         }
+        if s.mode == "offline":
+            where["dir"] = str(Path(s.dir or os.environ.get("WANDB_DIR") or os.getcwd()).resolve())
+        return where
 
     def expected_errors(self) -> tuple[type[BaseException], ...]:
         import wandb

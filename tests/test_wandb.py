@@ -159,6 +159,34 @@ def test_retried_export_uses_the_same_run_id_and_reexport_skips_without_wandb(
     assert json.loads(proc.stdout)[0]["status"] == "SKIPPED"
 
 
+def test_two_offline_folders_are_two_destinations(
+    quickstart_run: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An offline run lands in its folder: exporting to a second folder is a second destination
+    (exported there, a second receipt), the same folder spelled otherwise is not; with no ``dir``
+    the folder is ``WANDB_DIR``, else the working folder."""
+    first, second = tmp_path / "a", tmp_path / "b"
+
+    def export_to(folder: str | None) -> ExportStatus:
+        section = wandb_section(tmp_path, dir=folder)
+        [result] = export_run(quickstart_run, OmegaConf.create({"exporters": {"wandb": section}}))
+        assert result.status is not ExportStatus.FAILED, result.reason
+        return result.status
+
+    assert export_to(str(first)) is ExportStatus.EXPORTED
+    assert export_to(str(second)) is ExportStatus.EXPORTED
+    monkeypatch.chdir(tmp_path)
+    assert export_to("a/") is ExportStatus.SKIPPED
+    assert len(offline_runs(first)) == len(offline_runs(second)) == 1
+    receipts = RunArtifacts.from_path(quickstart_run).export_done_fpath("wandb")
+    assert receipts.exists()
+    monkeypatch.setenv("WANDB_DIR", str(second))
+    assert export_to(None) is ExportStatus.SKIPPED  # WANDB_DIR names the second folder
+    monkeypatch.delenv("WANDB_DIR")
+    monkeypatch.chdir(first)
+    assert export_to(None) is ExportStatus.SKIPPED  # the working folder is the first
+
+
 def test_live_run_config_metrics_and_rollouts(tmp_path: Path) -> None:
     out = tmp_path / "eval.jsonl"
     cfg = {"exporters": {"wandb": wandb_section(tmp_path)}, "judge": {"api_key": API_KEY, "model": "j"}}
