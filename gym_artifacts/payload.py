@@ -188,6 +188,19 @@ def masked_sidecar(fpath: Any, secrets: frozenset[str]) -> bytes | None:
     return None if masked == text else masked.encode("utf-8", errors="surrogateescape")
 
 
+def masked_values(fpath: Any, secrets: frozenset[str]) -> bytes | None:
+    """Masked bytes of a data file that holds one of the config's secret values; None when it
+    holds none. By value only and whatever its size (aggregate metrics can be large): NeMo Gym's
+    numbers and tables have no credential shapes to look for."""
+    from pathlib import Path
+
+    from gym_artifacts.secrets import redact_secret_values
+
+    text = Path(fpath).read_bytes().decode("utf-8", errors="surrogateescape")
+    masked = redact_secret_values(text, secrets)
+    return None if masked == text else masked.encode("utf-8", errors="surrogateescape")
+
+
 def dump_yaml(content: Any) -> bytes:
     """YAML text of plain containers, keys in their order."""
     import yaml

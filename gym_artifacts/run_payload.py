@@ -30,6 +30,7 @@ from gym_artifacts.payload import (
     iter_nvml_series,
     masked_artifact,
     masked_sidecar,
+    masked_values,
     nvml_summary,
     partial_line_record,
 )
@@ -45,12 +46,13 @@ ACCEPTANCE = "acceptance"  # OUT_acceptance.json, shipped as acceptance.json
 SIDECAR = "sidecar"  # NeMo Gym's own sidecar files, under their artifact names
 RUNTIME = "runtime"  # OUT_artifacts/<relative name>
 
-# How each kind is masked. NeMo Gym's own output (aggregate, acceptance, sidecars) by value only:
-# its keys name counts (``tokens``) that a config masker would take for credentials. Runtime
-# artifacts (session configs, manifests) as a config: secret keys and secret-shaped values.
+# How each kind is masked. NeMo Gym's own output never by key: its keys name counts (``tokens``)
+# that a config masker would take for credentials. Its data (aggregate metrics, acceptance) by the
+# config's secret values, at any size; its sidecars (failure reasons, inputs: free text) also by
+# shape. Runtime artifacts (session configs, manifests) as a config: secret keys and shapes.
 _MASKERS: dict[str, Masker] = {
-    AGGREGATE: masked_sidecar,
-    ACCEPTANCE: masked_sidecar,
+    AGGREGATE: masked_values,
+    ACCEPTANCE: masked_values,
     SIDECAR: masked_sidecar,
     RUNTIME: masked_artifact,
 }
@@ -177,12 +179,12 @@ class RunPayload:
     @property
     def values(self) -> dict[str, Scalar]:
         """Bounded values: the aggregate under NeMo Gym's names, ``coverage/*``, ``omitted_rows``
-        (text values with any secret redacted). A fresh dict: the caller may add to it."""
+        (the config's secret values redacted from text). A fresh dict: the caller may add to it."""
         return dict(self._values_and_tables[0])
 
     @property
     def tables(self) -> list[LevelTable]:
-        """The per-task and per-repeat levels (text cells with any secret redacted)."""
+        """The per-task and per-repeat levels (the config's secret values redacted from text cells)."""
         return self._values_and_tables[1]
 
     @cached_property
@@ -282,15 +284,20 @@ class RunPayload:
 
 
 def _redacted_values(values: dict[str, Any], secrets: frozenset[str]) -> dict[str, Any]:
-    from gym_artifacts.secrets import redact_text
+    from gym_artifacts.secrets import redact_secret_values
 
-    return {k: redact_text(v, secrets) if isinstance(v, str) else v for k, v in values.items()}
+    return {k: redact_secret_values(v, secrets) if isinstance(v, str) else v for k, v in values.items()}
 
 
 def _redacted_table(table: LevelTable, secrets: frozenset[str]) -> LevelTable:
+    """The table with the config's secret values redacted from its text cells (the table itself
+    when no cell holds one: one scan of the joined cells decides, not a search per cell)."""
     from dataclasses import replace
 
-    from gym_artifacts.secrets import redact_text
+    from gym_artifacts.secrets import redact_secret_values
 
-    rows = [[redact_text(c, secrets) if isinstance(c, str) else c for c in row] for row in table.rows]
+    joined = "\n".join(c for row in table.rows for c in row if isinstance(c, str))
+    if redact_secret_values(joined, secrets) == joined:
+        return table
+    rows = [[redact_secret_values(c, secrets) if isinstance(c, str) else c for c in r] for r in table.rows]
     return replace(table, rows=rows)

@@ -364,10 +364,10 @@ def build_report(
     page = render_page(
         title=f"gym-artifacts report: {run.name}", sections=sections, rollouts_json=rollouts_json
     )
-    if secrets:
-        from gym_artifacts.secrets import redact_text
+    if secrets:  # by value: one scan in C, however many rollouts the page shows
+        from gym_artifacts.secrets import redact_secret_values
 
-        page = redact_text(page, secrets)
+        page = redact_secret_values(page, secrets)
     logger.info("writing %s", dest)
     atomic_write_bytes(dest, page.encode("utf-8"))
     return dest
