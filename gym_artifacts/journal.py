@@ -136,7 +136,7 @@ class MetricsJournal:
         self.worker = BackgroundWorker(
             "journal", max_queued=max_queued, records=RecordSink(self._write, self._write_batch)
         )
-        self.worker.submit(Call(self._open, (resume,), "open"))
+        self.worker.submit(Call(self._open, (resume,), "open", counted=False))
 
     def previous_last_step(self, timeout: float = 10.0) -> int | None:
         """The last step an earlier process of this (resumed) run journaled, or None."""
@@ -157,7 +157,7 @@ class MetricsJournal:
 
     def start_over(self) -> None:
         """A resume found nothing to resume: the journal starts anew (the old one set aside)."""
-        self.worker.submit(Call(self._reopen_fresh, (), "start_over"))
+        self.worker.submit(Call(self._reopen_fresh, (), "start_over", counted=False))
 
     def _reopen_fresh(self) -> None:
         self._close()
@@ -202,7 +202,7 @@ class MetricsJournal:
 
     def close(self, timeout: float) -> bool:
         """Write what is queued (within ``timeout``), flush to disk and stop."""
-        self.worker.submit(Call(self._close, (), "close"))
+        self.worker.submit(Call(self._close, (), "close", counted=False))
         return self.worker.stop(timeout)
 
     def _close(self) -> None:

@@ -57,6 +57,9 @@ class Call(NamedTuple):
     droppable: bool = False
     # Consecutive calls with the same ``batch`` function are applied as one ``batch(list of args)``.
     batch: Callable[[list[tuple[Any, ...]]], Any] | None = None
+    # False for a worker's own housekeeping (open, close a file): not a caller's call, so never
+    # counted delivered, failed or undelivered (its failure is still an attempt and an error).
+    counted: bool = True
 
 
 class RecordSink(NamedTuple):
@@ -78,6 +81,12 @@ class _Marker:
 
 class _Stop(_Marker):
     __slots__ = ()
+
+
+def _counted(item: object) -> bool:
+    """Whether a queue item is a caller's call (counted in the stats) rather than a marker or
+    the worker's own housekeeping."""
+    return not isinstance(item, _Marker) and (type(item) is not Call or item.counted)  # type: ignore[union-attr]
 
 
 _live_workers: weakref.WeakSet[BackgroundWorker] = weakref.WeakSet()
@@ -216,7 +225,7 @@ class BackgroundWorker:
             while self._in_call is not None and time.monotonic() < grace_end:
                 time.sleep(0.005)
             with self._accounting:
-                queued = sum(1 for item in list(self._queue) if not isinstance(item, _Marker))
+                queued = sum(1 for item in list(self._queue) if _counted(item))
                 self.stats.undelivered += queued + self._in_flight
                 self._in_flight = 0
                 self._abandoned = True
@@ -239,7 +248,7 @@ class BackgroundWorker:
         """The next queue item, counted in flight (under the lock ``stop`` counts with)."""
         with self._accounting:
             item = self._queue.popleft()
-            if not isinstance(item, _Marker):
+            if _counted(item):
                 self._in_flight += 1
             return item
 
@@ -319,7 +328,7 @@ class BackgroundWorker:
 
     def _apply(self, call: Call, group: list[Call] | None = None) -> None:
         if group is None:
-            self._deliver(call.kind, call.droppable, 1, call.fn, *call.args)
+            self._deliver(call.kind, call.droppable, 1 if call.counted else 0, call.fn, *call.args)
         else:
             assert call.batch is not None
             args = [c.args for c in group]

@@ -36,7 +36,7 @@ class MlflowServer:
     def log(self) -> Path:
         return self.root / "server.log"
 
-    def start(self, timeout: float = 60.0) -> MlflowServer:
+    def start(self, timeout: float = 180.0) -> MlflowServer:  # a wait, not a cost: a loaded CI host is slow
         self.root.mkdir(parents=True, exist_ok=True)
         env = dict(os.environ, MLFLOW_SERVER_ENABLE_JOB_EXECUTION="false", MLFLOW_DISABLE_TELEMETRY="true")
         mlflow_bin = Path(sys.executable).with_name("mlflow")

@@ -78,3 +78,49 @@ def test_disk_full_journal_whole_lines_and_an_exact_loss_count(tmp_path: Path) -
     assert 0 < len(steps) < 2000
     assert lost == 2000 - len(steps), (lost, len(steps))  # exact: every call journaled or counted
     assert steps == list(range(len(steps)))
+
+
+@pytest.mark.parametrize("stuck", ["writes", "open"])
+def test_a_journal_that_cannot_keep_up_counts_exactly_the_calls_it_lost(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, stuck: str
+) -> None:
+    """Teardown gives up on a journal that cannot keep up (a slow disk) or never opened (a hung
+    mount): every metric call is then a line or counted lost, exactly once; the journal's own
+    open and close requests are not metric calls and are never counted as lost ones."""
+    import threading
+    import time
+
+    from gym_artifacts.journal import MetricsJournal
+    from gym_artifacts.metric_records import encode_record
+
+    release = threading.Event()
+    if stuck == "writes":
+        real_append = MetricsJournal._append
+
+        def slow_append(self: MetricsJournal, data: bytes) -> None:
+            time.sleep(0.02)
+            real_append(self, data)
+
+        monkeypatch.setattr(MetricsJournal, "_append", slow_append)
+    else:
+        real_open = MetricsJournal._open
+
+        def hung_open(self: MetricsJournal, resume: bool) -> None:
+            release.wait(10)
+            real_open(self, resume)
+
+        monkeypatch.setattr(MetricsJournal, "_open", hung_open)
+    journal = MetricsJournal(tmp_path / "eval_metrics.jsonl", resume=False)
+    calls = 20_000
+    for step in range(calls):
+        journal.append_record(encode_record({"loss": 0.5}, step, 1.0))
+    started = time.monotonic()
+    assert journal.close(timeout=0.5) is False  # gave up: the writes could not keep up
+    release.set()
+    assert time.monotonic() - started < 8
+    stats = journal.worker.stats
+    lost = stats.dropped + stats.failed + stats.undelivered
+    fpath = tmp_path / "eval_metrics.jsonl"
+    lines = fpath.read_bytes().count(b"\n") if fpath.exists() else 0
+    assert 0 < lost <= calls
+    assert lines + lost == calls, (lines, lost)
