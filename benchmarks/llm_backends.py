@@ -26,7 +26,7 @@ from benchmarks.large_export import _copy_baseline, _ours
 ROWS = 100_000
 OWN_CALLS_ROWS = 1_000
 LANGSMITH_ROWS = (10_000, 100_000)
-PHOENIX_ROWS = (500, 3_000)
+PHOENIX_ROWS = (500, 10_000)
 PARTS = ("tensorboard", "mlflow", "langsmith", "phoenix")
 
 MEASURED = """
