@@ -26,7 +26,7 @@ from gym_artifacts.payload import (
     nvml_summary,
 )
 from gym_artifacts.report import charts
-from gym_artifacts.report.page import render_page
+from gym_artifacts.report.page import render_page, rollout_data_element
 from gym_artifacts.report.rollouts import RolloutTable, rollout_lines
 from gym_artifacts.run import RunArtifacts, agent_label
 from gym_artifacts.run_names import NO_CONFIG
@@ -197,11 +197,11 @@ def _gpu(run: RunArtifacts) -> str:
     return "".join(parts)
 
 
-def _rollouts(run: RunArtifacts, coverage: Coverage) -> tuple[str, str]:
-    """(section HTML, the rows as JSON for the table script)."""
+def _rollouts(run: RunArtifacts, coverage: Coverage, secrets: frozenset[str]) -> tuple[str, str]:
+    """(section HTML, the element carrying the table's rows; "" when there is no table)."""
     rollouts = run.rollouts_fpath
     if rollouts is None or not rollouts.is_file():
-        return _missing("No rollouts: the run has no rollouts file."), "null"
+        return _missing("No rollouts: the run has no rollouts file."), ""
     table = RolloutTable()
     rewards: list[float] = []
     torn = run.partial_rollouts_line()
@@ -219,15 +219,14 @@ def _rollouts(run: RunArtifacts, coverage: Coverage) -> tuple[str, str]:
         for lineno, _, record in rollout_lines(failures):
             table.add(f"failed {lineno}", None, record, None)
     if not len(table):
-        return _missing("No rollouts: the rollouts file is empty."), "null"
+        return _missing("No rollouts: the rollouts file is empty."), ""
     header, rows = table.layout()
-    rows = [[_cell(c) for c in row] for row in rows]
     hist = (
         charts.histogram(rewards, title="reward distribution", x_label="reward", y_label="rollouts")
         if rewards
         else ""
     )
-    data = json.dumps({"columns": header, "rows": rows}, ensure_ascii=False, allow_nan=False, default=str)
+    data = rollout_data_element(header, rows, secrets)
     failed = len(table) - scored
     counts = f"{scored:,} rollouts" + (
         f" and {failed:,} failed (from the failures sidecar)" if failed else ""
@@ -241,14 +240,7 @@ def _rollouts(run: RunArtifacts, coverage: Coverage) -> tuple[str, str]:
         + 'aria-label="search rollouts"> <button id="prev-page">previous</button> <span id="page-info"></span> '
         + '<button id="next-page">next</button></div><table id="rollout-table"><thead></thead><tbody></tbody></table>'
     )
-    return section, data.replace("</", "<\\/")
-
-
-def _cell(value: Any) -> Any:
-    """A table cell JSON can carry (no NaN or infinity)."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return str(value)
-    return value
+    return section, data
 
 
 def _recording(run: RunArtifacts, dest: Path, href: str | None) -> str:
@@ -351,7 +343,7 @@ def build_report(
         identities = content_identities(run, record_counts=record_counts)
         coverage = coverage_of(run, record_counts)
     logger.info("reading the rollouts for the table and histogram")
-    rollouts_html, rollouts_json = _rollouts(run, coverage)
+    rollouts_html, rollout_data = _rollouts(run, coverage, secrets)
     sections = [
         ("summary", "Run summary", _summary(run, identities, coverage)),
         ("aggregate", "Aggregate metrics", _aggregate(run)),
@@ -362,7 +354,7 @@ def build_report(
         ("profile", "Profiler: top operations", _profile(run)),
     ]
     page = render_page(
-        title=f"gym-artifacts report: {run.name}", sections=sections, rollouts_json=rollouts_json
+        title=f"gym-artifacts report: {run.name}", sections=sections, rollout_data=rollout_data
     )
     if secrets:  # by value: one scan in C, however many rollouts the page shows
         from gym_artifacts.secrets import redact_secret_values

@@ -7,8 +7,11 @@ own DecompressionStream: the page stays one offline file, a fraction of the rows
 from __future__ import annotations
 
 import base64
-import gzip
 import html
+import json
+import zlib
+from collections.abc import Iterable
+from typing import Any
 
 PACK_ABOVE_BYTES = 256 << 10  # rows JSON larger than this is embedded compressed
 
@@ -132,19 +135,63 @@ SCRIPT = r"""
 """
 
 
-def render_page(*, title: str, sections: list[tuple[str, str, str]], rollouts_json: str) -> str:
-    """The whole page: no external resource of any kind."""
+ROWS_PER_CHUNK = 1000  # rows redacted and written (or compressed) at a time
+
+
+def rollout_data_element(columns: list[str], rows: Iterable[list[Any]], secrets: frozenset[str]) -> str:
+    """The ``<script>`` element carrying the rollout table's rows, written chunk by chunk.
+
+    Small tables are plain JSON; past ``PACK_ABOVE_BYTES`` the text goes through a gzip stream
+    (the page unpacks it with the browser's ``DecompressionStream``) and is base64-embedded, so
+    the rows are never held whole. Each chunk has the known secret values redacted before it is
+    compressed (the page-wide redaction cannot see inside the packed rows).
+    """
+    from gym_artifacts.secrets import redact_secret_values
+
+    plain: list[str] = []
+    size = 0
+    packer: Any = None
+    packed: list[bytes] = []
+
+    def emit(text: str) -> None:
+        nonlocal size, packer
+        text = redact_secret_values(text, secrets).replace("</", "<\\/")
+        if packer is None:
+            plain.append(text)
+            size += len(text)
+            if size <= PACK_ABOVE_BYTES:
+                return
+            packer = zlib.compressobj(6, zlib.DEFLATED, 31)  # 31: the gzip format
+            text = "".join(plain)
+            plain.clear()
+        packed.append(packer.compress(text.encode("utf-8")))
+
+    emit(json.dumps({"columns": columns, "rows": []}, ensure_ascii=False)[:-2])
+    chunk: list[str] = []
+    first = True
+    for row in rows:
+        chunk.append(("" if first else ",") + json.dumps(row, ensure_ascii=False, allow_nan=False, default=str))
+        first = False
+        if len(chunk) == ROWS_PER_CHUNK:
+            emit("".join(chunk))
+            chunk.clear()
+    emit("".join(chunk) + "]}")
+    if packer is None:
+        return f'<script type="application/json" id="rollout-data">{"".join(plain)}</script>'
+    packed.append(packer.flush())
+    data = base64.b64encode(b"".join(packed)).decode()
+    return f'<script type="application/octet-stream" id="rollout-data-gz">{data}</script>'
+
+
+def render_page(*, title: str, sections: list[tuple[str, str, str]], rollout_data: str) -> str:
+    """The whole page: no external resource of any kind. ``rollout_data``: the element from
+    :func:`rollout_data_element` ("" when there is no table)."""
     nav = "".join(f'<a href="#{sid}">{html.escape(name)}</a>' for sid, name, _ in sections)
     body = "".join(
         f'<section id="{sid}"><h2>{html.escape(name)}</h2>{content}</section>'
         for sid, name, content in sections
     )
-    data = ""
-    if rollouts_json != "null" and len(rollouts_json) > PACK_ABOVE_BYTES:
-        packed = base64.b64encode(gzip.compress(rollouts_json.encode("utf-8"), 6, mtime=0)).decode()
-        data = f'<script type="application/octet-stream" id="rollout-data-gz">{packed}</script>'
-    elif rollouts_json != "null":
-        data = f'<script type="application/json" id="rollout-data">{rollouts_json}</script>'
+    data = rollout_data
     return (
         '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
         '<meta name="viewport" content="width=device-width, initial-scale=1">'

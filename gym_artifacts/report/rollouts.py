@@ -11,6 +11,9 @@ chosen from all rows (not the first), plus the start of the line as written.
 
 from __future__ import annotations
 
+import json
+import math
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -24,6 +27,7 @@ PREVIEW_CHARS = 160
 MAX_COLUMNS = 5
 RESPONSES_COLUMNS = ["task", "repeat", "agent", "prompt", "response", "tool calls", "failure", "reason"]
 _HIDDEN = {"reward", "mask_sample"}
+SPOOL_IN_MEMORY_BYTES = 8 << 20  # rows beyond this go to a temporary file: memory stays flat
 
 
 def _cut(text: str, limit: int = TEXT_CHARS) -> str:
@@ -78,13 +82,23 @@ def rollout_lines(fpath: Path, end: int | None = None) -> Iterator[tuple[int, by
                 yield lineno, raw, parse_jsonl_line(raw, fpath, lineno, "rollouts JSONL")
 
 
+def table_cell(value: Any) -> Any:
+    """A table cell JSON can carry (no NaN or infinity)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    return value
+
+
 class RolloutTable:
-    """Rows gathered line by line; columns decided once every row was seen."""
+    """Rows gathered line by line and spooled (never all held); columns decided once every row
+    was seen."""
 
     def __init__(self) -> None:
-        self._rows: list[tuple[str, Any, dict[str, Any], str | None]] = []
+        self._spool = tempfile.SpooledTemporaryFile(max_size=SPOOL_IN_MEMORY_BYTES)  # noqa: SIM115 - closed by rows()
+        self._count = 0
         self.responses_api = False
         self._seen: dict[str, int] = {}
+        self._filled: set[str] = set()  # columns with a non-empty value in some row
 
     def add(self, label: str, reward: Any, record: Any, raw: bytes | None) -> None:
         if is_responses_api(record) or (isinstance(record, dict) and "_ng_failure_class" in record):
@@ -94,29 +108,42 @@ class RolloutTable:
             cells = _scalar_cells(record)
             preview = None if raw is None else raw[: PREVIEW_CHARS * 2].decode("utf-8", "replace")
             preview = None if preview is None else preview.strip()[:PREVIEW_CHARS]
-        for key in cells:
+        for key, value in cells.items():
             self._seen[key] = self._seen.get(key, 0) + 1
-        self._rows.append((label, reward, cells, preview))
+            if value not in (None, ""):
+                self._filled.add(key)
+        cells = {k: table_cell(v) for k, v in cells.items()}
+        row = json.dumps([label, reward, cells, preview], ensure_ascii=False, allow_nan=False, default=str)
+        self._spool.write(row.encode("utf-8") + b"\n")
+        self._count += 1
 
     def __len__(self) -> int:
-        return len(self._rows)
+        return self._count
 
     def columns(self) -> list[str]:
         if self.responses_api:
-            return [c for c in RESPONSES_COLUMNS if any(r[2].get(c) not in (None, "") for r in self._rows)]
+            return [c for c in RESPONSES_COLUMNS if c in self._filled]
         # the most common scalar fields across every row, in first-seen order
         common = sorted(self._seen, key=lambda k: -self._seen[k])[:MAX_COLUMNS]
         return [k for k in self._seen if k in common]
 
-    def layout(self) -> tuple[list[str], list[list[Any]]]:
-        """Header and rows: line, reward, the chosen columns (and a preview for plain rows)."""
+    def layout(self) -> tuple[list[str], Iterator[list[Any]]]:
+        """Header and rows (read back from the spool once): line, reward, the chosen columns (and
+        a preview for plain rows)."""
         columns = self.columns()
         preview = not self.responses_api
         header = ["line", "reward", *columns, *(["rollout (start)"] if preview else [])]
-        rows = []
-        for label, reward, cells, start in self._rows:
-            row = [label, reward, *(cells.get(c) for c in columns)]
-            if preview:
-                row.append(start)
-            rows.append(row)
-        return header, rows
+        return header, self._rows(columns, preview)
+
+    def _rows(self, columns: list[str], preview: bool) -> Iterator[list[Any]]:
+        spool = self._spool
+        try:
+            spool.seek(0)
+            for line in spool:
+                label, reward, cells, start = json.loads(line)
+                row = [label, reward, *(cells.get(c) for c in columns)]
+                if preview:
+                    row.append(start)
+                yield row
+        finally:
+            spool.close()
