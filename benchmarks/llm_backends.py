@@ -54,7 +54,7 @@ from gym_artifacts.jsonio import iter_jsonl
 c = mlflow.tracking.MlflowClient({uri!r})
 exp = c.create_experiment('own')
 run = c.create_run(exp).info.run_id
-t._is_database_store = lambda store: False  # MLflow's own calls, one start_trace per rollout
+t._batches_into = lambda store: False  # MLflow's own calls, one start_trace per rollout
 start = time.perf_counter()
 rollouts = (rollout_from_record(i, rec) for i, (_, rec) in enumerate(iter_jsonl(Path({out!r}))))
 t.log_rollout_traces(c._tracking_client.store, exp, run, rollouts, 0)

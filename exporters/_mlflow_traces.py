@@ -10,7 +10,8 @@ Exactly once: the trace id is uuid5(MLflow run id, row) and each assessment id u
 verdict name).
 
 Two ways in, the same rows out:
-- a database store (``sqlite:///``, ``postgresql://``...): ``BATCH`` traces a transaction. Each
+- a database store (``sqlite:///``, ``postgresql://``...) of a tested MLflow release
+  (``BATCHED_RELEASES``; others take the server's way below): ``BATCH`` traces a transaction. Each
   trace's info, tags, metadata, assessments and span are inserted as MLflow's own ``start_trace``
   then ``log_spans`` leave them (tests/test_mlflow_traces.py compares the two row for row), but
   one transaction holds the whole batch; then ``link_traces_to_run`` (idempotent). A trace id
@@ -37,6 +38,9 @@ from gym_artifacts.secrets import redact_text
 from ._rollouts import Rollout, request_text, response_text
 
 BATCH = 500  # traces a transaction (database stores)
+# MLflow releases whose trace tables the batch writes (tests/test_mlflow_traces.py compares its
+# rows with MLflow's own start_trace + log_spans): the batch uses MLflow's private helpers.
+BATCHED_RELEASES = ("3.17.",)
 LINKS = 100  # MLflow's most trace ids a link_traces_to_run request
 PREVIEW_CHARS = 1000
 SOURCE_ID = "gym-artifacts"
@@ -265,10 +269,13 @@ def insert_traces(store: Any, experiment_id: str, traces: list[tuple[Any, Any]])
     return len(new)
 
 
-def _is_database_store(store: Any) -> bool:
+def _batches_into(store: Any) -> bool:
+    """Whether ``store`` takes the batch: a database store of a release whose tables the
+    row-for-row test compared (``BATCHED_RELEASES``); any other release gets MLflow's own calls."""
+    import mlflow
     from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore
 
-    return isinstance(store, SqlAlchemyStore)
+    return isinstance(store, SqlAlchemyStore) and mlflow.__version__.startswith(BATCHED_RELEASES)
 
 
 def log_rollout_traces(
@@ -281,7 +288,7 @@ def log_rollout_traces(
 ) -> int:
     """Write one trace per rollout (a trace already there is kept, never doubled); returns how
     many rollouts were traced. Memory is bounded by the batch, not the rows."""
-    database = _is_database_store(store)
+    database = _batches_into(store)
     batch_size = BATCH if database else LINKS
     count = 0
     batch: list[tuple[Any, Any]] = []

@@ -213,3 +213,29 @@ def test_logging_the_same_traces_twice_keeps_one_of_each(quickstart_run: Path, t
         assert t.log_rollout_traces(store, experiment_id, run_id, file_rollouts(quickstart_run), 0) == 300
     traces = assert_one_trace_per_rollout(client, run_id, quickstart_run)
     assert all(len(tr.info.assessments) == 1 and len(tr.data.spans) == 1 for tr in traces)
+
+
+def test_another_mlflow_release_takes_mlflows_own_calls(
+    quickstart_run: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The batch writes MLflow's tables as the tested release lays them out; under any other
+    release the traces go through MLflow's own ``start_trace``/``log_spans`` (still exactly once)."""
+    import mlflow
+
+    from gym_artifacts._builtin_exporters import _mlflow_traces as t
+
+    def no_batch(*args: Any) -> int:
+        raise AssertionError("the batch path ran under an untested MLflow release")
+
+    monkeypatch.setattr(mlflow, "__version__", "3.99.0")
+    monkeypatch.setattr(t, "insert_traces", no_batch)
+    client = MlflowClient(f"sqlite:///{tmp_path / 'other-release.db'}")
+    experiment_id = client.create_experiment("traces")
+    run_id = client.create_run(experiment_id).info.run_id
+    store = client._tracking_client.store
+    rollouts = list(file_rollouts(quickstart_run))[:40]
+    for _ in range(2):
+        assert t.log_rollout_traces(store, experiment_id, run_id, iter(rollouts), 0) == 40
+    traces = all_traces(client, experiment_id, run_id)
+    assert len(traces) == len({tr.info.trace_id for tr in traces}) == 40
+    assert all(len([a for a in tr.info.assessments if a.name == "reward"]) == 1 for tr in traces)
