@@ -332,6 +332,24 @@ def check_export_request(
         require_ray()
 
 
+def as_list(value: Any, what: str, *, paths: bool = False) -> list[Any]:
+    """A list of names (or of runs, ``paths``): a single str (or PathLike run) is a list of one.
+
+    Iterating a str would take each character as an item; anything but a str (or path) or a
+    sequence of them is refused with ConfigError, as the CLI refuses it.
+    """
+    single = (str, os.PathLike) if paths else (str,)
+    if isinstance(value, single):
+        return [value]
+    if isinstance(value, (bytes, Mapping)) or not isinstance(value, Sequence):
+        raise ConfigError(f"{what}: expected {'a path' if paths else 'a str'} or a list of them, "
+                          f"not {type(value).__name__}")  # fmt: skip
+    for item in value:
+        if not isinstance(item, single):
+            raise ConfigError(f"{what}: {item!r} is not {'a path' if paths else 'a str'}")
+    return list(value)
+
+
 def _run_summary(out: RunResults) -> str:
     if out.config_error is not None:
         return f"config error: {out.config_error}"
@@ -339,11 +357,11 @@ def _run_summary(out: RunResults) -> str:
 
 
 def export_runs(
-    runs: Sequence[str | os.PathLike[str]],
+    runs: str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
     config: str | os.PathLike[str] | Mapping[str, Any] | None = None,
     *,
-    overrides: Sequence[str] = (),
-    exporters: Sequence[str] = (),
+    overrides: str | Sequence[str] = (),
+    exporters: str | Sequence[str] = (),
     upload_rollouts: bool | None = None,
     certify: bool | None = None,
     verify: bool = False,
@@ -360,7 +378,8 @@ def export_runs(
     """Export many runs, each exactly once per backend; one RunResults per run, in ``runs`` order.
 
     The Python API of ``gym-artifacts export`` (the command only parses its arguments into this
-    call and prints what it returns). ``config``: a YAML file, a mapping, or None (each run's
+    call and prints what it returns). ``runs``, ``exporters`` and ``overrides``: a list, or a
+    single run (str or path) / name / ``key=value`` taken as a list of one. ``config``: a YAML file, a mapping, or None (each run's
     saved config, else the embedded default); ``overrides``: ``key=value`` strings; the flags
     as in ``export_run``. ``executor``: ``local`` (this process, or ``jobs`` processes) or
     ``ray`` (one task per run on the cluster at ``ray_address``; ``auto`` joins the running one;
@@ -372,6 +391,9 @@ def export_runs(
     """
     from gym_artifacts.progress import Progress
 
+    runs = as_list(runs, "runs", paths=True)
+    exporters = as_list(exporters, "exporters")
+    overrides = as_list(overrides, "overrides")
     check_export_request(
         config, overrides=overrides, exporters=exporters, executor=executor, jobs=jobs,
         ray_address=ray_address,

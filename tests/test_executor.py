@@ -84,3 +84,15 @@ def test_readme_python_api_block_runs_as_written(tmp_path: Path, monkeypatch: py
     assert re.search(r"eval\.jsonl local EXPORTED \S+ None", out), out
     assert "'local'" in out and "'mlflow'" in out
     assert len(list((tmp_path / "gym-artifacts-runs").rglob("run.json"))) == 1
+
+
+@pytest.mark.parametrize("as_one", [str, Path], ids=["str", "Path"])
+def test_a_single_run_and_a_single_exporter_name_are_a_list_of_one(
+    as_one: type, quickstart_run: Path, tmp_path: Path
+) -> None:
+    """``export_runs("q/eval.jsonl", exporters="local")`` exports that one run (never its characters)."""
+    config = {"exporters": {"local": {"enabled": True, "root": str(tmp_path / "store")}}}
+    [out] = export_runs(as_one(quickstart_run), config, exporters="local")
+    assert out.run == str(quickstart_run) and out.config_error is None
+    assert [(r.exporter, r.status.value) for r in out.results] == [("local", "EXPORTED")]
+    assert len(list((tmp_path / "store" / "default").iterdir())) == 1
