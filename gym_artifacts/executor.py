@@ -379,8 +379,8 @@ def export_runs(
 
     The Python API of ``gym-artifacts export`` (the command only parses its arguments into this
     call and prints what it returns). ``runs``, ``exporters`` and ``overrides``: a list, or a
-    single run (str or path) / name / ``key=value`` taken as a list of one. ``config``: a YAML file, a mapping, or None (each run's
-    saved config, else the embedded default); ``overrides``: ``key=value`` strings; the flags
+    single run (str or path) / name / ``key=value`` taken as a list of one. ``config``: a YAML
+    file, a mapping, or None (each run's saved config, else the embedded default); the flags
     as in ``export_run``. ``executor``: ``local`` (this process, or ``jobs`` processes) or
     ``ray`` (one task per run on the cluster at ``ray_address``; ``auto`` joins the running one;
     None starts a local cluster for this call and stops it). ``progress``: progress lines on a
