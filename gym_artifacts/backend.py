@@ -163,9 +163,19 @@ class LiveHooks(ABC):
 
     # -- optional hooks: the defaults are correct, a backend overrides them to do better ------------
     def _log_metrics_batch(self, entries: list[tuple[dict[str, Any], int, float]]) -> None:
-        """Several queued ``(metrics, step, timestamp)`` at once; override when the SDK has a batch call."""
-        for metrics, step, timestamp in entries:
-            self._log_metrics(metrics, step, timestamp)
+        """Several queued ``(metrics, step, timestamp)`` at once; override when the SDK has a batch call.
+
+        The default applies them one by one and, when one raises, says how far it got
+        (``PartialBatch``), so the calls already applied are never sent again. An override that
+        raises anything else is taken as atomic: all its calls are then tried again alone.
+        """
+        from gym_artifacts.worker import PartialBatch
+
+        for applied, (metrics, step, timestamp) in enumerate(entries):
+            try:
+                self._log_metrics(metrics, step, timestamp)
+            except Exception as exc:
+                raise PartialBatch(applied, exc) from exc
 
     def _release_reopened(self) -> None:
         """Let go of a reopened run without marking it ended (by default: end it KILLED)."""

@@ -20,6 +20,7 @@ from gym_artifacts.run import RunArtifacts
 from gym_artifacts.run_payload import PayloadArtifact, RunPayload
 from gym_artifacts.secrets import mask_secrets
 from gym_artifacts.spool import RolloutSpool
+from gym_artifacts.worker import PartialBatch
 
 __all__ = [
     "CannotCertify",
@@ -29,6 +30,7 @@ __all__ = [
     "GymArtifactsError",
     "LevelTable",
     "LiveExporter",
+    "PartialBatch",
     "PayloadArtifact",
     "RolloutSpool",
     "RunArtifacts",

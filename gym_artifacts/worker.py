@@ -70,6 +70,20 @@ class RecordSink(NamedTuple):
     kind: str = "metrics"
 
 
+class PartialBatch(Exception):
+    """A batch function applied its first ``applied`` calls, then call ``applied`` raised ``error``.
+
+    The worker then counts those delivered and that one failed, and applies only the calls after
+    it (one by one): no call reaches the backend twice. A batch function that raises anything
+    else is taken as atomic (nothing applied) and all its calls are tried again alone.
+    """
+
+    def __init__(self, applied: int, error: Exception) -> None:
+        super().__init__(f"{type(error).__name__}: {error}")
+        self.applied = applied
+        self.error = error
+
+
 class _Marker:
     """A request answered by setting an event once every earlier call was applied."""
 
@@ -372,6 +386,8 @@ class BackgroundWorker:
             self._in_call = None
             if singles is None:
                 self._on_failure(kind, exc, count)
+            elif isinstance(exc, PartialBatch):
+                self._apply_one_by_one(kind, droppable, singles, exc.error, applied=exc.applied)
             else:
                 self._apply_one_by_one(kind, droppable, singles, exc)
         else:
@@ -392,15 +408,21 @@ class BackgroundWorker:
         droppable: bool,
         singles: list[tuple[Callable[..., Any], tuple[Any, ...]]],
         batch_error: Exception,
+        applied: int | None = None,
     ) -> None:
         """A batch failed: apply its calls alone, so that one poison value loses only its call.
 
+        ``applied``: the batch got that far (see :class:`PartialBatch`): its first ``applied``
+        calls were delivered and the next one failed; only the calls after it are applied here.
         When the first ``FALLBACK_PROBES`` calls fail alone too, the backend itself is failing:
         the rest are counted failed without trying each (a dead server is not asked 1000 times).
         """
-        succeeded = failed = 0
+        succeeded = failed = start = 0
+        if applied is not None:
+            succeeded, failed, start = applied, 1, applied + 1
         error = batch_error
-        for i, (fn, args) in enumerate(singles):
+        for i in range(start, len(singles)):
+            fn, args = singles[i]
             if droppable and self._abandoned:
                 return  # ``stop`` gave up and counted these calls
             if not succeeded and failed >= self.FALLBACK_PROBES:

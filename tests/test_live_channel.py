@@ -248,3 +248,42 @@ def test_raising_hooks_become_counted_failures_never_exceptions_for_the_caller(t
     assert report.run_id == "probe-1" and report.failed >= 3 and "hook bug" in (report.last_error or "")
     marker = read_marker(run.run_id_marker_fpath("raises"))
     assert marker is not None and marker.state == "completed" and marker.lossless is False
+
+
+class DefaultBatchLive(ProbeLive):
+    """A plugin without its own batch hook (the default applies the calls one by one) whose
+    backend refuses bytes values; its setup waits, so the metric calls queue into one batch."""
+
+    name = "default_batch"
+    opened = threading.Event()
+    stored: ClassVar[list[int]] = []
+
+    def _setup(self) -> str:
+        DefaultBatchLive.opened.wait(30)
+        return "default-1"
+
+    def _log_metrics(self, metrics: dict[str, Any], step: int, timestamp: float) -> None:
+        if any(isinstance(v, bytes) for v in metrics.values()):
+            raise TypeError("bytes are not a metric")
+        DefaultBatchLive.stored.append(step)
+
+    _log_metrics_batch = ga.LiveExporter._log_metrics_batch  # the contract's default
+
+
+def test_a_failing_call_in_a_default_batch_reaches_the_backend_once_and_is_counted_exactly(
+    tmp_path: Path,
+) -> None:
+    DefaultBatchLive.stored.clear()
+    run = RunArtifacts.from_path(tmp_path / "eval.jsonl")
+    channel = LiveChannel(DefaultBatchLive(DefaultBatchLive.config_model()))
+    channel.setup(run)
+    for step in range(8):
+        channel.export_metrics({"a": b"x"} if step == 4 else {"a": 1.0}, step)
+    DefaultBatchLive.opened.set()  # the 8 calls are queued behind the setup: one batch
+    holder: list[Any] = []
+    _bounded(lambda: holder.append(channel.teardown(10.0, ga.RunStatus.FINISHED, hard_cap=20.0)), 30.0)
+    [report] = holder
+    assert DefaultBatchLive.stored == [0, 1, 2, 3, 5, 6, 7]  # each call at most once, in order
+    # 7 metric calls + setup + teardown delivered; the poisoned call failed, nothing counted twice
+    assert (report.delivered, report.failed, report.lost) == (9, 1, 1), report.describe()
+    assert "bytes are not a metric" in (report.last_error or "")
