@@ -144,6 +144,9 @@ class LiveRun:
         self._receiver: HandleReceiver | None = None  # started by the first handle()
         self._handle_lock = threading.Lock()
         self.journal = MetricsJournal(run.metrics_journal_fpath, resume=resume)
+        self._step_lock = threading.Lock()
+        if resume:  # automatic steps continue after the last step an earlier process journaled
+            self._last_step = self.journal.previous_last_step()
         for channel in self.channels:
             channel.setup(
                 run, resume=resume, secrets=self._secrets, previous_last_step=self.journal.previous_last_step
@@ -170,15 +173,25 @@ class LiveRun:
         try:
             checked = checked_metrics(metrics)
             if step is None:
-                step = 0 if self._last_step is None else self._last_step + 1
-            else:
-                step = normalize_step(step)
+                self._export_at_next_step(checked, when)
+                return
+            step = normalize_step(step)
             record = encode_record(checked, step, when)
         except Exception as exc:  # never into the eval
             self.refused.add("export_metrics", exc)
             return
         self._last_step = step
         self.export_record(record)
+
+    def _export_at_next_step(self, checked: Mapping[str, Any], when: float) -> None:
+        """The automatic step: the last step + 1, taken and handed on under one lock, so that
+        threads logging at once get distinct steps that reach the journal and every backend in
+        step order (W&B refuses a step that does not grow)."""
+        with self._step_lock:
+            step = 0 if self._last_step is None else self._last_step + 1
+            record = encode_record(checked, step, when)
+            self._last_step = step
+            self.export_record(record)
 
     def export_record(self, record: MetricRecord) -> None:
         """Hand one encoded metric call (see ``metric_records``) to the journal and every backend."""

@@ -263,3 +263,35 @@ def test_queued_metric_calls_are_applied_as_batches_in_order() -> None:
     assert worker.stop(5)
     assert applied == [list(range(10)), [99], [10, 11, 12]]
     assert worker.stats.delivered == 1 + 10 + 1 + 3
+
+
+def test_automatic_steps_from_several_threads_are_unique_and_in_order(tmp_path: Path) -> None:
+    import sys
+    import threading
+
+    threads, calls = 4, 2_500
+    out = tmp_path / "run" / "eval.jsonl"
+    switch = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # threads interleave as often as the interpreter lets them
+    try:
+        with live_exporters(config(tmp_path / "store", "recording"), out) as live:
+            assert isinstance(live, LiveRun)
+
+            def log() -> None:
+                for _ in range(calls):
+                    live.export_metrics({"loss": 0.5})
+
+            workers = [threading.Thread(target=log, daemon=True) for _ in range(threads)]
+            for t in workers:
+                t.start()
+            for t in workers:
+                t.join(120)
+            assert not any(t.is_alive() for t in workers), "a logging thread hung"
+    finally:
+        sys.setswitchinterval(switch)
+    journal = [json.loads(line)["step"] for line in out.with_name("eval_metrics.jsonl").read_text().splitlines()]
+    assert journal == sorted(set(journal)), "duplicate or out-of-order steps in the journal"
+    assert len(journal) + live.journal_lost == threads * calls
+    received = [step for kind, (step, _) in [r for r in RecordingLive.received if r[0] == "metrics"]]
+    assert received == sorted(set(received)), "duplicate or out-of-order steps at the backend"
+    assert local_steps(tmp_path / "store", out) == sorted(set(local_steps(tmp_path / "store", out)))

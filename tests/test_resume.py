@@ -234,3 +234,19 @@ def test_post_run_export_sends_the_journal_when_live_backends_failed(tmp_path: P
     assert [(s["step"], s["time"], s["metrics"]) for s in sent] == [
         (j["step"], j["time"], j["metrics"]) for j in journal
     ]
+
+
+def test_automatic_steps_continue_after_the_previous_processs_last_step(tmp_path: Path) -> None:
+    store, out = tmp_path / "store", tmp_path / "out" / "eval.jsonl"
+    cfg = {"exporters": {"local": {"enabled": True, "root": str(store), "experiment": "live"}}, "resume": True}
+    reopened = []
+    for _ in range(2):  # the second block is a resumed process: same output, resume on
+        with live_exporters(cfg, out) as live:
+            for _ in range(3):
+                live.export_metrics({"value": 1.0})  # no step: the automatic one
+            assert live.flush(10)
+            reopened.append(live.exporters[0].reopened)
+    assert reopened == [False, True]
+    journal = [json.loads(line)["step"] for line in out.with_name("eval_metrics.jsonl").read_text().splitlines()]
+    assert journal == list(range(6))
+    assert steps_in(store, marker_of(out).run_id) == list(range(6))
