@@ -63,6 +63,26 @@ def check_export_config_keys(cfg: Any, source: str) -> None:
         raise ConfigError(f"{source}: unknown key {key!r}{hint}")
 
 
+# Top-level keys whose value must read as a boolean (checked before any run is read).
+EXPORT_CONFIG_FLAGS = (UPLOAD_KEY, DEPRECATED_UPLOAD_KEY, "resume")
+
+
+def check_export_config(cfg: Any, source: str) -> None:
+    """The one validation of a ``-c`` file, a config mapping and ``key=value`` overrides alike:
+    unknown top-level keys are refused (with the closest known one), and so is a flag
+    (``upload_rollouts``, ``resume``) that is not a boolean. An interpolation is left to
+    the run (its environment decides)."""
+    check_export_config_keys(cfg, source)
+    raw = raw_container(cfg) if cfg is not None else {}
+    for key in EXPORT_CONFIG_FLAGS:
+        value = raw.get(key)
+        if value is not None and not (isinstance(value, str) and "${" in value):
+            try:
+                parse_flag(value, key)
+            except ConfigError as exc:
+                raise ConfigError(f"{source}: {exc}") from exc
+
+
 _BOOL = TypeAdapter(bool)
 SettingsT = TypeVar("SettingsT", bound=BaseModel)
 

@@ -307,7 +307,7 @@ def check_export_request(
     mapping's) unknown keys, malformed ``key=value`` overrides, unknown exporter names, the
     executor, ``jobs`` and a Ray address without the Ray executor.
     """
-    from gym_artifacts.config import check_export_config_keys, load_yaml_config, parse_overrides
+    from gym_artifacts.config import check_export_config, load_yaml_config, parse_overrides
     from gym_artifacts.registry import discover, get_entry
 
     if executor not in EXECUTORS:
@@ -319,12 +319,12 @@ def check_export_request(
     if config is None:
         pass
     elif isinstance(config, (str, os.PathLike)):
-        check_export_config_keys(load_yaml_config(config), str(config))
+        check_export_config(load_yaml_config(config), str(config))
     else:
         from omegaconf import OmegaConf
 
-        check_export_config_keys(OmegaConf.create(dict(config)), "the config mapping")
-    parse_overrides(overrides)
+        check_export_config(OmegaConf.create(dict(config)), "the config mapping")
+    check_export_config(parse_overrides(overrides), "override")
     entries = discover()
     for name in exporters:
         get_entry(name, entries)
@@ -348,6 +348,17 @@ def as_list(value: Any, what: str, *, paths: bool = False) -> list[Any]:
         if not isinstance(item, single):
             raise ConfigError(f"{what}: {item!r} is not {'a path' if paths else 'a str'}")
     return list(value)
+
+
+def check_flags(**flags: Any) -> None:
+    """ConfigError for a flag that is not a bool (None: decided by the config, where allowed).
+
+    ``upload_rollouts='no'`` is truthy: taken as given it would upload.
+    """
+    for name, (value, optional) in flags.items():
+        if not (isinstance(value, bool) or (optional and value is None)):
+            allowed = "True, False or None" if optional else "True or False"
+            raise ConfigError(f"{name}: {value!r} is not a boolean ({allowed})")
 
 
 def _run_summary(out: RunResults) -> str:
@@ -394,6 +405,11 @@ def export_runs(
     runs = as_list(runs, "runs", paths=True)
     exporters = as_list(exporters, "exporters")
     overrides = as_list(overrides, "overrides")
+    check_flags(
+        upload_rollouts=(upload_rollouts, True), certify=(certify, True), verify=(verify, False),
+        accept_partial_line=(accept_partial_line, False), progress=(progress, False),
+        accept_stale_aggregates=(accept_stale_aggregates, False),
+    )  # fmt: skip
     check_export_request(
         config, overrides=overrides, exporters=exporters, executor=executor, jobs=jobs,
         ray_address=ray_address,

@@ -96,3 +96,19 @@ def test_a_single_run_and_a_single_exporter_name_are_a_list_of_one(
     assert out.run == str(quickstart_run) and out.config_error is None
     assert [(r.exporter, r.status.value) for r in out.results] == [("local", "EXPORTED")]
     assert len(list((tmp_path / "store" / "default").iterdir())) == 1
+
+
+@pytest.mark.parametrize(
+    "flag", [{"upload_rollouts": "no"}, {"certify": "maybe"}, {"verify": "yes"}, {"upload_rollouts": 0}],
+    ids=["upload_rollouts-str", "certify-str", "verify-str", "upload_rollouts-int"],
+)
+def test_a_flag_that_is_not_a_bool_is_refused_before_anything_is_sent(
+    flag: dict[str, object], quickstart_run: Path, tmp_path: Path
+) -> None:
+    """``upload_rollouts='no'`` is truthy: taken as given it would upload; it is refused instead."""
+    from gym_artifacts.errors import ConfigError
+
+    config = {"exporters": {"local": {"enabled": True, "root": str(tmp_path / "store")}}}
+    with pytest.raises(ConfigError, match=next(iter(flag))):
+        export_runs([quickstart_run], config, **flag)  # type: ignore[arg-type]
+    assert not (tmp_path / "store").exists()

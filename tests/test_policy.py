@@ -226,6 +226,10 @@ REFUSED: dict[str, tuple[list[str], dict[str, Any]]] = {
     "unknown config key": (["-c", "export.yaml"], {"config": "export.yaml"}),
     "malformed override": (["exporters.local.enabled=perhaps", "-e", "local"],
                            {"overrides": ["exporters.local.enabled=perhaps"], "exporters": ["local"]}),
+    "typo'd override key": (["upload_rollout=false", "-e", "local"],
+                            {"overrides": ["upload_rollout=false"], "exporters": ["local"]}),
+    "non-bool upload override": (["upload_rollouts=maybe", "-e", "local"],
+                                 {"overrides": ["upload_rollouts=maybe"], "exporters": ["local"]}),
     "jobs 0": (["--jobs", "0"], {"jobs": 0}),
     "ray address without ray": (["--ray-address", "auto"], {"ray_address": "auto"}),
 }  # fmt: skip
