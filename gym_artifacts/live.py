@@ -134,7 +134,7 @@ class LiveRun:
         self.config = config
         self.resume = resume
         self.reports: list[LiveReport] = []
-        self.journal_lost = 0
+        self.late = 0  # calls made once teardown began: sent nowhere, counted, warned once
         self._last_step: int | None = None
         self._closed = False
         self.refused = RefusedCalls()
@@ -155,6 +155,8 @@ class LiveRun:
 
     def export_config(self, config: Mapping[str, Any] | None = None) -> None:
         """Log the eval's config (masked) to every backend."""
+        if self._closed and self._late("export_config"):
+            return
         payload = self._masked_config if config is None else mask_secrets(dict(config), self._secrets)
         for channel in self.channels:
             channel.export_config(payload)
@@ -170,6 +172,8 @@ class LiveRun:
 
     def _export_metrics_at(self, metrics: Mapping[str, Any], step: Any, when: float) -> None:
         """``export_metrics`` with the caller's time (a live handle's calls keep theirs)."""
+        if self._closed and self._late("export_metrics"):
+            return
         try:
             checked = checked_metrics(metrics)
             if step is None:
@@ -182,6 +186,25 @@ class LiveRun:
             return
         self._last_step = step
         self.export_record(record)
+
+    @property
+    def journal_lost(self) -> int:
+        """Metric calls the journal lost (queue full, disk failing, or after it closed)."""
+        stats = self.journal.worker.stats
+        return stats.dropped + stats.undelivered + stats.failed
+
+    def _late(self, call: str) -> bool:
+        """Whether teardown began (then ``call`` is counted in ``late``, warned about once, and
+        sent nowhere: not to the journal, not to any backend, so all of them agree)."""
+        if not self._closed:
+            return False
+        self.late += 1
+        if self.late == 1:
+            logger.warning(
+                "live logging: %s called after teardown began for %s; not sent anywhere "
+                "(further late calls are counted in live.late, not logged)", call, self.run.source,
+            )  # fmt: skip
+        return True
 
     def _export_at_next_step(self, checked: Mapping[str, Any], when: float) -> None:
         """The automatic step: the last step + 1, taken and handed on under one lock, so that
@@ -215,6 +238,8 @@ class LiveRun:
 
     def export_rollouts(self, rollouts: list[Any]) -> None:
         """Hand finished rollouts to every backend (the eval writes OUT.jsonl itself); never raises."""
+        if self._closed and self._late("export_rollouts"):
+            return
         try:
             batch = rollouts_batch(rollouts)
         except Exception as exc:  # never into the eval
@@ -225,6 +250,8 @@ class LiveRun:
 
     def start_over(self) -> None:
         """Resume found nothing to resume: every reopened backend run is replaced by a new one."""
+        if self._closed and self._late("start_over"):
+            return
         if self.resume:
             self.journal.start_over()
             self._last_step = None
@@ -233,6 +260,8 @@ class LiveRun:
 
     def complete(self) -> None:
         """The eval finished: lets ``export --certify`` complete these live runs later."""
+        if self._closed and self._late("complete"):
+            return
         identities = _OnceIdentities(self.run, self.journal)
         for channel in self.channels:
             channel.complete(identities)
@@ -276,7 +305,6 @@ class LiveRun:
             t.start()
         journal_closed = self.journal.close(min(timeout, max(0.0, deadline - time.monotonic())))
         journal_stats = self.journal.worker.stats
-        self.journal_lost = journal_stats.dropped + journal_stats.undelivered + journal_stats.failed
         if self.journal_lost or not journal_closed:
             logger.warning(
                 "live logging: the journal %s lost %d metric call(s) (queue full or disk failing: %s)",

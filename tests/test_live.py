@@ -295,3 +295,58 @@ def test_automatic_steps_from_several_threads_are_unique_and_in_order(tmp_path: 
     received = [step for kind, (step, _) in [r for r in RecordingLive.received if r[0] == "metrics"]]
     assert received == sorted(set(received)), "duplicate or out-of-order steps at the backend"
     assert local_steps(tmp_path / "store", out) == sorted(set(local_steps(tmp_path / "store", out)))
+
+
+def test_calls_after_teardown_are_counted_late_sent_nowhere_and_warned_once(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    store, out = tmp_path / "store", tmp_path / "run" / "eval.jsonl"
+    with live_exporters(config(store, "recording"), out) as live:
+        assert isinstance(live, LiveRun)
+        live.export_metrics({"loss": 1.0}, step=0)
+    received = list(RecordingLive.received)
+    with caplog.at_level(logging.WARNING, logger="gym_artifacts"):
+        live.export_metrics({"loss": 2.0}, step=1)
+        live.export_metrics({"loss": 2.0})
+        live.export_rollouts([{"id": 1}])
+        live.export_config({"lr": 0.1})
+        live.complete()
+        live.start_over()
+    assert live.late == 6
+    assert RecordingLive.received == received  # no backend saw any of them
+    assert local_steps(store, out) == [0]
+    journal = [json.loads(line)["step"] for line in out.with_name("eval_metrics.jsonl").read_text().splitlines()]
+    assert journal == [0]
+    late_warnings = [r for r in caplog.records if "after teardown" in r.getMessage()]
+    assert len(late_warnings) == 1, [r.getMessage() for r in caplog.records]
+
+
+def test_a_thread_still_logging_during_teardown_loses_no_call_uncounted(tmp_path: Path) -> None:
+    import threading
+
+    out = tmp_path / "run" / "eval.jsonl"
+    sent = 0
+    stop = threading.Event()
+    started = threading.Event()
+
+    with live_exporters(config(tmp_path / "store", "recording"), out) as live:
+        assert isinstance(live, LiveRun)
+
+        def log() -> None:
+            nonlocal sent
+            while not stop.is_set():
+                live.export_metrics({"loss": 0.5}, step=sent)
+                sent += 1
+                if sent == 100:
+                    started.set()
+
+        thread = threading.Thread(target=log, daemon=True)
+        thread.start()
+        assert started.wait(30)
+    time.sleep(0.05)  # the thread keeps logging after the block ended
+    stop.set()
+    thread.join(30)
+    assert not thread.is_alive()
+    journal = out.with_name("eval_metrics.jsonl").read_text().splitlines()
+    assert live.late > 0
+    assert len(journal) + live.journal_lost + live.late == sent
