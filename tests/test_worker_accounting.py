@@ -49,3 +49,34 @@ def test_a_failing_backend_in_backoff_is_accounted_exactly_once(stop_after: floa
     worker._thread.join(10)
     assert accounted_at_stop == submitted
     assert accounted(worker) == submitted  # nothing counted twice afterwards
+
+
+@pytest.mark.parametrize("poison", [0, 1, 4, 7])
+def test_a_batch_that_reports_partial_progress_is_never_applied_twice(poison: int) -> None:
+    from gym_artifacts.worker import PartialBatch
+
+    stored: list[int] = []
+    gate = threading.Event()
+
+    def one(metrics: dict, step: int | None, when: float) -> None:
+        gate.wait(10)
+        if step == poison:
+            raise ValueError("poison")
+        stored.append(step)  # type: ignore[arg-type]
+
+    def many(entries: list) -> None:  # the contract's default: one by one, saying how far it got
+        for applied, entry in enumerate(entries):
+            try:
+                one(*entry)
+            except Exception as exc:
+                raise PartialBatch(applied, exc) from exc
+
+    worker = BackgroundWorker("t", records=RecordSink(one, many))
+    worker.submit_record(encode_record({"loss": 0.5}, 100, 1.0))  # held by the gate: the rest queue
+    for step in range(8):
+        worker.submit_record(encode_record({"loss": 0.5}, step, 1.0))
+    gate.set()
+    assert worker.stop(10)
+    assert stored == [100, *[s for s in range(8) if s != poison]]
+    assert (worker.stats.delivered, worker.stats.failed) == (8, 1)
+    assert "poison" in (worker.stats.last_error or "")
