@@ -25,7 +25,7 @@ from pydantic import Field, SecretStr
 
 from gym_artifacts.aggregate import LevelTable, table_jsonl
 from gym_artifacts.config import ExporterConfig
-from gym_artifacts.destination import credential_free_uri
+from gym_artifacts.destination import credential_free_uri, resolved_path
 from gym_artifacts.exporter import ExportPlan, Sent
 from gym_artifacts.jsonio import json_safe
 from gym_artifacts.layout import NVML_SUMMARY, RECORDING
@@ -57,6 +57,9 @@ class WandbSettings(ExporterConfig):
     finish_timeout: float = Field(default=60.0, gt=0, le=3600)
     table_max_rows: int = Field(default=10_000, ge=1, le=200_000)
     artifact_part_rows: int = Field(default=100_000, ge=1, le=200_000)
+
+
+WANDB_CLOUD = "https://api.wandb.ai"
 
 
 def post_run_id(run_identity: str) -> str:
@@ -120,13 +123,14 @@ class WandbExporter(LiveExporter):
         """
         s = settings
         where: dict[str, Any] = {
-            "base_url": credential_free_uri(s.base_url) if s.base_url else "https://api.wandb.ai",
+            # as the SDK picks the server: the setting, else WANDB_BASE_URL, else W&B's cloud
+            "base_url": credential_free_uri(s.base_url or os.environ.get("WANDB_BASE_URL") or WANDB_CLOUD),
             "entity": s.entity,
             "project": s.project,
             "mode": s.mode,
         }
         if s.mode == "offline":
-            where["dir"] = str(Path(s.dir or os.environ.get("WANDB_DIR") or os.getcwd()).resolve())
+            where["dir"] = resolved_path(s.dir or os.environ.get("WANDB_DIR") or os.getcwd())
         return where
 
     def expected_errors(self) -> tuple[type[BaseException], ...]:
@@ -151,8 +155,9 @@ class WandbExporter(LiveExporter):
             options["api_key"] = s.api_key.get_secret_value()
         if s.base_url:
             options["base_url"] = s.base_url
-        if s.dir is not None:
-            s.dir.mkdir(parents=True, exist_ok=True)
+        folder = s.dir.expanduser() if s.dir is not None else None  # "~/wb" is a folder at home
+        if folder is not None:
+            folder.mkdir(parents=True, exist_ok=True)
         return wandb.init(
             project=s.project,
             entity=s.entity,
@@ -161,7 +166,7 @@ class WandbExporter(LiveExporter):
             tags=list(s.tags),
             id=run_id,
             resume="allow",
-            dir=str(s.dir) if s.dir is not None else None,
+            dir=str(folder) if folder is not None else None,
             config=config,
             settings=wandb.Settings(**options),
         )

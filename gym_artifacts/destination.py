@@ -27,8 +27,9 @@ def destination_key(destination: Destination) -> str:
 
 
 def resolved_path(path: str | os.PathLike[str]) -> str:
-    """An absolute, user-expanded path (not following links: a mount point stays as named)."""
-    return os.path.abspath(os.path.expanduser(os.fspath(path)))
+    """The folder a path names, however it is spelled: ``~`` expanded, links followed (files
+    land in the link's target, so two names of one folder are one destination)."""
+    return os.path.realpath(os.path.expanduser(os.fspath(path)))
 
 
 def absolute_store_uri(uri: str) -> str:

@@ -81,3 +81,20 @@ def test_the_destination_check_catches_unresolved_paths_and_credentials(tmp_path
     # each fails at its own fault: the respelled folder is another destination; the credential shows
     assert "assert backend.destination(settings) in (here_dest, elsewhere_dest)" in out, out[-3000:]
     assert "CREDENTIAL_CANARY.encode() not in canonical_json" in out, out[-3000:]
+
+
+def test_the_suite_command_keeps_pytest_arguments_whole_and_names_an_unknown_backend() -> None:
+    """``python -m gym_artifacts.testing NAME -- -k "a and not b"``: the expression reaches pytest
+    as one argument; an unregistered NAME is one line naming it, exit 2, no traceback."""
+    import subprocess
+    import sys
+
+    run = [sys.executable, "-m", "gym_artifacts.testing"]
+    ok = subprocess.run([*run, "local", "--", "-k", "class_keeps and not live"],
+                        capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert ok.returncode == 0, ok.stdout[-2000:] + ok.stderr[-2000:]
+    assert "1 passed" in ok.stdout, ok.stdout[-500:]
+    unknown = subprocess.run([*run, "no_such_backend"], capture_output=True, text=True, timeout=120)
+    assert unknown.returncode == 2
+    assert "no_such_backend" in unknown.stderr and "Traceback" not in unknown.stderr + unknown.stdout
+    assert len(unknown.stderr.strip().splitlines()) == 1, unknown.stderr

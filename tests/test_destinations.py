@@ -239,3 +239,32 @@ def test_dataset_service_destination_is_url_and_names_without_credentials(
     assert destination(request_timeout=5) == where
     assert destination(dataset_name="other") != where
     assert destination(experiment_name="other") != where
+
+
+def test_one_folder_reached_through_a_link_or_home_is_one_destination(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A folder named through a symbolic link, ``~`` or ``..`` is where the files land: one
+    destination for the local root, TensorBoard's log folder and W&B's offline folder; the W&B
+    server comes from ``WANDB_BASE_URL`` when the settings name none, as the SDK takes it."""
+    from gym_artifacts.registry import get_entry
+
+    real = tmp_path / "roots" / "A"
+    real.mkdir(parents=True)
+    (tmp_path / "link").symlink_to(real)
+    monkeypatch.setenv("HOME", str(tmp_path / "roots"))
+    monkeypatch.chdir(tmp_path)
+    spellings = [str(real), "link", "link/", "~/A", "roots/../link"]
+    for name, key in [("local", "root"), ("tensorboard", "logdir"), ("wandb", "dir")]:
+        cls = get_entry(name).load()
+        where = [
+            cls.destination_for(cls.settings_from(OmegaConf.create({"exporters": {name: {key: s}}})))
+            for s in spellings
+        ]
+        assert all(w == where[0] for w in where), (name, where)
+    wandb = get_entry("wandb").load()
+    online = OmegaConf.create({"exporters": {"wandb": {"mode": "online"}}})
+    monkeypatch.setenv("WANDB_BASE_URL", "https://wandb.internal.example:8443/")
+    assert wandb.destination_for(wandb.settings_from(online))["base_url"] == "https://wandb.internal.example:8443"
+    monkeypatch.delenv("WANDB_BASE_URL")
+    assert wandb.destination_for(wandb.settings_from(online))["base_url"] == "https://api.wandb.ai"

@@ -6,15 +6,42 @@ import os
 import sys
 from pathlib import Path
 
+EXIT_USAGE = 2  # an unknown backend name, or pytest's own usage error
+
 
 def main(argv: list[str]) -> int:
     import pytest
 
-    names, _, extra = " ".join(argv).partition("--") if "--" in argv else (" ".join(argv), "", "")
-    if names.strip():
-        os.environ["GYM_ARTIFACTS_CONTRACT"] = ",".join(names.split())
+    split = argv.index("--") if "--" in argv else len(argv)
+    names, extra = argv[:split], argv[split + 1 :]  # pytest's arguments kept whole ("-k a and b")
+    if names:
+        os.environ["GYM_ARTIFACTS_CONTRACT"] = ",".join(names)
     suite = Path(__file__).with_name("contract.py")
-    return int(pytest.main([str(suite), "-p", "no:cacheprovider", "-q", *extra.split()]))
+    code = int(pytest.main([str(suite), "-p", "no:cacheprovider", "-q", *extra], plugins=[_NameCheck(names)]))
+    return EXIT_USAGE if code == pytest.ExitCode.USAGE_ERROR else code
+
+
+class _NameCheck:
+    """Refuses unregistered names once pytest has loaded its ``-p`` plugins (a backend they
+    register counts): one line, a usage error, no traceback."""
+
+    def __init__(self, names: list[str]) -> None:
+        self.names = names
+
+    def pytest_configure(self, config: object) -> None:
+        import pytest
+
+        from gym_artifacts import registry
+        from gym_artifacts.errors import GymArtifactsError
+
+        try:
+            registered = registry.discover()
+        except GymArtifactsError as exc:  # two distributions register one name
+            raise pytest.UsageError(str(exc)) from None
+        unknown = sorted(set(self.names) - set(registered))
+        if unknown:
+            known = ", ".join(sorted(registered))
+            raise pytest.UsageError(f"no registered exporter {', '.join(unknown)} (registered: {known})")
 
 
 if __name__ == "__main__":
