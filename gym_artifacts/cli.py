@@ -181,10 +181,7 @@ def cmd_export(ns: argparse.Namespace) -> int:
     from gym_artifacts.errors import GymArtifactsError
     from gym_artifacts.executor import export_runs
 
-    runs, overrides = _split_items(ns.items)
-    if not runs:
-        print("gym-artifacts: error: no run given (OUT.jsonl or an artifacts folder)", file=sys.stderr)
-        return EXIT_USAGE
+    runs, overrides = _split_items(ns.items)  # no run at all: export_runs refuses it
     finished: list[RunResults] = []
     try:
         outputs = export_runs(

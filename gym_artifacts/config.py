@@ -121,7 +121,7 @@ def parse_flag(value: Any, key: str) -> bool:
 def load_yaml_config(fpath: Path | str) -> Any:
     """A DictConfig from a YAML file; errors name the file and line (the run's YAML reader's)."""
     oc = _omegaconf()
-    fpath = Path(fpath)
+    fpath = Path(require_path_arg(fpath, "config"))
     if not fpath.exists():
         raise ConfigError(f"{fpath}: config file not found")
     try:
@@ -281,6 +281,20 @@ def exporter_section(cfg: Any, name: str) -> dict[str, Any]:
     return value
 
 
+def require_path_arg(value: Any, what: str) -> str:
+    """``value`` as a path string; ConfigError (the CLI's exit 2) for anything but a str or PathLike."""
+    import os
+
+    if isinstance(value, bytes) or not isinstance(value, (str, os.PathLike)):
+        raise ConfigError(f"{what}: expected a path (str or os.PathLike), not {type(value).__name__}")
+    return os.fspath(value)
+
+
+def unknown_setting(model: type[BaseModel], name: str, key: Any) -> str:
+    """The message for a setting that ``exporters.<name>`` does not have."""
+    return f"exporters.{name}.{key}: unknown setting (known: {', '.join(sorted(model.model_fields))})"
+
+
 def validate_settings(model: type[SettingsT], section: dict[str, Any], name: str) -> SettingsT:
     """Validated backend settings; the error names the key and why it is wrong."""
     try:
@@ -288,8 +302,7 @@ def validate_settings(model: type[SettingsT], section: dict[str, Any], name: str
     except ValidationError as exc:
         loc, msg, kind = first_validation_error(exc)
         if kind == "extra_forbidden":
-            known = ", ".join(sorted(model.model_fields))
-            msg = f"unknown setting (known: {known})"
+            raise ConfigError(unknown_setting(model, name, loc)) from exc
         raise ConfigError(f"exporters.{name}.{loc}: {msg}") from exc
 
 

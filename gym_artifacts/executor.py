@@ -307,24 +307,35 @@ def check_export_request(
     mapping's) unknown keys, malformed ``key=value`` overrides, unknown exporter names, the
     executor, ``jobs`` and a Ray address without the Ray executor.
     """
-    from gym_artifacts.config import check_export_config, load_yaml_config, parse_overrides
+    from gym_artifacts.config import as_config, check_export_config, load_yaml_config, parse_overrides
+    from gym_artifacts.export import check_exporter_setting_names
     from gym_artifacts.registry import discover, get_entry
 
     if executor not in EXECUTORS:
         raise ConfigError(f"unknown executor {executor!r}: choose one of {', '.join(EXECUTORS)}")
+    if isinstance(jobs, bool) or not isinstance(jobs, int):
+        raise ConfigError(f"jobs (--jobs): expected an int, not {type(jobs).__name__}")
     if jobs < 1:
         raise ConfigError("jobs (--jobs) must be at least 1")
+    if ray_address is not None and not isinstance(ray_address, str):
+        raise ConfigError(f"ray_address: expected a str, not {type(ray_address).__name__}")
     if ray_address is not None and executor != "ray":
         raise ConfigError("a Ray address (--ray-address) needs the ray executor (--executor ray)")
+    layers: list[tuple[Any, str]] = []
     if config is None:
         pass
     elif isinstance(config, (str, os.PathLike)):
-        check_export_config(load_yaml_config(config), str(config))
+        layers.append((load_yaml_config(config), str(config)))
+    elif isinstance(config, Mapping):
+        layers.append((as_config(config), "the config mapping"))
     else:
-        from omegaconf import OmegaConf
-
-        check_export_config(OmegaConf.create(dict(config)), "the config mapping")
-    check_export_config(parse_overrides(overrides), "override")
+        raise ConfigError(
+            f"config: expected a YAML file path, a mapping or None, not {type(config).__name__}"
+        )
+    layers.append((parse_overrides(overrides), "override"))
+    for cfg, source in layers:
+        check_export_config(cfg, source)
+        check_exporter_setting_names(cfg, source)
     entries = discover()
     for name in exporters:
         get_entry(name, entries)
@@ -403,6 +414,8 @@ def export_runs(
     from gym_artifacts.progress import Progress
 
     runs = as_list(runs, "runs", paths=True)
+    if not runs:
+        raise ConfigError("no run given (OUT.jsonl or an artifacts folder)")
     exporters = as_list(exporters, "exporters")
     overrides = as_list(overrides, "overrides")
     check_flags(

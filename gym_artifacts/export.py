@@ -86,6 +86,22 @@ def validate_exporter_settings(cfg: Any, names: Sequence[str]) -> None:
         validate_settings(cls.config_model, section, name)
 
 
+def check_exporter_setting_names(cfg: Any, source: str) -> None:
+    """Refuse a setting no registered backend has, in every section of ``cfg`` (enabled or not),
+    without resolving any value: ``exporters: {local: {rooot: x}}`` names ``rooot`` instead of
+    leaving the section unused."""
+    from gym_artifacts.config import normalize, raw_container, unknown_setting
+
+    entries = discover()
+    for name, section in (raw_container(normalize(cfg)).get("exporters") or {}).items():
+        if name not in entries or not isinstance(section, dict):
+            continue  # an unknown backend is refused when chosen; its section is checked by normalize
+        model = entries[name].load().config_model
+        for key in section:
+            if key not in model.model_fields:
+                raise ConfigError(f"{source}: {unknown_setting(model, name, key)}")
+
+
 @dataclass
 class Target:
     """One exporter of an export: its class and settings (the backend is built only to send or

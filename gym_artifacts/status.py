@@ -65,8 +65,10 @@ def run_status(path: str | os.PathLike[str], *, verify: bool = False) -> RunStat
     Raises MissingRunError when nothing of the run exists, another GymArtifactsError when its
     files cannot be read faithfully.
     """
+    from gym_artifacts.config import require_path_arg
     from gym_artifacts.identity import content_identities, run_identity
 
+    path = require_path_arg(path, "run")
     run = RunArtifacts.from_path(path).require_present()
     logger.info("checking what keeps %s from a faithful export", path)
     missing = run.missing_for_export(rollouts_required=True)

@@ -66,18 +66,27 @@ def test_closed_pipe_prints_no_traceback(quickstart_run: Path) -> None:
     assert b"Traceback" not in err, err
 
 
+CONFIG_TYPOS = {  # a typo in a -c file: (the file after the local section, what the error says)
+    "top-level key": ("upload_rollout: true\n", "unknown key 'upload_rollout'; did you mean 'upload_rollouts'?"),
+    "unknown key": ("zzz: 1\n", "unknown key 'zzz'; known keys: exporters"),
+    # under a backend, even a disabled one: the key is named, not "no exporter is enabled"
+    "backend setting": ("  mlflow: {rooot: x}\n", "exporters.mlflow.rooot: unknown setting (known: "),
+}
+
+
+@pytest.mark.parametrize("case", list(CONFIG_TYPOS))
 def test_export_config_typo_is_refused_with_did_you_mean(
-    quickstart_run: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    case: str, quickstart_run: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
+    tail, message = CONFIG_TYPOS[case]
     cfg = tmp_path / "typo.yaml"
-    cfg.write_text(f"exporters:\n  local: {{enabled: true, root: {tmp_path / 'store'}}}\nupload_rollout: true\n")
+    cfg.write_text(f"exporters:\n  local: {{enabled: true, root: {tmp_path / 'store'}}}\n{tail}")
     assert main(["export", str(quickstart_run), "-c", str(cfg)]) == 2
-    err = capsys.readouterr().err
-    assert "unknown key 'upload_rollout'; did you mean 'upload_rollouts'?" in err
+    assert message in capsys.readouterr().err
     assert not (tmp_path / "store").exists()
-    cfg.write_text(f"exporters:\n  local: {{enabled: true, root: {tmp_path / 'store'}}}\nzzz: 1\n")
+    cfg.write_text(f"exporters:\n  local: {{rooot: {tmp_path / 'store'}}}\n")
     assert main(["export", str(quickstart_run), "-c", str(cfg)]) == 2
-    assert "unknown key 'zzz'; known keys: exporters" in capsys.readouterr().err
+    assert "exporters.local.rooot: unknown setting" in capsys.readouterr().err
 
 
 def test_a_runs_own_saved_config_may_hold_anything(

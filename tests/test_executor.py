@@ -112,3 +112,27 @@ def test_a_flag_that_is_not_a_bool_is_refused_before_anything_is_sent(
     with pytest.raises(ConfigError, match=next(iter(flag))):
         export_runs([quickstart_run], config, **flag)  # type: ignore[arg-type]
     assert not (tmp_path / "store").exists()
+
+
+WRONG_TYPES = {
+    "jobs str": lambda run: export_runs([run], jobs="2"),
+    "jobs bool": lambda run: export_runs([run], jobs=True),
+    "config int": lambda run: export_runs([run], 5),
+    "config list": lambda run: export_runs([run], ["a"]),
+    "no run": lambda run: export_runs([]),
+    "run None": lambda run: export_runs([None]),
+    "executor int": lambda run: export_runs([run], executor=1),
+    "run_status None": lambda run: __import__("gym_artifacts").run_status(None),
+    "list_exporters int": lambda run: __import__("gym_artifacts").list_exporters(5),
+}
+
+
+@pytest.mark.parametrize("case", list(WRONG_TYPES))
+def test_a_wrong_type_through_the_api_is_a_config_error(case: str, quickstart_run: Path) -> None:
+    """The CLI's exit-2 error (ConfigError, naming what is wrong), never a raw TypeError."""
+    from gym_artifacts.errors import ConfigError
+
+    with pytest.raises(ConfigError):
+        WRONG_TYPES[case](quickstart_run)
+    assert not Path("gym-artifacts-runs").exists()
+
