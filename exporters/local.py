@@ -56,6 +56,14 @@ class LocalSettings(ExporterConfig):
     root: Path = Path("./gym-artifacts-runs")
     experiment: str = "default"
 
+    @field_validator("root", mode="before")
+    @classmethod
+    def _root_not_empty(cls, value: Any) -> Any:
+        """``Path("")`` is ``.``: an empty root would scatter runs in the working directory."""
+        if value is None or (isinstance(value, (str, os.PathLike)) and not os.fspath(value).strip()):
+            raise ValueError("must not be empty (a folder path, e.g. ./gym-artifacts-runs)")
+        return value
+
     @field_validator("experiment")
     @classmethod
     def _plain_experiment(cls, value: str) -> str:

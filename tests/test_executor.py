@@ -136,3 +136,21 @@ def test_a_wrong_type_through_the_api_is_a_config_error(case: str, quickstart_ru
         WRONG_TYPES[case](quickstart_run)
     assert not Path("gym-artifacts-runs").exists()
 
+
+
+@pytest.mark.parametrize("root", ["", "  "], ids=["empty", "blank"])
+@pytest.mark.parametrize("via", ["mapping", "override", "cli"])
+def test_an_empty_local_root_is_refused_by_every_route(
+    via: str, root: str, quickstart_run: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """One rule in the local settings model: an empty root never means ``./default/...``."""
+    if via == "cli":
+        assert main(["export", str(quickstart_run), "-e", "local", f"exporters.local.root={root}"]) == 2
+        message = capsys.readouterr().err
+    else:
+        kwargs = ({"config": {"exporters": {"local": {"enabled": True, "root": root}}}} if via == "mapping"
+                  else {"overrides": [f"exporters.local.root={root}"], "exporters": ["local"]})
+        [out] = export_runs([quickstart_run], **kwargs)  # type: ignore[arg-type]
+        message = out.config_error or ""
+    assert "exporters.local.root" in message and "empty" in message, message
+    assert not Path("default").exists() and not Path("gym-artifacts-runs").exists()  # nothing written
