@@ -232,11 +232,21 @@ def test_class_keeps_the_contract(backend: Backend) -> None:
 
 
 def test_export_skip_and_change(backend: Backend, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Exported once; the same content again SKIPPED without contacting the backend; a change detected."""
+    """Exported once (the run's content lands where the backend stores); a retry after a crash
+    before the receipt finds the same backend run; the same content again SKIPPED without
+    contacting the backend; a change detected."""
     out, records = backend.run(tmp_path / "run")
     [first] = export_run(out, backend.config)
     assert first.status is ExportStatus.EXPORTED, first.reason
     assert first.backend_run_id and first.rows == ROLLOUTS
+    nonce = records[0]["response"]["nonce"].encode()  # this run's mark, in no earlier run
+    assert any(nonce in data for _, data in backend.stored_bytes()), "the export stored nothing of the run"
+
+    # A crash after the backend run was written, before the receipt: the retry finds that run.
+    RunArtifacts.from_path(out).export_done_fpath(backend.name).unlink()
+    [retried] = export_run(out, backend.config)
+    assert retried.status is ExportStatus.EXPORTED, retried.reason
+    assert retried.backend_run_id == first.backend_run_id, "a retried export made a second backend run"
 
     calls: list[str] = []
     real = backend.cls._export
