@@ -28,6 +28,7 @@ from gym_artifacts.atomic import atomic_write_bytes, atomic_write_json, atomic_w
 from gym_artifacts.backend import CannotCertify
 from gym_artifacts.config import ExporterConfig
 from gym_artifacts.destination import resolved_path
+from gym_artifacts.errors import ConfigError
 from gym_artifacts.exporter import ExportPlan, Sent
 from gym_artifacts.journal import journal_line, repair_partial_last_line
 from gym_artifacts.jsonio import canonical_json, json_safe, read_json
@@ -110,7 +111,19 @@ class LocalExporter(LiveExporter):
         """Deterministic: the same run identity always names the same folder."""
         return f"{safe_name(saved_config_run_name(run, self.name))}-{plan.run_identity.split(':')[-1][:16]}"
 
+    def _refuse_root_inside(self, run: RunArtifacts) -> None:
+        """A root inside the run's folder would be copied into itself (and change the run while it
+        is exported): refused before anything is written."""
+        root = Path(os.path.realpath(self.settings.root.expanduser()))
+        run_dpath = Path(os.path.realpath(run.artifacts_dpath))
+        if root.is_relative_to(run_dpath):
+            raise ConfigError(
+                f"exporters.local.root {str(root)!r} is inside the run being exported ({run_dpath}): "
+                "choose a root outside the run's folder"
+            )
+
     def _export_post_run(self, run: RunArtifacts, plan: ExportPlan) -> Sent:
+        self._refuse_root_inside(run)
         run_id = self.post_run_id(run, plan)
         dpath = self.run_dpath(run_id)
         dpath.mkdir(parents=True, exist_ok=True)

@@ -176,3 +176,17 @@ def test_status_reports_receipts(
     report = json.loads(capsys.readouterr().out)
     assert report["exporters"]["local"]["receipt"] == "differs"
     assert report["exporters"]["local"]["differences"] == ["artifacts/recording.mp4 changed"]
+
+
+@pytest.mark.parametrize("folder", ["run folder", "artifacts folder"])
+def test_a_local_root_inside_the_exported_run_is_refused(
+    folder: str, quickstart_run: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``cd run1 && gym-artifacts export . -e local``: the default root would copy itself into itself;
+    it is a FAILED result naming the cause, and nothing is left half-written."""
+    inside = quickstart_run.parent if folder == "run folder" else quickstart_run.with_name("eval_artifacts")
+    monkeypatch.chdir(inside)
+    assert main(["export", ".", "-e", "local", "--json"]) == 1
+    [result] = json.loads(capsys.readouterr().out)
+    assert result["status"] == "FAILED" and "inside the run" in result["reason"], result
+    assert not (inside / "gym-artifacts-runs").exists()
