@@ -236,13 +236,18 @@ class BackgroundWorker:
             finished = marker.done.wait(min(0.1, self._current_deadline() - now))
         if not finished:
             grace_end = time.monotonic() + self.GIVE_UP_GRACE
-            while self._in_call is not None and time.monotonic() < grace_end:
+            while True:
+                # A call being applied gets the grace to finish. The worker marks a call applied
+                # under this lock, so once nothing is being applied, nothing starts after the
+                # count below: every call is counted once (delivered by the worker, or here).
+                with self._accounting:
+                    if self._in_call is None or time.monotonic() >= grace_end:
+                        queued = sum(1 for item in list(self._queue) if _counted(item))
+                        self.stats.undelivered += queued + self._in_flight
+                        self._in_flight = 0
+                        self._abandoned = True
+                        break
                 time.sleep(0.005)
-            with self._accounting:
-                queued = sum(1 for item in list(self._queue) if _counted(item))
-                self.stats.undelivered += queued + self._in_flight
-                self._in_flight = 0
-                self._abandoned = True
         return finished
 
     @property
@@ -377,9 +382,10 @@ class BackgroundWorker:
             if droppable and self._past_deadline():
                 self._settle(undelivered=count)
                 return
-        if droppable and self._abandoned:
-            return  # ``stop`` gave up and counted these calls: not applied after the report
-        self._in_call = kind
+        with self._accounting:
+            if droppable and self._abandoned:
+                return  # ``stop`` gave up and counted these calls: not applied after the report
+            self._in_call = kind
         try:
             fn(*args)
         except Exception as exc:
@@ -423,11 +429,13 @@ class BackgroundWorker:
         error = batch_error
         for i in range(start, len(singles)):
             fn, args = singles[i]
-            if droppable and self._abandoned:
-                return  # ``stop`` gave up and counted these calls
             if not succeeded and failed >= self.FALLBACK_PROBES:
                 failed += len(singles) - i
                 break
+            with self._accounting:
+                if droppable and self._abandoned:
+                    return  # ``stop`` gave up and counted these calls
+                self._in_call = kind
             try:
                 fn(*args)
             except Exception as exc:
@@ -436,6 +444,8 @@ class BackgroundWorker:
             else:
                 succeeded += 1
                 self._progress_at = time.monotonic()
+            finally:
+                self._in_call = None
         if not succeeded:
             self._on_failure(kind, error, failed)
             return

@@ -89,7 +89,7 @@ LOCAL_POINTS = [
     ("gym_artifacts._builtin_exporters.local:atomic_write_json", 1, "after"),  # the run folder exists, nothing in it
     ("gym_artifacts.snapshot:copy_into", 2, "during-copy"),  # mid-rollouts
     ("gym_artifacts.snapshot:copy_into", 5, "during-copy"),  # mid-artifact (the recording)
-    ("gym_artifacts._builtin_exporters.local:snapshot_copy", 2, "before"),  # config, metrics, aggregate sent; rollouts not
+    ("gym_artifacts._builtin_exporters.local:snapshot_copy", 1, "before"),  # config, metrics, aggregate sent; rollouts not
     ("gym_artifacts.export:publish_receipt", 1, "before"),
     ("gym_artifacts.export:publish_receipt", 1, "after"),
 ]
