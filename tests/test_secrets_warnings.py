@@ -62,7 +62,7 @@ def test_cli_redacts_a_backend_warning_raised_during_export(quickstart_run: Path
         "local",
         "--json",
         f"exporters.local.root={tmp_path / 'store'}",
-        f"extra.api_key={CANARY}",
+        f"mlflow_tracking_token={CANARY}",  # a known key holding a secret of the config
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "backend: login with *** refused, retrying at http://u:***@h" in proc.stderr, proc.stderr[-3000:]
