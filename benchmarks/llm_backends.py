@@ -109,7 +109,7 @@ def _mlflow(tmp: Path, out: Path, n_rows: int, tiny: bool) -> list[Row]:
     on, off = figures[True], figures[False]
     per_trace = (on["wall"] - off["wall"]) / n_rows
     per_trace_kb = (on["db_mb"] - off["db_mb"]) * 1000 / n_rows
-    own_rows = 50 if tiny else OWN_CALLS_ROWS
+    own_rows = 20 if tiny else OWN_CALLS_ROWS
     small = _rollouts_run(tmp / "own", own_rows)
     own = run_measured(OWN_CALLS.format(uri=f"sqlite:///{tmp / 'own.db'}", out=str(small)))
     own_per_trace = own["wall"] / own_rows
@@ -164,7 +164,7 @@ def _langsmith(tmp: Path, tiny: bool) -> list[Row]:
     api = LangsmithApi().start()
     try:
         section = {"enabled": True, "api_url": api.url, "api_key": "bench-key"}
-        sizes = (50, 200) if tiny else LANGSMITH_ROWS
+        sizes = (20, 50) if tiny else LANGSMITH_ROWS
         return _request_bound("langsmith", sizes, tmp, lambda n: section, "langsmith")
     finally:
         api.stop()
@@ -189,7 +189,7 @@ def run(tiny: bool) -> list[Row]:
     # --tiny (the harness test) leaves out Phoenix: starting `phoenix serve` alone takes minutes
     default = PARTS[:3] if tiny else PARTS
     parts = [p for p in os.environ.get("GYM_BENCH_LLM", ",".join(default)).split(",") if p]
-    n_rows = 500 if tiny else int(os.environ.get("GYM_BENCH_LLM_ROWS", ROWS))
+    n_rows = 100 if tiny else int(os.environ.get("GYM_BENCH_LLM_ROWS", ROWS))
     rows: list[Row] = []
     with tempfile.TemporaryDirectory(prefix="gymart-bench-llm-") as tmp_name:
         tmp = Path(tmp_name)
