@@ -33,11 +33,19 @@ def driver_env(cluster: RayCluster) -> dict[str, str]:
     return env
 
 
+def _sigint_as_from_a_terminal() -> None:
+    """A command started in the background by a non-interactive shell (``pytest ... &``, some CI
+    runners) inherits SIGINT ignored, and Python keeps it ignored: the driver would never see the
+    Ctrl-C the test sends. Start it as a terminal would, with the default disposition."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def export_cli(cluster: RayCluster, *args: str, timeout: float = 300) -> subprocess.Popen[str]:
     cmd = [sys.executable, "-m", "gym_artifacts.cli", "export", *args, "--json"]
     return subprocess.Popen(
-        cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=driver_env(cluster)
-    )
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=driver_env(cluster),
+        preexec_fn=_sigint_as_from_a_terminal,
+    )  # fmt: skip
 
 
 def results_of(proc: subprocess.Popen[str], timeout: float = 300) -> tuple[int, list[dict[str, Any]], str]:
@@ -304,9 +312,12 @@ def test_ctrl_c_cancels_the_cluster_export_cleanly_and_a_rerun_completes(
             break  # the cluster is exporting
         time.sleep(0.05)
     assert driver.poll() is None, "the export finished before it could be interrupted"
+    started = len(list((store / "default").iterdir()))
     driver.send_signal(signal.SIGINT)
+    interrupted = time.monotonic()
     out, err = driver.communicate(timeout=60)
-    assert driver.returncode == 130, err[-3000:]
+    seen = f"{started} of {len(runs)} runs started at SIGINT; exited {time.monotonic() - interrupted:.1f} s later"
+    assert driver.returncode == 130, f"{seen}; stderr: {err[-3000:]}"
     assert "Traceback" not in err, err[-3000:]
     assert "interrupted:" in err and "not exported (cancelled)" in err
     finished = json.loads(out)  # what finished is still printed, as valid JSON
