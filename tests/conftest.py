@@ -22,6 +22,21 @@ QUICKSTART_FILES = (
 )
 
 
+# A costly service the whole session shares, by the fixture that starts it. Under pytest-xdist
+# (``-n``, the default in pyproject.toml) the tests that use one run in one worker
+# (``--dist loadgroup``), so each service starts once, not once per worker. The contract suite
+# asks for its service fixtures by name at run time: its items are matched by their id.
+SESSION_SERVICES = {"ray_cluster": "ray", "phoenix_server": "phoenix"}
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        names = getattr(item, "fixturenames", ())
+        for fixture, group in SESSION_SERVICES.items():
+            if fixture in names or item.name.endswith(f"[{group}]"):
+                item.add_marker(pytest.mark.xdist_group(group))
+
+
 @pytest.fixture(autouse=True)
 def _isolated(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     """Each test runs in its own folder; nothing lands in $HOME or phones home."""
