@@ -25,7 +25,7 @@ from collections import deque
 from collections.abc import Iterator
 from pathlib import Path
 
-from benchmarks.common import Row, paced_metric_costs, run_measured, tail_summary
+from benchmarks.common import Row, idle_wakeup_cost_us, paced_metric_costs, run_measured, tail_summary
 
 TARGET_P999_US = 100.0
 TARGET_MAX_US = 5000.0  # one GIL switch interval
@@ -104,7 +104,7 @@ def measure_floor(cfg: dict, out: str, calls: int, gc_off: bool, kill_pgid: int)
     What the machine itself (scheduler, other processes on the cores) adds to such a call."""
     with _measured(gc_off) as stats:
         costs = paced_metric_costs(FloorFanout(), calls)
-    return {**tail_summary(costs), **stats}
+    return {**tail_summary(costs), **stats, "wakeup_noop_us": idle_wakeup_cost_us()}
 
 
 def measure_threads(cfg: dict, out: str, calls: int, gc_off: bool, kill_pgid: int) -> dict:
@@ -213,7 +213,9 @@ def _measure_in_fresh_process(
 def _figure(r: dict) -> str:
     return (
         f"p50 {r['median']:.1f} / p99 {r['p99']:.0f} / p99.9 {r['p999']:.0f} / max {r['max']:,.0f} us; "
-        f"{r['over_1ms']} > 1 ms; full GCs {r['gen2']} (longest {r['gen2_longest_ms']:.0f} ms)"
+        f"{r['over_1ms']} > 1 ms; full GCs {r['gen2']} (longest {r['gen2_longest_ms']:.0f} ms); "
+        f"right after a pause: p50 {r['after_pause_median']:.0f} us; the other calls: "
+        f"p99.9 {r['unpaused_p999']:.0f} / max {r['unpaused_max']:,.0f} us"
     )
 
 
@@ -277,7 +279,10 @@ def run(tiny: bool) -> list[Row]:
         finally:
             if alive is not None:
                 alive.stop()
-        load = f"load average {load_before:.1f} at start, {os.getloadavg()[0]:.1f} at end"
+        load = (
+            f"load average {load_before:.1f} at start, {os.getloadavg()[0]:.1f} at end; an empty call "
+            f"right after the same pause: p50 {floor['wakeup_noop_us']:.1f} us"
+        )
         name = "tail floor: the call's own work, no worker behind it"
         rows.append(Row(name, _figure(floor), load, None, "reference", None))
     return rows
