@@ -22,19 +22,45 @@ QUICKSTART_FILES = (
 )
 
 
-# A costly service the whole session shares, by the fixture that starts it. Under pytest-xdist
-# (``-n``, the default in pyproject.toml) the tests that use one run in one worker
-# (``--dist loadgroup``), so each service starts once, not once per worker. The contract suite
-# asks for its service fixtures by name at run time: its items are matched by their id.
-SESSION_SERVICES = {"ray_cluster": "ray", "phoenix_server": "phoenix"}
+# The costly services the whole session shares: the fixture that starts each, and the tests that
+# use it, by node id (a test module, or a parametrized id such as the contract suite's
+# ``[phoenix]``, whose service fixture is asked for by name at run time).
+SESSION_SERVICES = {
+    "ray_cluster": ("tests/test_ray.py::",),
+    "phoenix_server": ("tests/test_phoenix.py::", "[phoenix]"),
+}
+
+
+def session_service_of(nodeid: str) -> str | None:
+    """The session service fixture a test needs, from its node id; None for the rest."""
+    for fixture, patterns in SESSION_SERVICES.items():
+        if any(nodeid.startswith(p) if p.endswith("::") else nodeid.endswith(p) for p in patterns):
+            return fixture
+    return None
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """A test that uses a session service must be listed in SESSION_SERVICES, or the scheduler
+    below would start that service in a second worker."""
     for item in items:
-        names = getattr(item, "fixturenames", ())
-        for fixture, group in SESSION_SERVICES.items():
-            if fixture in names or item.name.endswith(f"[{group}]"):
-                item.add_marker(pytest.mark.xdist_group(group))
+        for fixture in SESSION_SERVICES:
+            if fixture in getattr(item, "fixturenames", ()) and session_service_of(item.nodeid) != fixture:
+                raise pytest.UsageError(f"{item.nodeid} uses {fixture}: add it to SESSION_SERVICES")
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
+    """Under pytest-xdist (``-n``, the default in pyproject.toml): each test on its own, as
+    ``--dist load`` does, except that the tests of one session service run in one worker, so
+    the service starts once. (``--dist loadgroup`` would do this with marks, but pytest-xdist
+    3.8 renames node ids in a way pytest 9 ignores, so its groups never form.)"""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class SessionServiceScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return session_service_of(nodeid) or nodeid
+
+    return SessionServiceScheduling(config, log)
 
 
 @pytest.fixture(autouse=True)
