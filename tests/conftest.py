@@ -1,4 +1,5 @@
-"""Shared fixtures: isolated working folder and environment, quickstart runs copied per test."""
+"""Shared fixtures (isolated working folder and environment, quickstart runs copied per test, the
+session's real servers) and how pytest-xdist shares the tests out between its workers."""
 
 from __future__ import annotations
 
