@@ -87,7 +87,10 @@ def register(cls: type[Exporter], provider: str = "in-process") -> None:
     """Register an exporter class at run time (tests, notebooks); a duplicate name is an error."""
     entry = ExporterEntry(cls.name, f"{cls.__module__}:{cls.__qualname__}", provider)
     check_backend_class(cls, cls.name, entry.target)
-    existing = discover().get(cls.name)
+    found, clashes = _scan()
+    if cls.name in clashes:
+        raise ConfigError(clashes[cls.name])
+    existing = found.get(cls.name)
     if existing is not None and existing.target != entry.target:
         raise ConfigError(_duplicate_message(existing, entry))
     _extra[cls.name] = entry
@@ -105,30 +108,42 @@ def _duplicate_message(a: ExporterEntry, b: ExporterEntry) -> str:
     )
 
 
-def discover() -> dict[str, ExporterEntry]:
-    """Every registered exporter by name; two different providers of one name is an error."""
+def _scan() -> tuple[dict[str, ExporterEntry], dict[str, str]]:
+    """Every registered exporter by name, and the names two providers claim (with the message
+    naming both). A clash makes only its own name unusable: one bad plugin must not stop the
+    other backends."""
     found: dict[str, ExporterEntry] = {}
-    for ep in entry_points(group=GROUP):
-        provider = ep.dist.name if ep.dist is not None else "unknown distribution"
-        entry = ExporterEntry(ep.name, ep.value, provider)
-        previous = found.get(ep.name)
-        if previous is not None and previous.target != entry.target:
-            raise ConfigError(_duplicate_message(previous, entry))
-        found[ep.name] = entry
-    for name, entry in _extra.items():
-        previous = found.get(name)
-        if previous is not None and previous.target != entry.target:
-            raise ConfigError(_duplicate_message(previous, entry))
-        found[name] = entry
-    return found
+    clashes: dict[str, str] = {}
+    entries = [
+        ExporterEntry(ep.name, ep.value, ep.dist.name if ep.dist is not None else "unknown distribution")
+        for ep in entry_points(group=GROUP)
+    ]
+    for entry in [*entries, *_extra.values()]:
+        previous = found.get(entry.name)
+        if entry.name in clashes or (previous is not None and previous.target != entry.target):
+            clashes.setdefault(entry.name, _duplicate_message(previous, entry) if previous else "")
+            continue
+        found[entry.name] = entry
+    for name in clashes:
+        found.pop(name, None)
+    return found, clashes
+
+
+def discover() -> dict[str, ExporterEntry]:
+    """Every usable registered exporter by name; a name two providers claim is left out
+    (``get_entry`` and ``list_exporters`` name both)."""
+    return _scan()[0]
 
 
 def get_entry(name: str, entries: dict[str, ExporterEntry] | None = None) -> ExporterEntry:
-    """The entry for ``name``; an unknown name lists the known ones."""
+    """The entry for ``name``; a name registered twice names both; an unknown name lists the known ones."""
     entries = discover() if entries is None else entries
     try:
         return entries[name]
     except KeyError:
+        clash = _scan()[1].get(name)
+        if clash:
+            raise ConfigError(clash) from None
         known = ", ".join(sorted(entries)) or "none"
         raise ConfigError(f"unknown exporter {name!r} (known: {known})") from None
 
@@ -142,14 +157,21 @@ def list_exporters(config: str | os.PathLike[str] | None = None) -> list[dict[st
     from gym_artifacts.config import is_enabled, load_default_config, load_yaml_config, normalize
 
     cfg = normalize(load_yaml_config(config) if config is not None else load_default_config())
-    return [
-        {
-            "name": name,
-            "enabled": is_enabled(cfg, name),
-            "sdk_installed": entry.sdk_installed(),
-            "modes": entry.modes(),
-            "provider": entry.provider,
-            "target": entry.target,
-        }
-        for name, entry in sorted(discover().items())
-    ]
+    found, clashes = _scan()
+    rows = [_listing_row(name, entry, is_enabled(cfg, name)) for name, entry in found.items()]
+    rows += [
+        {"name": name, "enabled": is_enabled(cfg, name), "sdk_installed": False,
+         "modes": f"unusable: {message}", "provider": "-", "target": "-"}
+        for name, message in clashes.items()
+    ]  # fmt: skip
+    return sorted(rows, key=lambda row: row["name"])
+
+
+def _listing_row(name: str, entry: ExporterEntry, enabled: bool) -> dict[str, Any]:
+    """One backend's listing row; a class that cannot be loaded says why instead of failing the list."""
+    try:
+        sdk_installed, modes = entry.sdk_installed(), entry.modes()
+    except ConfigError as exc:
+        sdk_installed, modes = False, f"cannot load: {exc}"
+    return {"name": name, "enabled": enabled, "sdk_installed": sdk_installed, "modes": modes,
+            "provider": entry.provider, "target": entry.target}  # fmt: skip

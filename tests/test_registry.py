@@ -1,4 +1,5 @@
-"""Exporter discovery: entry points, unknown names, duplicate names naming both providers."""
+"""Exporter discovery: entry points, unknown names, duplicate names naming both providers (and
+costing only that name), a plugin that cannot load."""
 
 from __future__ import annotations
 
@@ -84,3 +85,61 @@ def test_default_certify_says_cannot_certify_not_a_bug() -> None:
     with pytest.raises(CannotCertify):
         exporter._certify(None, None, "x")  # type: ignore[arg-type]
     assert not issubclass(CannotCertify, NotImplementedError)
+
+
+# -- a broken or clashing third-party registration costs only its own name -----------------------
+from importlib.metadata import EntryPoint  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+from gym_artifacts import export_runs, list_exporters  # noqa: E402
+
+
+def _with_entry_points(monkeypatch: pytest.MonkeyPatch, *extra: EntryPoint) -> None:
+    """The installed entry points plus ``extra`` (as if another distribution declared them)."""
+    real = registry.entry_points
+
+    def patched(group: str) -> list[EntryPoint]:
+        return [*real(group=group), *(ep for ep in extra if ep.group == group)]
+
+    monkeypatch.setattr(registry, "entry_points", patched)
+
+
+CLASH = EntryPoint("mlflow", "tests.backends:RecordingLive", registry.GROUP)
+BROKEN = EntryPoint("broken", "no_such_module_anywhere:Exporter", registry.GROUP)
+
+
+def test_a_name_registered_twice_is_refused_for_that_name_only(
+    monkeypatch: pytest.MonkeyPatch, quickstart_run: Path, local_config: Path
+) -> None:
+    _with_entry_points(monkeypatch, CLASH)
+    rows = {r["name"]: r for r in list_exporters()}
+    assert "registered twice" in rows["mlflow"]["modes"] and "tests.backends:RecordingLive" in rows["mlflow"]["modes"]
+    assert rows["local"]["modes"] == "live, post-run"
+    [out] = export_runs([quickstart_run], config=local_config, exporters=["local"])
+    assert [r.status.value for r in out.results] == ["EXPORTED"]
+    with pytest.raises(ConfigError, match=r"'mlflow' is registered twice"):  # never picks one of the two
+        export_runs([quickstart_run], config=local_config, exporters=["mlflow"])
+    with pytest.raises(ConfigError, match=r"'mlflow' is registered twice"):
+        registry.get_entry("mlflow")
+
+
+def test_a_plugin_that_cannot_load_is_listed_as_such_and_the_rest_export(
+    monkeypatch: pytest.MonkeyPatch, quickstart_run: Path, local_config: Path
+) -> None:
+    _with_entry_points(monkeypatch, BROKEN)
+    rows = {r["name"]: r for r in list_exporters()}
+    assert rows["broken"]["modes"].startswith("cannot load") and rows["broken"]["sdk_installed"] is False
+    assert rows["local"]["sdk_installed"] is True
+    [out] = export_runs([quickstart_run], config=local_config, exporters=["local"])
+    assert [r.status.value for r in out.results] == ["EXPORTED"]
+
+
+def test_the_cli_lists_every_backend_beside_a_clash(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    from gym_artifacts.cli import main
+
+    _with_entry_points(monkeypatch, CLASH, BROKEN)
+    assert main(["exporters"]) == 0
+    out = capsys.readouterr().out
+    for name in ("local", "wandb", "tensorboard", "mlflow", "broken"):
+        assert f"\n{name} " in out, (name, out)
+    assert "registered twice" in out and "cannot load" in out
