@@ -20,9 +20,12 @@ class RefusedCall(ValueError):
     """A live call whose arguments cannot be journaled; the message says why."""
 
 
+STEP_LIMIT = 1 << 63  # steps are int64 in MLflow, W&B and TensorBoard
+
+
 def normalize_step(step: Any) -> int:
-    """``step`` as a non-negative int: ints, integral floats, numpy integers, decimal strings."""
-    if type(step) is int and step >= 0:  # the fast path
+    """``step`` as an int in [0, 2**63): ints, integral floats, numpy integers, decimal strings."""
+    if type(step) is int and 0 <= step < STEP_LIMIT:  # the fast path
         return step
     if isinstance(step, bool):
         raise RefusedCall(f"step {step!r} is a bool, not an integer")
@@ -41,7 +44,7 @@ def normalize_step(step: Any) -> int:
             value = operator.index(step)  # numpy and other integer types
         except TypeError:
             raise RefusedCall(f"step of type {type(step).__name__} is not an integer") from None
-    if value < 0 or value >= 1 << 63:
+    if value < 0 or value >= STEP_LIMIT:
         raise RefusedCall(f"step {value} is out of range")
     return int(value)
 

@@ -29,6 +29,9 @@ MISUSE: list[tuple[str, tuple[Any, ...], dict[str, Any]]] = [
     ("export_metrics", ({"reward": 1.0},), {"step": -1}),
     ("export_metrics", ({"reward": 1.0},), {"step": True}),
     ("export_metrics", ({"reward": 1.0},), {"step": [3]}),
+    ("export_metrics", ({"reward": 1.0},), {"step": 2**63}),  # past every backend's int64 step
+    ("export_metrics", ({"reward": 1.0},), {"step": 2**70}),
+    ("export_metrics", ({"reward": 1.0},), {"step": str(2**64)}),
     ("export_rollouts", (None,), {}),
     ("export_rollouts", ("rollouts",), {}),
     ("export_rollouts", ({"id": 1},), {}),
