@@ -3,11 +3,19 @@ session's real servers) and how pytest-xdist shares the tests out between its wo
 
 from __future__ import annotations
 
+import os
 import shutil
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from hypothesis import settings
+
+# Hypothesis explores new examples on every run; CI (`.ci/run` sets HYPOTHESIS_PROFILE=ci) draws the
+# same ones each time, so a landing is decided by the change, not by the draw. A case a local run
+# finds is added to its test with @example.
+settings.register_profile("ci", derandomize=True, print_blob=True)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default"))
 
 REPO = Path(__file__).resolve().parent.parent
 QUICKSTART = REPO / "examples" / "quickstart"
