@@ -34,7 +34,7 @@ class ExporterEntry:
         module_name, _, attr = self.target.partition(":")
         try:
             obj = getattr(importlib.import_module(module_name), attr)
-        except (ImportError, AttributeError) as exc:
+        except Exception as exc:  # a plugin's module may fail any way while it is imported
             raise ConfigError(f"exporter {self.name!r}: cannot load {self.target}: {exc}") from exc
         check_backend_class(obj, self.name, self.target)
         return obj

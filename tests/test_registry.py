@@ -106,6 +106,7 @@ def _with_entry_points(monkeypatch: pytest.MonkeyPatch, *extra: EntryPoint) -> N
 
 CLASH = EntryPoint("mlflow", "tests.backends:RecordingLive", registry.GROUP)
 BROKEN = EntryPoint("broken", "no_such_module_anywhere:Exporter", registry.GROUP)
+RAISING = EntryPoint("raising", "tests.plugin_raises_on_import:Exporter", registry.GROUP)
 
 
 def test_a_name_registered_twice_is_refused_for_that_name_only(
@@ -126,9 +127,12 @@ def test_a_name_registered_twice_is_refused_for_that_name_only(
 def test_a_plugin_that_cannot_load_is_listed_as_such_and_the_rest_export(
     monkeypatch: pytest.MonkeyPatch, quickstart_run: Path, local_config: Path
 ) -> None:
-    _with_entry_points(monkeypatch, BROKEN)
+    _with_entry_points(monkeypatch, BROKEN, RAISING)
     rows = {r["name"]: r for r in list_exporters()}
     assert rows["broken"]["modes"].startswith("cannot load") and rows["broken"]["sdk_installed"] is False
+    assert "fails at import" in rows["raising"]["modes"] and rows["raising"]["modes"].startswith("cannot load")
+    [chosen] = export_runs([quickstart_run], config=local_config, exporters=["raising"])
+    assert not chosen.results and "exporter 'raising': cannot load" in str(chosen.config_error)
     assert rows["local"]["sdk_installed"] is True
     [out] = export_runs([quickstart_run], config=local_config, exporters=["local"])
     assert [r.status.value for r in out.results] == ["EXPORTED"]
