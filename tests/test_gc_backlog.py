@@ -5,7 +5,8 @@ whichever thread crossed the allocation threshold, often the eval's own ``export
 The measurement runs in a fresh process (bounded in time) so pytest's own heap and threads do
 not blur it, and it is self-calibrating: the backlog's extra collection time is held against the
 extra time of holding the same number of calls the way they used to be queued (one tracked
-tuple each), measured in the same process, interleaved. On a loaded machine both move together.
+tuple each), measured in the same process, interleaved; the empty queue is measured before the
+backlog and after it drained. On a loaded machine they move together.
 """
 
 from __future__ import annotations
@@ -65,8 +66,10 @@ with live_exporters(cfg, OUT) as live:
         old = queued_the_old_way(BACKLOG)
         control_ms.append(full_collection_ms())
         del old
-    result.update(empty_ms=min(empty_ms), backlog_ms=min(backlog_ms), control_ms=min(control_ms))
     UnansweringLive.release.set()
+    assert live.flush(120), "the backlog did not drain once the backend answered"
+    empty_ms += [full_collection_ms() for _ in range(7)]  # before and after: drift hits both sides
+    result.update(empty_ms=min(empty_ms), backlog_ms=min(backlog_ms), control_ms=min(control_ms))
 print(json.dumps(result))
 """
 
@@ -84,7 +87,8 @@ def test_full_collection_time_is_independent_of_a_dead_backends_backlog(tmp_path
     # fallback), whatever the backlog; queued as containers, the backlog adds 100,000 or more.
     assert r["tracked_backlog"] - r["tracked_empty"] < 3 * 1000, r
     # Timed, calibrated in the same process: walking the same number of tracked calls costs
-    # `walk`; the backlog may cost at most a quarter of that over an empty queue (noise margin).
+    # `walk`; a backlog the collector walked would cost about that much over an empty queue, so
+    # at most half of it is noise (another test runs beside this one on the other core).
     walk = r["control_ms"] - r["backlog_ms"]
     assert walk > 0, r
-    assert r["backlog_ms"] - r["empty_ms"] <= 0.25 * walk + 1.0, r
+    assert r["backlog_ms"] - r["empty_ms"] <= 0.5 * walk + 2.0, r
