@@ -120,10 +120,10 @@ def _scan() -> tuple[dict[str, ExporterEntry], dict[str, str]]:
     ]
     for entry in [*entries, *_extra.values()]:
         previous = found.get(entry.name)
-        if entry.name in clashes or (previous is not None and previous.target != entry.target):
-            clashes.setdefault(entry.name, _duplicate_message(previous, entry) if previous else "")
-            continue
-        found[entry.name] = entry
+        if previous is not None and previous.target != entry.target:
+            clashes.setdefault(entry.name, _duplicate_message(previous, entry))
+        else:
+            found.setdefault(entry.name, entry)
     for name in clashes:
         found.pop(name, None)
     return found, clashes
