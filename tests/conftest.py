@@ -11,6 +11,8 @@ from pathlib import Path
 import pytest
 from hypothesis import settings
 
+from tests.fixture_paths import REACTOR_FIXTURES
+
 # Hypothesis explores new examples on every run; CI (`.ci/run` sets HYPOTHESIS_PROFILE=ci) draws the
 # same ones each time, so a landing is decided by the change, not by the draw. A case a local run
 # finds is added to its test with @example.
@@ -19,7 +21,7 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default"))
 
 REPO = Path(__file__).resolve().parent.parent
 QUICKSTART = REPO / "examples" / "quickstart"
-FIXTURES = REPO.parent / "shared" / "fixtures" / "reactor-2.7.6"
+FIXTURES = REACTOR_FIXTURES
 QUICKSTART_FILES = (
     "eval.jsonl",
     "eval_config.yaml",
@@ -144,8 +146,6 @@ def reactor_fixture(tmp_path: Path) -> Callable[[str], Path]:
 
     def factory(name: str) -> Path:
         src = FIXTURES / name
-        if not src.is_dir():
-            pytest.skip(f"shared fixture {src} is not present")
         dest = tmp_path / "reactor" / f"experiment-{name}"
         shutil.copytree(src, dest)
         for p in dest.rglob("*"):

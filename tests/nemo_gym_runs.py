@@ -1,7 +1,7 @@
 """Runs written in NeMo Gym 0.7's real output format, at any number of tasks and repeats.
 
 The layout, field names and statistics follow what NeMo Gym 0.7.0's own rollout collection wrote
-for ``../shared/fixtures/nemo-gym-0.7.0`` (``test_nemo_gym.py`` checks the generated files
+for ``tests/fixtures/nemo-gym-0.7.0`` (``test_nemo_gym.py`` checks the generated files
 against those fixtures key by key): ``OUT.jsonl`` (Responses API request and full Response
 object per line, in completion order), ``OUT_aggregate_metrics.json`` (one entry per agent:
 ``agent_metrics``, ``key_metrics``, ``group_level_metrics`` keyed by ``_ng_task_index`` with

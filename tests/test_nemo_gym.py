@@ -1,4 +1,4 @@
-"""Real NeMo Gym 0.7 output (``../shared/fixtures/nemo-gym-0.7.0``) exported faithfully.
+"""Real NeMo Gym 0.7 output (``tests/fixtures/nemo-gym-0.7.0``) exported faithfully.
 
 Coverage from NeMo Gym's own signals in status, report and every backend; failures and planned
 inputs exported; levels labelled by their own index; tracker metrics bounded whatever the number
@@ -22,14 +22,14 @@ from gym_artifacts.export import export_run
 from gym_artifacts.exporter import ExportStatus
 from gym_artifacts.report import build_report
 from tests.nemo_gym_runs import write_run
+from tests.fixture_paths import NEMO_GYM_FIXTURES
 
 REPO = Path(__file__).resolve().parent.parent
-NEMO_GYM = REPO.parent / "shared" / "fixtures" / "nemo-gym-0.7.0"
+NEMO_GYM = NEMO_GYM_FIXTURES
 OWN_EXPORT = NEMO_GYM / "nemo-gym-own-mlflow-export.txt"
 AGENT = "example_single_tool_call_simple_agent"
 COVERAGE = {"clean": (10, 10, 0, 0), "with-failures": (10, 8, 2, 2)}  # expected, scored, missing, failed
 
-pytestmark = pytest.mark.skipif(not NEMO_GYM.is_dir(), reason=f"{NEMO_GYM} is not present")
 
 
 def copy_fixture(name: str, dest: Path) -> Path:

@@ -1,4 +1,4 @@
-"""Coverage of real NeMo Gym 0.7 runs (``../shared/fixtures/nemo-gym-0.7.0``) in every backend.
+"""Coverage of real NeMo Gym 0.7 runs (``tests/fixtures/nemo-gym-0.7.0``) in every backend.
 
 ``clean`` scored 10 of 10 planned rollouts; ``with-failures`` 8 of 10 with 2 in the failures
 sidecar. W&B is read back from its offline files, TensorBoard with its own event reader, LangSmith
@@ -18,7 +18,6 @@ from gym_artifacts.export import export_run
 from gym_artifacts.exporter import ExportStatus
 from tests.test_nemo_gym import COVERAGE, NEMO_GYM, copy_fixture
 
-pytestmark = pytest.mark.skipif(not NEMO_GYM.is_dir(), reason=f"{NEMO_GYM} is not present")
 FIXTURES = ["clean", "with-failures"]
 COVERAGE_TEXT = {
     "clean": "10 of 10 planned rollouts scored",

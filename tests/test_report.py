@@ -17,6 +17,7 @@ from benchmarks.common import write_rollouts
 from gym_artifacts.cli import main
 from gym_artifacts.export import export_run
 from gym_artifacts.report import build_report
+from tests.fixture_paths import NEMO_GYM_FIXTURES
 
 REPO = Path(__file__).resolve().parent.parent
 CHROMIUM = os.environ.get("GYM_ARTIFACTS_CHROMIUM", "/usr/bin/chromium")
@@ -102,7 +103,7 @@ def test_quickstart_report(browser: Any, quickstart_run: Path, tmp_path: Path) -
     page.close()
 
 
-NEMO_GYM = REPO.parent / "shared" / "fixtures" / "nemo-gym-0.7.0"
+NEMO_GYM = NEMO_GYM_FIXTURES
 
 
 def table_cells(page: Any) -> tuple[list[str], list[dict[str, str]]]:

@@ -245,8 +245,8 @@ def test_numbers_under_secret_keys_do_not_mask_equal_numbers_elsewhere() -> None
 def test_nemo_gym_quality_summary_keeps_its_numbers() -> None:
     import json
 
-    fixture = Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "nemo-gym-0.7.0" / "clean" / "quality_summary.json"
-    if not fixture.is_file():
-        pytest.skip(f"fixture missing: {fixture}")
+    from tests.fixture_paths import NEMO_GYM_FIXTURES
+
+    fixture = NEMO_GYM_FIXTURES / "clean" / "quality_summary.json"
     doc = json.loads(fixture.read_text())
     assert mask_secrets(doc) == doc
