@@ -70,16 +70,16 @@ def test_an_unknown_executor_exits_2(quickstart_run: Path, capsys: pytest.Captur
 
 def test_readme_python_api_block_runs_as_written(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                  capsys: pytest.CaptureFixture[str]) -> None:
-    """README's "Python API" block, run in a folder holding the quickstart where it says."""
+    """The "Python API" block of docs/cli.md, run in a folder holding the quickstart where it says."""
     import re
 
     from tests.conftest import copy_quickstart
 
-    section = (REPO / "README.md").read_text().split("\n## Python API", 1)[1].split("\n## ", 1)[0]
+    section = (REPO / "docs" / "cli.md").read_text().split("\n## Python API", 1)[1].split("\n## ", 1)[0]
     [block] = re.findall(r"```python\n(.*?)```", section, flags=re.S)[:1]
     copy_quickstart(tmp_path / "examples" / "quickstart")
     monkeypatch.chdir(tmp_path)
-    exec(compile(block, "README.md", "exec"), {})
+    exec(compile(block, "docs/cli.md", "exec"), {})
     out = capsys.readouterr().out
     assert re.search(r"eval\.jsonl local EXPORTED \S+ None", out), out
     assert "'local'" in out and "'mlflow'" in out

@@ -13,7 +13,7 @@ from tests.wandb_records import offline_runs
 
 
 def mlflow_name(local_name: str) -> str:
-    """README's mapping: MLflow forbids '@', written '_at_'; nothing else changes."""
+    """The documented mapping (docs/coming-from-nemo-gym.md): MLflow forbids '@', written '_at_'; nothing else changes."""
     return local_name.replace("@", "_at_")
 
 
