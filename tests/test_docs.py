@@ -26,6 +26,7 @@ LINK = re.compile(r"(?<!!)\[(?P<text>[^\[\]]*)\]\((?P<target>[^()\s]+)(?:\s+\"[^
 FENCE = re.compile(r"^\s*(```|~~~)")
 HEADING = re.compile(r"^(#{1,6})\s+(?P<title>.+?)\s*#*\s*$")
 EXTERNAL = re.compile(r"^[a-zA-Z][a-zA-Z0-9+.-]*:")
+UNRENDERED_FENCE = re.compile(r"<code>(?:bash|json|python|toml|yaml)?\n")
 
 
 def _prose_lines(markdown: str) -> list[str]:
@@ -116,6 +117,8 @@ def test_the_docs_build_with_strict_link_checking(tmp_path: Path) -> None:
         stem = page.removesuffix(".md")
         html = tmp_path / "site" / ("index.html" if stem == "index" else f"{stem}/index.html")
         assert html.is_file(), page
+        # a fence MkDocs did not take as one (indented under a list item) renders as inline code
+        assert not UNRENDERED_FENCE.search(html.read_text()), page
 
 
 def _planted_site(tmp_path: Path, link: str) -> Path:
