@@ -9,6 +9,7 @@ Each check is also shown to fail on a planted broken link.
 
 from __future__ import annotations
 
+import importlib
 import re
 import subprocess
 import sys
@@ -26,6 +27,15 @@ LINK = re.compile(r"(?<!!)\[(?P<text>[^\[\]]*)\]\((?P<target>[^()\s]+)(?:\s+\"[^
 FENCE = re.compile(r"^\s*(```|~~~)")
 HEADING = re.compile(r"^(#{1,6})\s+(?P<title>.+?)\s*#*\s*$")
 EXTERNAL = re.compile(r"^[a-zA-Z][a-zA-Z0-9+.-]*:")
+# `tests/x.py`, `python scripts/y.py`, `tests/x.py::test_name`: a repository path, maybe a test in it
+REPO_PATH = re.compile(
+    r"^(?:python (?:-m )?)?(?P<path>(?:\.ci|benchmarks|configs|examples|exporters|gym_artifacts|scripts|tests)"
+    r"(?:/[\w.-]+)*/?)(?:::(?P<test>\w+))?$"
+)
+# `gym_artifacts.a.b`, `gym_artifacts.a(...)`, `python -m gym_artifacts.a`, `from gym_artifacts.a import *`
+CODE_NAME = re.compile(
+    r"^(?P<form>python -m |from )?(?P<name>gym_artifacts(?:\.\w+)+)(?P<call>\(.*\))?(?: import .*)?$"
+)
 UNRENDERED_FENCE = re.compile(r"<code>(?:bash|json|python|toml|yaml)?\n")
 
 
@@ -190,3 +200,72 @@ def test_readme_is_a_landing_page_that_links_every_reference_page() -> None:
     linked = {m["target"].partition("#")[0] for line in _prose_lines(text) for m in LINK.finditer(line)}
     pages = {f"docs/{page}" for page in nav_pages(config["nav"]) if page != "index.md"}
     assert pages - linked == set()
+
+
+def doc_files() -> list[Path]:
+    """README and every docs page (notes waiting to be folded in excepted)."""
+    pages = sorted(p for p in (REPO / "docs").rglob("*.md") if not p.name.startswith("notes-issue-"))
+    return [README, *pages]
+
+
+def stale_names(markdown_file: Path) -> list[str]:
+    """Each code span naming a repository path, a test or a Python name that does not exist.
+
+    A dotted name counts as code when it is called, run with ``python -m``, imported from, or
+    has a module and an attribute (``gym_artifacts.config.build_export_config``); two-part names
+    such as the MLflow tag ``gym_artifacts.partial`` are left alone.
+    """
+    problems = []
+    for line in _prose_lines(markdown_file.read_text()):
+        for span in re.findall(r"`([^`]+)`", line):
+            if match := REPO_PATH.match(span):
+                path = REPO / match["path"]
+                if not path.exists():
+                    problems.append(f"{span}: no such path")
+                elif match["test"] and not re.search(rf"^def {match['test']}\(", path.read_text(), re.M):
+                    problems.append(f"{span}: no such test")
+            elif (match := CODE_NAME.match(span)) and _is_code(match) and not _resolves(match["name"]):
+                problems.append(f"{span}: no such module or attribute")
+    return problems
+
+
+def _is_code(match: re.Match[str]) -> bool:
+    """Whether a dotted name is code: called, run, imported from, or a module and an attribute."""
+    return bool(match["form"] or match["call"] or match["name"].count(".") >= 2)
+
+
+def _resolves(dotted: str) -> bool:
+    """Whether ``a.b.c`` is a module, or an attribute path under the longest importable module."""
+    parts = dotted.split(".")
+    for cut in range(len(parts), 0, -1):
+        try:
+            obj = importlib.import_module(".".join(parts[:cut]))
+        except ImportError:
+            continue
+        for attr in parts[cut:]:
+            if not hasattr(obj, attr):
+                return False
+            obj = getattr(obj, attr)
+        return True
+    return False
+
+
+@pytest.mark.parametrize("markdown_file", doc_files(), ids=lambda p: p.relative_to(REPO).as_posix())
+def test_paths_tests_and_python_names_in_the_docs_exist(markdown_file: Path) -> None:
+    """A module moved or a test renamed makes the page that names it fail, not silently drift."""
+    assert stale_names(markdown_file) == []
+
+
+def test_the_name_check_catches_a_moved_module_a_renamed_test_and_a_missing_file(tmp_path: Path) -> None:
+    planted = tmp_path / "page.md"
+    planted.write_text(
+        "`gym_artifacts.config.build_export_config` `gym_artifacts.partial` `python -m gym_artifacts.testing`\n"
+        "`gym_artifacts.config.no_such_function` `gym_artifacts.no_such_module.thing` "
+        "`tests/test_docs.py::no_such_test` `scripts/no_such_script.py` `gym_artifacts.export_runs(...)`\n"
+    )
+    assert stale_names(planted) == [
+        "gym_artifacts.config.no_such_function: no such module or attribute",
+        "gym_artifacts.no_such_module.thing: no such module or attribute",
+        "tests/test_docs.py::no_such_test: no such test",
+        "scripts/no_such_script.py: no such path",
+    ]
