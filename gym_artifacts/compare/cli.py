@@ -33,7 +33,9 @@ def add_compare_parser(sub: Any, parents: list[argparse.ArgumentParser]) -> None
         help="metric to test (repeatable; the first decides the verdict). Default: every metric both "
         "runs have, reward first",
     )  # fmt: skip
-    cp.add_argument("--alpha", type=float, default=0.05, metavar="A", help="significance level (default 0.05)")
+    cp.add_argument(
+        "--alpha", type=float, default=0.05, metavar="A", help="significance level (default 0.05)"
+    )
     cp.add_argument(
         "--margin", type=float, default=None, metavar="M",
         help="test non-inferiority: is the candidate not worse than the base by more than M (one-sided)",
@@ -65,7 +67,11 @@ def format_comparison(comparison: Any, page: Path) -> str:
                 "-" if r.minimum_detectable_effect is None else f"{r.minimum_detectable_effect:.4g}",
                 r.note or "",
             ])  # fmt: skip
-    level = f"{1 - comparison.alpha:.0%} CI" if comparison.margin is None else f"{1 - 2 * comparison.alpha:.0%} CI"
+    level = (
+        f"{1 - comparison.alpha:.0%} CI"
+        if comparison.margin is None
+        else f"{1 - 2 * comparison.alpha:.0%} CI"
+    )
     headers = ["candidate", "metric", "n", "diff", "se", level, "p", "significant", "mde@80%", "note"]
     lines += ["", format_table(headers, rows), ""]
     for c in comparison.candidates:
@@ -91,9 +97,7 @@ def cmd_compare(ns: argparse.Namespace) -> int:
     from gym_artifacts.errors import GymArtifactsError, MissingRunError
 
     try:
-        comparison = compare_runs(
-            ns.base, ns.candidates, metrics=ns.metric, alpha=ns.alpha, margin=ns.margin
-        )
+        comparison = compare_runs(ns.base, ns.candidates, metrics=ns.metric, alpha=ns.alpha, margin=ns.margin)
         page = write_compare_page(comparison, ns.output or Path("compare.html"))
     except MissingRunError as exc:
         print(f"gym-artifacts: error: {exc}", file=sys.stderr)
@@ -121,5 +125,6 @@ def cmd_compare(ns: argparse.Namespace) -> int:
         return code
     print(format_comparison(comparison, page))
     for r in logged:
-        print(f"logged to {r['exporter']}: {r['status']} {r.get('backend_run_id') or ''} {r.get('reason') or ''}".rstrip())
+        where = " ".join(str(r.get(k) or "") for k in ("backend_run_id", "reason")).strip()
+        print(f"logged to {r['exporter']}: {r['status']} {where}".rstrip())
     return code

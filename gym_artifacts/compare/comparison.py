@@ -69,9 +69,11 @@ class CandidateComparison:
 
     def rows_where(self, base: set[str] | None = None, candidate: set[str] | None = None) -> list[TaskRow]:
         return [
-            r for r in self.rows
-            if (base is None or r.base_state in base) and (candidate is None or r.candidate_state in candidate)
-        ]  # fmt: skip
+            r
+            for r in self.rows
+            if (base is None or r.base_state in base)
+            and (candidate is None or r.candidate_state in candidate)
+        ]
 
     def pairing(self) -> dict[str, Any]:
         """How the tasks paired: counts, and the unpaired and failed tasks listed by key."""
@@ -79,7 +81,9 @@ class CandidateComparison:
             "paired": self.rows_where({"scored"}, {"scored"}),
             "only_in_base": self.rows_where({"scored"}, {"failed", "no result", "absent"}),
             "only_in_candidate": self.rows_where({"failed", "no result", "absent"}, {"scored"}),
-            "in_neither": self.rows_where({"failed", "no result", "absent"}, {"failed", "no result", "absent"}),
+            "in_neither": self.rows_where(
+                {"failed", "no result", "absent"}, {"failed", "no result", "absent"}
+            ),
         }
         out: dict[str, Any] = {name: len(rows) for name, rows in groups.items()}
         for name in ("only_in_base", "only_in_candidate", "in_neither"):
@@ -90,7 +94,11 @@ class CandidateComparison:
         failed = [r for r in self.rows if r.base_failed or r.candidate_failed]
         out["tasks_with_failed_rollouts"] = len(failed)
         out["failed_tasks"] = [
-            {"task": r.key, "base_failed_rollouts": r.base_failed, "candidate_failed_rollouts": r.candidate_failed}
+            {
+                "task": r.key,
+                "base_failed_rollouts": r.base_failed,
+                "candidate_failed_rollouts": r.candidate_failed,
+            }
             for r in failed[:LISTED_TASKS]
         ]
         return out
@@ -153,7 +161,9 @@ def verdict(result: PairedResult | None, candidate: str, base: str) -> dict[str,
         f"{_fmt(result.ci_high, True)}], p={result.p_value:.3g}, n={result.n_pairs} tasks"
     )
     mde = result.minimum_detectable_effect
-    power = f"; the smallest effect this sample detects at 80% power is {_fmt(mde)}" if mde is not None else ""
+    power = (
+        f"; the smallest effect this sample detects at 80% power is {_fmt(mde)}" if mde is not None else ""
+    )
     if result.framing == "two-sided":
         if result.significant:
             kind = "higher" if (result.mean_diff or 0) > 0 else "lower"
@@ -190,7 +200,9 @@ def compare_pair(
         b, c = base.means(metric), candidate.means(metric)
         common = sorted(b.keys() & c.keys(), key=sort_key)
         deltas = [c[k] - b[k] for k in common]
-        results.append(paired_test(deltas, metric=metric, alpha=alpha, margin=margin, tasks_in_larger_run=larger))
+        results.append(
+            paired_test(deltas, metric=metric, alpha=alpha, margin=margin, tasks_in_larger_run=larger)
+        )
     primary = chosen[0] if chosen else None
     b_vals = base.means(primary) if primary else {}
     c_vals = candidate.means(primary) if primary else {}

@@ -78,7 +78,9 @@ def _forest(comparison: Comparison) -> str:
         rows = []
         for c in comparison.candidates:
             r = next((r for r in c.results if r.metric == metric), None)
-            rows.append((c.candidate.name, *((r.mean_diff, r.ci_low, r.ci_high) if r else (None, None, None))))
+            rows.append(
+                (c.candidate.name, *((r.mean_diff, r.ci_low, r.ci_high) if r else (None, None, None)))
+            )
         chart = charts.forest_plot(
             rows, title=f"{metric}: candidate - base", x_label=f"difference in {metric}", references=refs
         )
@@ -126,13 +128,16 @@ def _task_data(base: RunTasks, c: CandidateComparison) -> dict[str, Any]:
         "wins": [r.key for r in wins],
         "losses": [r.key for r in losses],
         "samples": {
-            json.dumps(k): {"base": base_samples.get(k, []), "candidate": cand_samples.get(k, [])} for k in shown
+            json.dumps(k): {"base": base_samples.get(k, []), "candidate": cand_samples.get(k, [])}
+            for k in shown
         },
     }
 
 
 def _tasks_section(comparison: Comparison) -> str:
-    options = "".join(f'<option value="{i}">{_e(c.candidate.name)}</option>' for i, c in enumerate(comparison.candidates))
+    options = "".join(
+        f'<option value="{i}">{_e(c.candidate.name)}</option>' for i, c in enumerate(comparison.candidates)
+    )
     return (
         f'<p>Candidate <select id="candidate-select">{options}</select> '
         'task <select id="task-select" aria-label="task"></select> '
@@ -169,9 +174,9 @@ def _coverage(comparison: Comparison) -> str:
         p = c.pairing()
         parts.append(
             f'<h3>{_e(c.candidate.name)} against the base</h3><p class="pairing">'
-            f'{p["paired"]} tasks paired; {p["only_in_base"]} only in the base; '
-            f'{p["only_in_candidate"]} only in the candidate; {p["in_neither"]} scored in neither; '
-            f'{p["tasks_with_failed_rollouts"]} with failed rollouts.</p>'
+            f"{p['paired']} tasks paired; {p['only_in_base']} only in the base; "
+            f"{p['only_in_candidate']} only in the candidate; {p['in_neither']} scored in neither; "
+            f"{p['tasks_with_failed_rollouts']} with failed rollouts.</p>"
         )
         unpaired = [r for r in c.rows if r.delta is None or r.base_failed or r.candidate_failed][:200]
         if unpaired:
