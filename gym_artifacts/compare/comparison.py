@@ -216,7 +216,24 @@ def compare_pair(
     ]  # fmt: skip
     out = CandidateComparison(candidate=candidate, primary_metric=primary, results=results, rows=rows)
     out.verdict = verdict(results[0] if results else None, candidate.name, base.name)
+    unpaired = unpaired_text(out.pairing())
+    if unpaired:
+        out.verdict["text"] += f"; {unpaired}"
     return out
+
+
+def unpaired_text(pairing: dict[str, Any]) -> str:
+    """``1 task only in the base, 2 with failed rollouts`` ("" when every task paired cleanly)."""
+    parts = []
+    for key, what in (
+        ("only_in_base", "only in the base"),
+        ("only_in_candidate", "only in the candidate"),
+        ("in_neither", "scored in neither"),
+        ("tasks_with_failed_rollouts", "with failed rollouts"),
+    ):
+        if pairing[key]:
+            parts.append(f"{pairing[key]} task{'s' if pairing[key] != 1 else ''} {what}")
+    return ", ".join(parts) + " (not paired, not scored as 0)" if parts else ""
 
 
 def compare_runs(

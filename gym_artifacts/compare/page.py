@@ -244,7 +244,7 @@ SCRIPT = r"""
     div.className = "sample" + (s.failed ? " failed" : "");
     var head = document.createElement("div");
     head.className = "sample-head";
-    head.textContent = (s.failed ? "FAILED" : "reward " + text(s.reward)) +
+    head.textContent = (s.failed ? "FAILED" : "reward " + num(s.reward)) +
       (s.repeat !== null && s.repeat !== undefined ? " (repeat " + s.repeat + ")" : "") +
       (s.failure ? " - " + s.failure + (s.reason ? ": " + s.reason : "") : "");
     div.appendChild(head);
@@ -325,13 +325,30 @@ def render_compare_page(comparison: Comparison) -> str:
         ("coverage", "Coverage of each run", _coverage(comparison)),
     ]
     element = f'<script type="application/json" id="compare-data">{embed_json(data)}</script>'
-    return render_page(
+    page = render_page(
         title=f"gym-artifacts compare: {comparison.base.name} vs {names}",
         sections=sections,
         rollout_data=element,
         script=SCRIPT,
         extra_style=EXTRA_STYLE,
     )
+    # Secret values from either run's config never reach the page (it may be logged to a tracker).
+    from gym_artifacts.secrets import redact_secret_values
+
+    return redact_secret_values(page, _secrets(comparison))
+
+
+def _secrets(comparison: Comparison) -> frozenset[str]:
+    from gym_artifacts.errors import GymArtifactsError
+    from gym_artifacts.payload import backend_config, load_run_config
+
+    found: set[str] = set()
+    for tasks in (comparison.base, *(c.candidate for c in comparison.candidates)):
+        try:
+            found |= backend_config(load_run_config(tasks.run))[1]
+        except (GymArtifactsError, OSError, ValueError):
+            continue  # an unreadable config holds no secret this page could show
+    return frozenset(found)
 
 
 def write_compare_page(comparison: Comparison, dest: str | os.PathLike[str]) -> Path:
