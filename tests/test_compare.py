@@ -298,3 +298,12 @@ def test_cli_prints_verdict_table_and_page(tmp_path: Path, capsys: Any) -> None:
     data = json.loads(capsys.readouterr().out)
     assert data["framing"] == "two-sided" and data["comparisons"][0]["pairing"]["only_in_base"] == 1
     assert data["comparisons"][0]["results"][0]["metric"] == "reward"
+
+
+def test_without_scipy_the_command_says_how_to_install_it(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: Any
+) -> None:
+    monkeypatch.setitem(__import__("sys").modules, "scipy", None)
+    code = main(["compare", str(CLEAN), str(WITH_FAILURES), "-o", str(tmp_path / "c.html")])
+    assert code == 2 and "pip install 'gym-artifacts[compare]'" in capsys.readouterr().err
+    assert not (tmp_path / "c.html").exists()

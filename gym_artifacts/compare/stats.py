@@ -40,6 +40,8 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from gym_artifacts.errors import GymArtifactsError
+
 MDE_POWER = 0.8  # the power the minimum detectable effect is quoted at
 EPS = 1e-12  # differences this small are float64 rounding noise, not signal
 MIN_PAIRED_COVERAGE = 0.5  # below this share of the larger run's tasks, nothing is concluded
@@ -104,9 +106,8 @@ def paired_test(
     ``tasks_in_larger_run``: how many tasks the run with more of them holds (NeMo Gym main's
     overlap rule); None skips that rule.
     """
-    from scipy import stats
-
     check_alpha_margin(alpha, margin)
+    stats = _scipy_stats()
     framing = "two-sided" if margin is None else "non-inferiority"
     base = {"metric": metric, "framing": framing, "alpha": alpha, "margin": margin}
     if any(not math.isfinite(d) for d in deltas):
@@ -144,6 +145,22 @@ def paired_test(
         ci_level=_ci_level(alpha, margin), t_stat=float(t_stat), p_value=p_value,
         significant=p_value < alpha, minimum_detectable_effect=mde,
     )  # fmt: skip
+
+
+def _scipy_stats() -> Any:
+    """scipy.stats (the ``compare`` extra), or MissingScipy saying how to install it."""
+    try:
+        from scipy import stats
+    except ImportError as exc:
+        raise MissingScipy(
+            "gym-artifacts compare needs scipy for Student's t distribution: "
+            "pip install 'gym-artifacts[compare]'"
+        ) from exc
+    return stats
+
+
+class MissingScipy(GymArtifactsError):
+    """scipy is not installed (the ``compare`` extra)."""
 
 
 def _ci_level(alpha: float, margin: float | None) -> float:
