@@ -167,7 +167,7 @@ def test_fixture_clean_vs_with_failures(margin: float | None) -> None:
     assert (row.base_value, row.candidate_value, row.delta) == (1.0, None, None)
     summary = c.candidate.summary()
     assert (summary["tasks_failed"], summary["rollouts_failed"], summary["coverage"]["failed"]) == (1, 2, 2)
-    assert "1 task only in the base" in c.verdict["text"] and "not scored as 0" in c.verdict["text"]
+    assert "1 task only in the base" in c.verdict["text"] and "never scored as 0" in c.verdict["text"]
     # and the other way round: the failed task is the base's
     (back,) = compare_runs(WITH_FAILURES, [CLEAN]).candidates
     assert back.pairing()["only_in_candidate_tasks"] == [{"task": 4, "base": "failed", "candidate": "scored"}]
@@ -307,3 +307,27 @@ def test_without_scipy_the_command_says_how_to_install_it(
     code = main(["compare", str(CLEAN), str(WITH_FAILURES), "-o", str(tmp_path / "c.html")])
     assert code == 2 and "pip install 'gym-artifacts[compare]'" in capsys.readouterr().err
     assert not (tmp_path / "c.html").exists()
+
+
+def test_a_task_with_some_failed_rollouts_pairs_on_its_scored_ones(tmp_path: Path) -> None:
+    """One of task 0's two rollouts failed: the task's value is its scored rollout's (NeMo Gym's
+    group mean), the failure is counted, and the verdict says the task paired on part of it."""
+    run = tmp_path / "partly"
+    shutil.copytree(NEMO_GYM_FIXTURES / "clean", run)
+    lines = (run / "rollouts.jsonl").read_text().splitlines()
+    first = next(i for i, x in enumerate(lines) if json.loads(x)["_ng_task_index"] == 0)
+    moved = json.loads(lines.pop(first))
+    (run / "rollouts.jsonl").write_text("".join(x + "\n" for x in lines))
+    failure = {"_ng_failure_class": "agent_run_error", "_ng_failure_message": "boom",
+               "_ng_task_index": 0, "_ng_rollout_index": moved["_ng_rollout_index"]}  # fmt: skip
+    (run / "rollouts_failures.jsonl").write_text(json.dumps(failure) + "\n")
+    (c,) = compare_runs(CLEAN, [run / "rollouts.jsonl"]).candidates
+    row = next(r for r in c.rows if r.key == 0)
+    assert (row.candidate_state, row.candidate_failed, row.candidate_value, row.delta) == (
+        "scored",
+        1,
+        1.0,
+        0.0,
+    )
+    assert c.pairing()["paired"] == 5 and c.results[0].n_pairs == 5
+    assert "1 task paired on their scored rollouts only" in c.verdict["text"]

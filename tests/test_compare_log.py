@@ -82,7 +82,7 @@ def test_log_once_to_mlflow_and_wandb(tmp_path: Path, capsys: Any) -> None:
     assert wb.run_id == next(r["backend_run_id"] for r in first["logged"] if r["exporter"] == "wandb")
     table = json.loads(wb.file(wb.summary["compare/results.path"]).read_text())
     assert [row[1] for row in table["data"]] == [r["metric"] for r in want]
-    assert wb.summary["compare/tasks.nrows"] == 5 and "not scored as 0" in wb.summary["compare/verdict"]
+    assert wb.summary["compare/tasks.nrows"] == 5 and "never scored as 0" in wb.summary["compare/verdict"]
 
     # a rerun is SKIPPED, from the receipt, and sends nothing
     again = _compare(tmp_path, runs, cfg, capsys)

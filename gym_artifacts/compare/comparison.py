@@ -216,24 +216,43 @@ def compare_pair(
     ]  # fmt: skip
     out = CandidateComparison(candidate=candidate, primary_metric=primary, results=results, rows=rows)
     out.verdict = verdict(results[0] if results else None, candidate.name, base.name)
-    unpaired = unpaired_text(out.pairing())
+    unpaired = unpaired_text(out.rows)
     if unpaired:
         out.verdict["text"] += f"; {unpaired}"
     return out
 
 
-def unpaired_text(pairing: dict[str, Any]) -> str:
-    """``1 task only in the base, 2 with failed rollouts`` ("" when every task paired cleanly)."""
+STATE_WORDS = {"failed": "failed", "no result": "with no result", "absent": "not in the run"}
+
+
+def _tasks(n: int) -> str:
+    return f"{n} task{'' if n == 1 else 's'}"
+
+
+def unpaired_text(rows: Sequence[TaskRow]) -> str:
+    """What the test left out and why: ``1 task only in the base (failed in the candidate: 1)``;
+    "" when every task paired and no rollout failed."""
     parts = []
-    for key, what in (
-        ("only_in_base", "only in the base"),
-        ("only_in_candidate", "only in the candidate"),
-        ("in_neither", "scored in neither"),
-        ("tasks_with_failed_rollouts", "with failed rollouts"),
-    ):
-        if pairing[key]:
-            parts.append(f"{pairing[key]} task{'s' if pairing[key] != 1 else ''} {what}")
-    return ", ".join(parts) + " (not paired, not scored as 0)" if parts else ""
+    groups = (
+        ("only in the base", "candidate", [r for r in rows if r.base_state == "scored" != r.candidate_state]),
+        ("only in the candidate", "base", [r for r in rows if r.candidate_state == "scored" != r.base_state]),
+    )
+    for what, other, group in groups:
+        if group:
+            states: dict[str, int] = {}
+            for r in group:
+                state = r.candidate_state if other == "candidate" else r.base_state
+                states[state] = states.get(state, 0) + 1
+            why = ", ".join(f"{v} {STATE_WORDS[k]}" for k, v in sorted(states.items()))
+            parts.append(f"{_tasks(len(group))} {what} (in the {other}: {why})")
+    neither = [r for r in rows if r.base_state != "scored" and r.candidate_state != "scored"]
+    if neither:
+        parts.append(f"{_tasks(len(neither))} scored in neither")
+    text = "not paired: " + "; ".join(parts) if parts else ""
+    partly = [r for r in rows if r.delta is not None and (r.base_failed or r.candidate_failed)]
+    if partly:
+        text += ("; " if text else "") + f"{_tasks(len(partly))} paired on their scored rollouts only"
+    return text + " (failed rollouts are never scored as 0)" if text else ""
 
 
 def compare_runs(
