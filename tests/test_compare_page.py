@@ -175,3 +175,27 @@ def test_forest_plots_of_awkward_intervals_stay_in_frame(browser: Any, tmp_path:
     page.goto(html.as_uri())
     assert _outside(page)
     page.close()
+
+
+def test_hostile_names_are_text(browser: Any, tmp_path: Path) -> None:  # noqa: F811
+    """A run folder, task keys and a metric named like markup (and matplotlib's ``$`` math) are
+    drawn as the text they are: nothing runs, no element is injected."""
+    folder = tmp_path / "<img src=x onerror=window.__pwned=3>$a$"
+    folder.mkdir()
+    metric = "s$c$ore</script><!--"
+    rows_a = [("<b>t1</b>", 0.5, 1), ("t2", 0.2, 2), ("t3", 0.1, 3)]
+    rows_b = [("<b>t1</b>", 0.7, 1.5), ("t2", 0.3, 2), ("t3", 0.6, 3.5)]
+    for path, rows in ((tmp_path / "a.jsonl", rows_a), (folder / "eval.jsonl", rows_b)):
+        path.write_text(
+            "".join(json.dumps({"task_id": t, "reward": r, metric: m}) + "\n" for t, r, m in rows)
+        )
+    comparison = compare_runs(tmp_path / "a.jsonl", [folder / "eval.jsonl"])
+    assert [r.metric for r in comparison.candidates[0].results] == ["reward", metric]
+    opened = open_report(browser, write_compare_page(comparison, tmp_path / "c.html"))
+    page = opened.page
+    assert opened.errors == [] and page.evaluate("window.__pwned") is None
+    assert page.locator("main img, main b").count() == 0
+    svg_text = page.eval_on_selector_all("div.chart svg text", "ts => ts.map(t => t.textContent).join(' ')")
+    assert f"{metric}: candidate - base" in svg_text and "$a$/eval" in svg_text
+    assert page.locator("#task-select option").all_inner_texts()[0] == "task <b>t1</b>"
+    page.close()

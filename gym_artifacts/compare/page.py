@@ -22,6 +22,7 @@ from gym_artifacts.compare.tasks import RunTasks, TaskKey, read_samples
 from gym_artifacts.report import charts
 from gym_artifacts.report.page import render_page
 
+MAX_FOREST_CHARTS = 12  # metrics drawn; the table below lists every one
 SHOWN_EACH_WAY = 50  # biggest wins, biggest losses (and unpaired tasks) with their responses
 TABLE_ROWS = 5000  # task rows in the page's table per candidate (all are counted)
 
@@ -74,7 +75,8 @@ def _forest(comparison: Comparison) -> str:
     refs: dict[str, float] = {"no difference": 0.0}
     if comparison.margin is not None:
         refs["- margin"] = -comparison.margin
-    for metric in _metrics_list(comparison):
+    metrics = _metrics_list(comparison)
+    for metric in metrics[:MAX_FOREST_CHARTS]:
         rows = []
         for c in comparison.candidates:
             r = next((r for r in c.results if r.metric == metric), None)
@@ -100,6 +102,9 @@ def _forest(comparison: Comparison) -> str:
         '<table id="results-table"><thead><tr>' + "".join(f"<th>{_e(h)}</th>" for h in head)
         + "</tr></thead><tbody>" + "".join(body) + "</tbody></table>"
     )  # fmt: skip
+    more = len(metrics) - MAX_FOREST_CHARTS
+    if more > 0:
+        parts.append(f'<p class="note">{more} more metric(s) not drawn: every one is in the table.</p>')
     return '<div class="charts" id="forest">' + "".join(parts) + "</div>" + table
 
 

@@ -115,6 +115,11 @@ def histogram(values: Sequence[float], *, title: str, x_label: str, y_label: str
     return _svg(fig, chart_id, ax, len(data), "histogram", title)
 
 
+def _literal(text: str) -> str:
+    """Text matplotlib draws as written: ``$`` would otherwise start math mode."""
+    return str(text).replace("$", r"\$")
+
+
 def forest_plot(
     rows: Sequence[tuple[str, float | None, float | None, float | None]],
     *,
@@ -143,13 +148,15 @@ def forest_plot(
     height = 1.0 + 0.42 * len(rows)
     fig = Figure(figsize=(6.4, height), dpi=100, layout="constrained")
     ax = fig.add_subplot()
-    ax.set_title(title, fontsize=10, loc="left")
-    ax.set_xlabel(x_label, fontsize=9)
+    ax.set_title(_literal(title), fontsize=10, loc="left")
+    ax.set_xlabel(_literal(x_label), fontsize=9)
     ax.tick_params(labelsize=8)
     ax.grid(True, axis="x", color="#e5e7eb", linewidth=0.6)
     ax.set_axisbelow(True)
     for i, (name, x) in enumerate(refs.items()):
-        ref = ax.axvline(x, color="#6b7280" if i == 0 else "#d97706", linewidth=0.9, linestyle="--", label=name)
+        ref = ax.axvline(
+            x, color="#6b7280" if i == 0 else "#d97706", linewidth=0.9, linestyle="--", label=_literal(name)
+        )
         ref.set_gid(f"{chart_id}-reference-{i}")
     drawn = 0
     for i, (_, est, low, high) in enumerate(rows):
@@ -165,7 +172,7 @@ def forest_plot(
         drawn += 1
     ax.set_xlim(lo - pad, hi + pad)
     ax.set_ylim(-0.6, len(rows) - 0.4)
-    ax.set_yticks(range(len(rows)), [r[0] for r in reversed(rows)], fontsize=8)
+    ax.set_yticks(range(len(rows)), [_literal(r[0]) for r in reversed(rows)], fontsize=8)
     if refs:
         ax.legend(fontsize=7, loc="best")
     return _svg(fig, chart_id, ax, drawn, "forest", title)
