@@ -331,3 +331,21 @@ def test_a_task_with_some_failed_rollouts_pairs_on_its_scored_ones(tmp_path: Pat
     )
     assert c.pairing()["paired"] == 5 and c.results[0].n_pairs == 5
     assert "1 task paired on their scored rollouts only" in c.verdict["text"]
+
+
+def test_page_redacts_secrets_of_either_runs_config(tmp_path: Path) -> None:
+    """A response that quotes the API key from the candidate's saved config: the page (which
+    --log ships to trackers) holds it nowhere."""
+    from gym_artifacts.compare.page import write_compare_page
+
+    secret = "sk-canary-" + "7e" * 12
+    run = tmp_path / "leaky"
+    shutil.copytree(NEMO_GYM_FIXTURES / "clean", run)
+    (run / "rollouts_config.yaml").write_text(f"policy_api_key: {secret}\npolicy_model_name: m\n")
+    lines = [json.loads(x) for x in (run / "rollouts.jsonl").read_text().splitlines()]
+    for rec in lines:
+        rec["response"]["output"][-1]["content"][0]["text"] = f"my key is {secret}"
+    (run / "rollouts.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
+    page = write_compare_page(compare_runs(CLEAN, [run / "rollouts.jsonl"]), tmp_path / "c.html")
+    text = page.read_text()
+    assert secret not in text and "my key is" in text
