@@ -349,3 +349,14 @@ def test_page_redacts_secrets_of_either_runs_config(tmp_path: Path) -> None:
     page = write_compare_page(compare_runs(CLEAN, [run / "rollouts.jsonl"]), tmp_path / "c.html")
     text = page.read_text()
     assert secret not in text and "my key is" in text
+
+
+def test_this_projects_run_with_journal_and_artifacts(quickstart_run: Path, make_run: Any) -> None:
+    """The quickstart run (three agents, a config, a journal, an artifacts folder) against a copy
+    of itself: every task pairs, every delta is 0."""
+    other = make_run("copy")
+    comparison = compare_runs(quickstart_run, [other])
+    (c,) = comparison.candidates
+    assert c.pairing()["paired"] == 75 and c.results[0].metric == "reward"
+    assert all(r.n_pairs == 75 and r.mean_diff == 0.0 and r.significant is False for r in c.results)
+    assert comparison.base.summary()["rollouts_scored"] == 300
