@@ -109,3 +109,28 @@ def test_log_to_a_tracker_without_a_place_is_refused(tmp_path: Path, capsys: Any
                  str(NEMO_GYM_FIXTURES / "with-failures/rollouts.jsonl"), "-o", str(tmp_path / "c.html"),
                  "--log", "-c", str(_config(tmp_path)), "-e", "tensorboard"])  # fmt: skip
     assert code == 2 and "no place for a comparison" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_log_to_a_real_mlflow_server(mlflow_server: Any, tmp_path: Path, capsys: Any) -> None:
+    """The same through a real ``mlflow server`` (artifacts over HTTP), read back from it."""
+    from mlflow.tracking import MlflowClient
+
+    experiment = f"cmp-{tmp_path.name}"
+    cfg = tmp_path / "server.yaml"
+    cfg.write_text(yaml.safe_dump({"exporters": {"local": {"enabled": False}, "mlflow": {
+        "enabled": True, "tracking_uri": mlflow_server.uri, "experiment_name": experiment}}}))  # fmt: skip
+    runs = tmp_path / "runs"
+    shutil.copytree(NEMO_GYM_FIXTURES, runs)
+    first = _compare(tmp_path, runs, cfg, capsys, "--metric", "reward")
+    assert first["logged"][0]["status"] == "EXPORTED", first["logged"]
+    sent = (tmp_path / "compare.html").read_bytes()
+    again = _compare(tmp_path, runs, cfg, capsys, "--metric", "reward")
+    assert again["logged"][0]["status"] == "SKIPPED"
+    client = MlflowClient(tracking_uri=mlflow_server.uri)
+    (run,) = client.search_runs([client.get_experiment_by_name(experiment).experiment_id])
+    assert run.info.run_id == first["logged"][0]["backend_run_id"]
+    page = client.download_artifacts(run.info.run_id, "compare.html", str(tmp_path / "down"))
+    assert Path(page).read_bytes() == sent
+    cand = RunArtifacts.from_path(runs / "with-failures/rollouts.jsonl")
+    assert run.data.tags["gym_artifacts.candidate_identities"] == run_identity(content_identities(cand))
