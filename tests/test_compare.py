@@ -360,3 +360,24 @@ def test_this_projects_run_with_journal_and_artifacts(quickstart_run: Path, make
     assert c.pairing()["paired"] == 75 and c.results[0].metric == "reward"
     assert all(r.n_pairs == 75 and r.mean_diff == 0.0 and r.significant is False for r in c.results)
     assert comparison.base.summary()["rollouts_scored"] == 300
+
+
+@pytest.mark.parametrize("base_name", ["clean", "with-failures"])
+@pytest.mark.parametrize("margin", [None, 0.1])
+def test_real_nemo_gym_base_against_a_generated_candidate(
+    base_name: str, margin: float | None, tmp_path: Path
+) -> None:
+    """NeMo Gym 0.7.0's own output as the base, a candidate of the same 5 tasks with other rewards
+    and token counts: every metric's test equals scipy's on the per-task means both aggregate
+    files hold (NeMo Gym's own for the base)."""
+    base = NEMO_GYM_FIXTURES / base_name / "rollouts.jsonl"
+    cand = write_run(tmp_path / "cand" / "eval.jsonl", tasks=5, repeats=2, seed=7,
+                     reward_of=lambda t, r: [0.5, 1.0, 0.25, 0.75, 1.0][t] - 0.25 * r)  # fmt: skip
+    (c,) = compare_runs(base, [cand], margin=margin).candidates
+    assert [r.metric for r in c.results] == ["reward", "input_tokens", "output_tokens", "total_tokens"]
+    for result in c.results:
+        b, k = nemo_gym_group_means(base, result.metric), nemo_gym_group_means(cand, result.metric)
+        deltas = [k[t] - b[t] for t in sorted(b.keys() & k.keys())]
+        assert len(deltas) == (5 if base_name == "clean" else 4)
+        assert_agrees(result, deltas, 0.05, margin)
+    assert c.pairing()["only_in_candidate"] == (0 if base_name == "clean" else 1)
