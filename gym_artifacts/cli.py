@@ -45,6 +45,7 @@ EPILOG = """examples:
   gym-artifacts export results/*.jsonl -e mlflow --jobs 4
   gym-artifacts status results/eval.jsonl
   gym-artifacts report results/eval.jsonl -o eval.html
+  gym-artifacts compare results/base.jsonl results/new.jsonl -o compare.html
   gym-artifacts exporters
 """
 
@@ -151,6 +152,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     rp.add_argument("run", metavar="OUT.jsonl")
     rp.add_argument("-o", "--output", type=Path, help="where to write it (default: STEM_report.html)")
+
+    from gym_artifacts.compare.cli import add_compare_parser
+
+    add_compare_parser(sub, [verbose])
 
     ls = sub.add_parser(
         "exporters", parents=[verbose], help="registered backends and whether their SDK is installed"
@@ -362,7 +367,10 @@ def _main(argv: Sequence[str] | None = None) -> int:
         stream=sys.stderr,
     )
     logger.info("gym-artifacts %s: %s", _version(), ns.command)
-    handlers = {"export": cmd_export, "status": cmd_status, "exporters": cmd_exporters, "report": cmd_report}
+    from gym_artifacts.compare.cli import cmd_compare
+
+    handlers = {"export": cmd_export, "status": cmd_status, "exporters": cmd_exporters, "report": cmd_report,
+                "compare": cmd_compare}  # fmt: skip
     return handlers[ns.command](ns)
 
 

@@ -17,7 +17,7 @@ import json
 import math
 import random
 import statistics
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -216,12 +216,15 @@ def write_run(
     agents: Sequence[str] = ("example_single_tool_call_simple_agent",),
     failing_tasks: Sequence[int] = (),
     seed: int = 0,
+    reward_of: Callable[[int, int], float] | None = None,
 ) -> Path:
     """Write a NeMo Gym 0.7 run at ``rollouts_fpath`` (``OUT.jsonl``) and its sidecars.
 
     Task ``t`` belongs to agent ``agents[t % len(agents)]``; every repeat of a task in
     ``failing_tasks`` fails and goes to ``OUT_failures.jsonl``, as with NeMo Gym's
     ``+route_failures_to_sidecar=true``. Aggregate metrics are written last (newest file).
+    ``reward_of(task, repeat)``, when given, replaces the default reward (1 for the tasks the model
+    answers with a tool call, else 0).
     """
     rng = random.Random(seed)
     rollouts_fpath.parent.mkdir(parents=True, exist_ok=True)
@@ -257,6 +260,8 @@ def write_run(
             usage = (80, 16) if city else (40, 6)
             usage = (usage[0] + rng.randint(0, 8), usage[1] + rng.randint(0, 4))
             reward = 1.0 if city is not None else 0.0
+            if reward_of is not None:
+                reward = float(reward_of(t, r))
             line = {
                 "responses_create_params": _request(question, full=True),
                 "response": _response(t, r, city, usage),

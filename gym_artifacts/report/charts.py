@@ -113,3 +113,66 @@ def histogram(values: Sequence[float], *, title: str, x_label: str, y_label: str
         patch.set_gid(f"{chart_id}-bar-{i}")
     ax.margins(x=0.02, y=0.08)
     return _svg(fig, chart_id, ax, len(data), "histogram", title)
+
+
+def _literal(text: str) -> str:
+    """Text matplotlib draws as written: ``$`` would otherwise start math mode."""
+    return str(text).replace("$", r"\$")
+
+
+def forest_plot(
+    rows: Sequence[tuple[str, float | None, float | None, float | None]],
+    *,
+    title: str,
+    x_label: str,
+    references: dict[str, float] | None = None,
+) -> str:
+    """One row per ``(label, estimate, low, high)``: the interval as a line, the estimate as a dot.
+
+    ``references``: vertical lines (``{"no difference": 0.0}``), drawn dashed and included in
+    the axis range. A row without an estimate is labelled but not drawn; one without an interval
+    is a dot alone. "" when no row has a finite estimate.
+    """
+    if not any(r[1] is not None and math.isfinite(r[1]) for r in rows):
+        return ""
+    refs = {k: float(v) for k, v in (references or {}).items() if math.isfinite(v)}
+    xs = [float(v) for r in rows for v in r[1:] if v is not None and math.isfinite(v)] + list(refs.values())
+    lo, hi = min(xs), max(xs)
+    if hi - lo <= max(abs(lo), abs(hi)) * 1e-9:
+        half = max(0.5, abs(lo) * 1e-6)
+        lo, hi = lo - half, hi + half
+    pad = (hi - lo) * 0.08
+    chart_id = f"chart{next(_ids)}"
+    from matplotlib.figure import Figure
+
+    height = 1.0 + 0.42 * len(rows)
+    fig = Figure(figsize=(6.4, height), dpi=100, layout="constrained")
+    ax = fig.add_subplot()
+    ax.set_title(_literal(title), fontsize=10, loc="left")
+    ax.set_xlabel(_literal(x_label), fontsize=9)
+    ax.tick_params(labelsize=8)
+    ax.grid(True, axis="x", color="#e5e7eb", linewidth=0.6)
+    ax.set_axisbelow(True)
+    for i, (name, x) in enumerate(refs.items()):
+        ref = ax.axvline(
+            x, color="#6b7280" if i == 0 else "#d97706", linewidth=0.9, linestyle="--", label=_literal(name)
+        )
+        ref.set_gid(f"{chart_id}-reference-{i}")
+    drawn = 0
+    for i, (_, est, low, high) in enumerate(rows):
+        y = len(rows) - 1 - i
+        if est is None or not math.isfinite(est):
+            continue
+        color = PALETTE[i % len(PALETTE)]
+        if low is not None and high is not None and math.isfinite(low) and math.isfinite(high):
+            (line,) = ax.plot([low, high], [y, y], color=color, linewidth=2.2, solid_capstyle="butt")
+            line.set_gid(f"{chart_id}-series-{i}")
+        (dot,) = ax.plot([est], [y], color=color, marker="o", markersize=5, linestyle="none")
+        dot.set_gid(f"{chart_id}-estimate-{i}")
+        drawn += 1
+    ax.set_xlim(lo - pad, hi + pad)
+    ax.set_ylim(-0.6, len(rows) - 0.4)
+    ax.set_yticks(range(len(rows)), [_literal(r[0]) for r in reversed(rows)], fontsize=8)
+    if refs:
+        ax.legend(fontsize=7, loc="best")
+    return _svg(fig, chart_id, ax, drawn, "forest", title)

@@ -183,9 +183,17 @@ def rollout_data_element(columns: list[str], rows: Iterable[list[Any]], secrets:
     return f'<script type="application/octet-stream" id="rollout-data-gz">{data}</script>'
 
 
-def render_page(*, title: str, sections: list[tuple[str, str, str]], rollout_data: str) -> str:
+def render_page(
+    *,
+    title: str,
+    sections: list[tuple[str, str, str]],
+    rollout_data: str,
+    script: str = SCRIPT,
+    extra_style: str = "",
+) -> str:
     """The whole page: no external resource of any kind. ``rollout_data``: the element from
-    :func:`rollout_data_element` ("" when there is no table)."""
+    :func:`rollout_data_element` ("" when there is no table), or another page's data element
+    with its own ``script`` and ``extra_style`` (the compare page)."""
     nav = "".join(f'<a href="#{sid}">{html.escape(name)}</a>' for sid, name, _ in sections)
     body = "".join(
         f'<section id="{sid}"><h2>{html.escape(name)}</h2>{content}</section>'
@@ -197,7 +205,7 @@ def render_page(*, title: str, sections: list[tuple[str, str, str]], rollout_dat
         '<meta name="viewport" content="width=device-width, initial-scale=1">'
         "<meta http-equiv=\"Content-Security-Policy\" content=\"default-src 'none'; style-src 'unsafe-inline'; "
         "script-src 'unsafe-inline'; img-src data:; media-src data: file: 'self'\">"
-        f"<title>{html.escape(title)}</title><style>{STYLE}</style></head>"
+        f"<title>{html.escape(title)}</title><style>{STYLE}{extra_style}</style></head>"
         f"<body><header><h1>{html.escape(title)}</h1><nav>{nav}</nav></header><main>{body}</main>"
-        f"{data}<script>{SCRIPT}</script></body></html>\n"
+        f"{data}<script>{script}</script></body></html>\n"
     )

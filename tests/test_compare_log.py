@@ -1,0 +1,136 @@
+"""``compare --log``: one MLflow run (SQLite store, read back) tagged with both runs' identities,
+holding the tables and the page, and one offline W&B run with the tables, exactly once."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from gym_artifacts.cli import main
+from gym_artifacts.identity import content_identities, run_identity
+from gym_artifacts.run import RunArtifacts
+from tests.fixture_paths import NEMO_GYM_FIXTURES
+from tests.wandb_records import offline_runs
+
+
+def _config(tmp_path: Path, **enabled: bool) -> Path:
+    cfg = {"exporters": {
+        "local": {"enabled": False},
+        "mlflow": {"enabled": enabled.get("mlflow", True), "tracking_uri": f"sqlite:///{tmp_path / 'mlflow.db'}",
+                   "artifact_location": (tmp_path / "mlartifacts").as_uri(), "experiment_name": "cmp"},
+        "wandb": {"enabled": enabled.get("wandb", True), "project": "tests", "mode": "offline",
+                  "dir": str(tmp_path / "wb")},
+    }}  # fmt: skip
+    path = tmp_path / "cfg.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    return path
+
+
+def _mlflow_runs(tmp_path: Path) -> list[Any]:
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}")
+    exp = client.get_experiment_by_name("cmp")
+    return [] if exp is None else list(client.search_runs([exp.experiment_id]))
+
+
+def _compare(tmp_path: Path, runs: Path, cfg: Path, capsys: Any, *extra: str) -> dict[str, Any]:
+    code = main(["compare", str(runs / "clean/rollouts.jsonl"), str(runs / "with-failures/rollouts.jsonl"),
+                 "-o", str(tmp_path / "compare.html"), "--log", "-c", str(cfg), "--json", *extra])  # fmt: skip
+    out = json.loads(capsys.readouterr().out)
+    assert code == 0, out
+    return out
+
+
+@pytest.mark.slow
+def test_log_once_to_mlflow_and_wandb(tmp_path: Path, capsys: Any) -> None:
+    runs = tmp_path / "runs"
+    shutil.copytree(NEMO_GYM_FIXTURES, runs)
+    cfg = _config(tmp_path)
+    first = _compare(tmp_path, runs, cfg, capsys)
+    statuses = {r["exporter"]: r["status"] for r in first["logged"]}
+    assert statuses == {"mlflow": "EXPORTED", "wandb": "EXPORTED"}, first["logged"]
+
+    # MLflow: one run, tagged with both runs' content identities, holding the tables and the page
+    (run,) = _mlflow_runs(tmp_path)
+    base_id = run_identity(content_identities(RunArtifacts.from_path(runs / "clean/rollouts.jsonl")))
+    cand_id = run_identity(content_identities(RunArtifacts.from_path(runs / "with-failures/rollouts.jsonl")))
+    tags = run.data.tags
+    assert tags["gym_artifacts.kind"] == "compare" and tags["gym_artifacts.complete"] == "true"
+    assert tags["gym_artifacts.base_identity"] == base_id
+    assert tags["gym_artifacts.candidate_identities"] == cand_id
+    assert run.info.status == "FINISHED"
+    art = Path(run.info.artifact_uri.removeprefix("file://"))
+    assert (art / "compare.html").read_bytes() == (tmp_path / "compare.html").read_bytes()
+    results = json.loads((art / "tables/compare_results.json").read_text())
+    want = first["comparisons"][0]["results"]
+    assert [row[1] for row in results["data"]] == [r["metric"] for r in want]
+    p_col = results["columns"].index("p_value")
+    assert [row[p_col] for row in results["data"]] == [r["p_value"] for r in want]
+    tasks = json.loads((art / "tables/compare_tasks.json").read_text())
+    row4 = next(r for r in tasks["data"] if r[1] == "4")
+    assert row4[2:7] == ["scored", "failed", 1.0, None, None]  # failed: no value, never 0
+    assert run.data.metrics["reward/n_pairs"] == 4.0
+
+    # W&B: one offline run with both tables
+    (wb,) = offline_runs(tmp_path / "wb")
+    assert wb.run_id == next(r["backend_run_id"] for r in first["logged"] if r["exporter"] == "wandb")
+    table = json.loads(wb.file(wb.summary["compare/results.path"]).read_text())
+    assert [row[1] for row in table["data"]] == [r["metric"] for r in want]
+    assert wb.summary["compare/tasks.nrows"] == 5 and "never scored as 0" in wb.summary["compare/verdict"]
+
+    # a rerun is SKIPPED, from the receipt, and sends nothing
+    again = _compare(tmp_path, runs, cfg, capsys)
+    assert {r["exporter"]: r["status"] for r in again["logged"]} == {"mlflow": "SKIPPED", "wandb": "SKIPPED"}
+    assert len(_mlflow_runs(tmp_path)) == 1 and len(offline_runs(tmp_path / "wb")) == 1
+
+    # a lost receipt: MLflow finds the comparison by its identity (no second run)
+    receipts = runs / "clean/rollouts_compare_receipts.json"
+    assert receipts.is_file()
+    receipts.unlink()
+    lost = _compare(tmp_path, runs, cfg, capsys, "-e", "mlflow")
+    (only,) = lost["logged"]
+    assert only["status"] == "EXPORTED" and "already in MLflow" in only["reason"]
+    assert len(_mlflow_runs(tmp_path)) == 1
+
+    # another test (a margin) is another comparison: logged anew
+    other = _compare(tmp_path, runs, cfg, capsys, "-e", "mlflow", "--margin", "0.1")
+    assert other["logged"][0]["status"] == "EXPORTED"
+    assert len(_mlflow_runs(tmp_path)) == 2
+
+
+def test_log_to_a_tracker_without_a_place_is_refused(tmp_path: Path, capsys: Any) -> None:
+    code = main(["compare", str(NEMO_GYM_FIXTURES / "clean/rollouts.jsonl"),
+                 str(NEMO_GYM_FIXTURES / "with-failures/rollouts.jsonl"), "-o", str(tmp_path / "c.html"),
+                 "--log", "-c", str(_config(tmp_path)), "-e", "tensorboard"])  # fmt: skip
+    assert code == 2 and "no place for a comparison" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_log_to_a_real_mlflow_server(mlflow_server: Any, tmp_path: Path, capsys: Any) -> None:
+    """The same through a real ``mlflow server`` (artifacts over HTTP), read back from it."""
+    from mlflow.tracking import MlflowClient
+
+    experiment = f"cmp-{tmp_path.name}"
+    cfg = tmp_path / "server.yaml"
+    cfg.write_text(yaml.safe_dump({"exporters": {"local": {"enabled": False}, "mlflow": {
+        "enabled": True, "tracking_uri": mlflow_server.uri, "experiment_name": experiment}}}))  # fmt: skip
+    runs = tmp_path / "runs"
+    shutil.copytree(NEMO_GYM_FIXTURES, runs)
+    first = _compare(tmp_path, runs, cfg, capsys, "--metric", "reward")
+    assert first["logged"][0]["status"] == "EXPORTED", first["logged"]
+    sent = (tmp_path / "compare.html").read_bytes()
+    again = _compare(tmp_path, runs, cfg, capsys, "--metric", "reward")
+    assert again["logged"][0]["status"] == "SKIPPED"
+    client = MlflowClient(tracking_uri=mlflow_server.uri)
+    (run,) = client.search_runs([client.get_experiment_by_name(experiment).experiment_id])
+    assert run.info.run_id == first["logged"][0]["backend_run_id"]
+    page = client.download_artifacts(run.info.run_id, "compare.html", str(tmp_path / "down"))
+    assert Path(page).read_bytes() == sent
+    cand = RunArtifacts.from_path(runs / "with-failures/rollouts.jsonl")
+    assert run.data.tags["gym_artifacts.candidate_identities"] == run_identity(content_identities(cand))
