@@ -16,8 +16,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from gym_artifacts.jsonio import json_safe
-from gym_artifacts.payload import metric_value
+from gym_artifacts.jsonio import json_safe, metric_value
 from gym_artifacts.responses_api import last_user_message
 from gym_artifacts.responses_api import response_text as api_response_text
 from gym_artifacts.run import agent_label

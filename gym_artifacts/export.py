@@ -17,6 +17,7 @@ import tempfile
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +38,8 @@ from gym_artifacts.destination import Destination, destination_key
 from gym_artifacts.errors import ConfigError, GymArtifactsError, ReceiptError, RunError
 from gym_artifacts.exporter import CERTIFIED_NOTE, Exporter, ExportPlan, ExportResult, ExportStatus
 from gym_artifacts.identity import content_identities, run_identity
+from gym_artifacts.live_certify import certify_or_export
+from gym_artifacts.live_exporter import LiveExporter
 from gym_artifacts.locking import LockBusy, exclusive_lock
 from gym_artifacts.payload import backend_config, load_run_config
 from gym_artifacts.receipts import (
@@ -287,8 +290,11 @@ def _send(
         exporter = target.build()
     except GymArtifactsError as exc:
         return _failed(name, str(exc), start)
+    # The one place that decides certify: a live backend's send goes through the certify-or-new-run
+    # policy (a live run of this eval may be completed instead of sending a new one).
+    send = partial(certify_or_export, exporter) if isinstance(exporter, LiveExporter) else None
     try:
-        result = exporter.export(run, plan)
+        result = exporter.export(run, plan, send=send)
     except Exception as exc:  # a bug in a backend must not stop the others
         logger.exception("exporter %s crashed", name)
         reason = redact_text(f"internal error: {type(exc).__name__}: {exc}", plan.secrets)

@@ -17,11 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from gym_artifacts.config import eval_config_only, load_yaml_config, raw_container, resolve_tolerant
 from gym_artifacts.errors import ConfigError, RunError
-
-# The journal reader lives in journal.py; backends may keep reading it from here.
-from gym_artifacts.journal import JournalEntry as JournalEntry
-from gym_artifacts.journal import iter_journal as iter_journal
-from gym_artifacts.jsonio import iter_jsonl
+from gym_artifacts.jsonio import iter_jsonl, metric_value
 from gym_artifacts.layout import DERIVED_CONFIG, NVML_SERIES, NVML_SUMMARY
 from gym_artifacts.secrets import (
     collect_secret_values,
@@ -207,40 +203,6 @@ def dump_yaml(content: Any) -> bytes:
 
     dumper = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
     return yaml.dump(content, Dumper=dumper, sort_keys=False, allow_unicode=True).encode()
-
-
-def count_lines(fpath: Any) -> int:
-    """Non-blank lines of a text file, counted in constant memory (however long a line is)."""
-    count = 0
-    tail_has_text = False
-    with open(fpath, "rb") as fh:
-        while chunk := fh.read(1 << 20):
-            pieces = chunk.split(b"\n")
-            for piece in pieces[:-1]:
-                if tail_has_text or piece.strip():
-                    count += 1
-                tail_has_text = False
-            tail_has_text = tail_has_text or bool(pieces[-1].strip())
-    return count + (1 if tail_has_text else 0)
-
-
-
-
-def metric_value(value: Any) -> float | None:
-    """A plottable number from ints, floats, bools and numpy scalars; None for anything else."""
-    if isinstance(value, bool):
-        return float(value)
-    if isinstance(value, numbers.Real):
-        return float(value)
-    item = getattr(value, "item", None)  # numpy scalars, 0-d arrays
-    if callable(item):
-        try:
-            inner = item()
-        except (TypeError, ValueError):
-            return None
-        if isinstance(inner, bool | int | float):
-            return float(inner)
-    return None
 
 
 def nvml_summary(run: RunArtifacts) -> tuple[dict[str, float], str | None]:

@@ -13,9 +13,9 @@ from gym_artifacts.config import ExporterConfig
 from gym_artifacts.errors import GymArtifactsError
 from gym_artifacts.exporter import Exporter
 from gym_artifacts.journal import iter_journal
-from gym_artifacts.jsonio import canonical_json, iter_jsonl, json_safe
+from gym_artifacts.jsonio import canonical_json, count_lines, iter_jsonl, json_safe
 from gym_artifacts.live_exporter import LiveExporter
-from gym_artifacts.payload import count_lines, masked_artifact
+from gym_artifacts.payload import masked_artifact
 from gym_artifacts.run import RunArtifacts
 from gym_artifacts.run_payload import PayloadArtifact, RunPayload
 from gym_artifacts.secrets import mask_secrets
