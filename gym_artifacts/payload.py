@@ -8,9 +8,11 @@ and times. Backends only map these onto their own API.
 from __future__ import annotations
 
 import contextlib
+import copy
 import numbers
 import tempfile
 from collections.abc import Callable, Iterator
+from contextvars import ContextVar
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -35,12 +37,31 @@ Scalar = int | float | bool | str | None
 
 
 
+# The run config an export read at its top, while that export sends (``run_config_of_export``).
+_EXPORT_RUN_CONFIG: ContextVar[tuple[Path, Any] | None] = ContextVar("export_run_config", default=None)
+
+
+@contextlib.contextmanager
+def run_config_of_export(run: RunArtifacts, run_config: Any | None) -> Iterator[None]:
+    """While an export sends ``run``: ``load_run_config(run)`` answers with (a copy of) the config
+    the export already read, so a backend naming its run or a report does not read it again."""
+    token = _EXPORT_RUN_CONFIG.set((run.stem, run_config))
+    try:
+        yield
+    finally:
+        _EXPORT_RUN_CONFIG.reset(token)
+
+
 def load_run_config(run: RunArtifacts) -> Any | None:
     """The run's config as a DictConfig (interpolations unresolved), or None.
 
     ``OUT_config.yaml`` when the run has one; else the artifacts folder's ``derived_config.json``
     (a reactor-style folder's only config), taken literally: its strings are never interpolated.
+    During an export of ``run``, the config that export read (a copy: callers may change it).
     """
+    known = _EXPORT_RUN_CONFIG.get()
+    if known is not None and known[0] == run.stem:
+        return copy.deepcopy(known[1])
     if run.has_rollouts_file and run.config_fpath.is_file():
         try:
             return load_yaml_config(run.config_fpath)
