@@ -123,3 +123,22 @@ def test_the_entry_point_cache_is_reset_for_plugins_installed_at_run_time(monkey
     monkeypatch.undo()
     registry.reset_cache()
     assert "late" not in registry.discover()
+
+
+def test_the_config_an_export_read_is_shared_as_copies_and_only_for_its_run(make_run: Callable[..., Path]) -> None:
+    """While an export sends, a backend asking for the run's config gets a copy of what the
+    export read (changing it changes nothing for the next backend); another run's config is
+    still read from its own file, and after the export the file is read again."""
+    from gym_artifacts.payload import load_run_config, run_config_of_export
+
+    run, other = RunArtifacts.from_path(make_run()), RunArtifacts.from_path(make_run("other"))
+    read = load_run_config(run)
+    with run_config_of_export(run, read):
+        run.config_fpath.write_text("changed_on_disk: true\n")  # not read again during the export
+        first = load_run_config(run)
+        first["tampered"] = True
+        second = load_run_config(run)
+        assert second == read and "tampered" not in second and first is not second
+        other.config_fpath.write_text("other_run: 1\n")
+        assert dict(load_run_config(other)) == {"other_run": 1}
+    assert dict(load_run_config(run)) == {"changed_on_disk": True}
