@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote, unquote
 
-from gym_artifacts.secrets import mask_secrets
+from gym_artifacts.plugin import mask_secrets
 
 IDENTITY_TAG = "gym_artifacts.identity"
 logger = logging.getLogger(__name__)

@@ -15,7 +15,7 @@ import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from gym_artifacts.payload import flatten, metric_value
+from gym_artifacts.plugin import flatten, metric_value
 
 MAX_KEY = 250
 MAX_PARAM_VALUE = 6000

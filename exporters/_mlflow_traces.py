@@ -32,8 +32,7 @@ import uuid
 from collections.abc import Iterable
 from typing import Any
 
-from gym_artifacts.jsonio import json_safe
-from gym_artifacts.secrets import redact_text
+from gym_artifacts.plugin import json_safe, redact_text
 
 from ._rollouts import Rollout, request_text, response_text
 

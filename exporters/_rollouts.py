@@ -16,15 +16,11 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from gym_artifacts.jsonio import json_safe
-from gym_artifacts.payload import metric_value
-from gym_artifacts.responses_api import last_user_message
-from gym_artifacts.responses_api import response_text as api_response_text
-from gym_artifacts.run import agent_label
-from gym_artifacts.secrets import redact_text
+from gym_artifacts.plugin import agent_label, json_safe, last_user_message, metric_value, redact_text
+from gym_artifacts.plugin import response_text as api_response_text
 
 if TYPE_CHECKING:
-    from gym_artifacts.run_payload import RunPayload
+    from gym_artifacts.plugin import RunPayload
 
 NAMESPACE = uuid.UUID("5f0c1b7e-6d43-5b9a-9a43-6b1d2e0f8c21")
 REQUEST_KEYS = ("responses_create_params", "request", "input", "prompt")

@@ -25,13 +25,17 @@ from typing import Any
 
 from pydantic import Field, SecretStr
 
-from gym_artifacts.config import ExporterConfig
-from gym_artifacts.destination import dataset_service_destination
-from gym_artifacts.errors import GymArtifactsError
-from gym_artifacts.exporter import Exporter, ExportPlan, Sent
-from gym_artifacts.jsonio import json_safe
-from gym_artifacts.run import RunArtifacts
-from gym_artifacts.run_payload import RunPayload
+from gym_artifacts.plugin import (
+    Exporter,
+    ExporterConfig,
+    ExportPlan,
+    GymArtifactsError,
+    RunArtifacts,
+    RunPayload,
+    Sent,
+    dataset_service_destination,
+    json_safe,
+)
 
 from ._rollouts import Rollout, as_object, masked, payload_rollouts
 

@@ -23,23 +23,32 @@ from typing import IO, Any
 
 from pydantic import field_validator
 
-from gym_artifacts.aggregate import table_jsonl
-from gym_artifacts.atomic import atomic_write_bytes, atomic_write_json, atomic_writer
-from gym_artifacts.backend import CannotCertify
-from gym_artifacts.config import ExporterConfig
-from gym_artifacts.destination import resolved_path
-from gym_artifacts.errors import ConfigError
-from gym_artifacts.exporter import ExportPlan, Sent
-from gym_artifacts.journal import journal_line, repair_partial_last_line
-from gym_artifacts.jsonio import canonical_json, json_safe, read_json
-from gym_artifacts.layout import RECORDING
-from gym_artifacts.live import LiveExporter, RunStatus
-from gym_artifacts.receipts import utc_now_iso
-from gym_artifacts.run import RunArtifacts
-from gym_artifacts.run_names import saved_config_run_name
-from gym_artifacts.run_payload import RunPayload
-from gym_artifacts.run_times import eval_times
-from gym_artifacts.snapshot import snapshot_copy
+from gym_artifacts.plugin import (
+    RECORDING,
+    CannotCertify,
+    ConfigError,
+    ExporterConfig,
+    ExportPlan,
+    LiveExporter,
+    RunArtifacts,
+    RunPayload,
+    RunStatus,
+    Sent,
+    atomic_write_bytes,
+    atomic_write_json,
+    atomic_writer,
+    canonical_json,
+    eval_times,
+    journal_line,
+    json_safe,
+    read_json,
+    repair_partial_last_line,
+    resolved_path,
+    saved_config_run_name,
+    snapshot_copy,
+    table_jsonl,
+    utc_now_iso,
+)
 
 logger = logging.getLogger(__name__)
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
@@ -145,7 +154,7 @@ class LocalExporter(LiveExporter):
     def _write_report(run: RunArtifacts, plan: ExportPlan, dpath: Path) -> dict[str, Any]:
         """``report.html`` in the run folder (from the export's identities and coverage: the run
         is not hashed again); a report that fails never fails the export."""
-        from gym_artifacts.report import build_report
+        from gym_artifacts.plugin import build_report
 
         try:
             href = f"artifacts/{RECORDING}" if (dpath / "artifacts" / RECORDING).is_file() else None

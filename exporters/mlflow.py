@@ -23,21 +23,28 @@ from typing import Any
 
 from pydantic import Field, SecretStr
 
-from gym_artifacts.aggregate import table_split_json
-from gym_artifacts.backend import CannotCertify
-from gym_artifacts.config import ExporterConfig
-from gym_artifacts.destination import absolute_store_uri, credential_free_uri
-from gym_artifacts.exporter import ExportPlan, Sent
-from gym_artifacts.jsonio import canonical_json, json_safe
-from gym_artifacts.layout import NVML_SUMMARY
-from gym_artifacts.live import LiveExporter, RunStatus
-from gym_artifacts.receipts import utc_now_iso
-from gym_artifacts.run import RunArtifacts
-from gym_artifacts.run_names import saved_config_run_name
-from gym_artifacts.run_payload import PayloadArtifact, RunPayload
-from gym_artifacts.run_times import run_times
-from gym_artifacts.snapshot import snapshot_copy
-from gym_artifacts.spool import RolloutSpool
+from gym_artifacts.plugin import (
+    NVML_SUMMARY,
+    CannotCertify,
+    ExporterConfig,
+    ExportPlan,
+    LiveExporter,
+    PayloadArtifact,
+    RolloutSpool,
+    RunArtifacts,
+    RunPayload,
+    RunStatus,
+    Sent,
+    absolute_store_uri,
+    canonical_json,
+    credential_free_uri,
+    json_safe,
+    run_times,
+    saved_config_run_name,
+    snapshot_copy,
+    table_split_json,
+    utc_now_iso,
+)
 
 from ._mlflow_client import (
     IDENTITY_TAG,

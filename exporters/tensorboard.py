@@ -30,17 +30,23 @@ from typing import Any
 
 from pydantic import Field
 
-from gym_artifacts.aggregate import LevelTable
-from gym_artifacts.config import ExporterConfig
-from gym_artifacts.destination import resolved_path
-from gym_artifacts.exporter import ExportPlan, Sent
-from gym_artifacts.jsonio import canonical_json, json_safe
-from gym_artifacts.live import LiveExporter, RunStatus
-from gym_artifacts.payload import flatten, metric_value
-from gym_artifacts.run import RunArtifacts
-from gym_artifacts.run_names import saved_config_run_name
-from gym_artifacts.run_payload import RunPayload
-from gym_artifacts.secrets import redact_text
+from gym_artifacts.plugin import (
+    ExporterConfig,
+    ExportPlan,
+    LevelTable,
+    LiveExporter,
+    RunArtifacts,
+    RunPayload,
+    RunStatus,
+    Sent,
+    canonical_json,
+    flatten,
+    json_safe,
+    metric_value,
+    redact_text,
+    resolved_path,
+    saved_config_run_name,
+)
 
 from ._rollouts import Rollout, payload_rollouts, request_text, response_text
 
@@ -201,7 +207,7 @@ class TensorboardExporter(LiveExporter):
             run_id = f"{base}-live-{uuid.uuid4().hex[:12]}"
             self._rollout_row = 0
         else:  # reopened: rows continue after the ones the file already holds
-            from gym_artifacts.payload import count_lines
+            from gym_artifacts.plugin import count_lines
 
             fpath = self.run.rollouts_fpath
             self._rollout_row = count_lines(fpath) if fpath is not None and fpath.is_file() else 0

@@ -23,19 +23,28 @@ from typing import Any, Literal
 
 from pydantic import Field, SecretStr
 
-from gym_artifacts.aggregate import LevelTable, table_jsonl
-from gym_artifacts.config import ExporterConfig
-from gym_artifacts.destination import credential_free_uri, resolved_path
-from gym_artifacts.exporter import ExportPlan, Sent
-from gym_artifacts.jsonio import json_safe
-from gym_artifacts.layout import NVML_SUMMARY, RECORDING
-from gym_artifacts.live import LiveExporter, RunStatus
-from gym_artifacts.payload import NVML_SERIES, flatten
-from gym_artifacts.run import RunArtifacts
-from gym_artifacts.run_names import saved_config_run_name
-from gym_artifacts.run_payload import PayloadArtifact, RunPayload
-from gym_artifacts.run_times import run_times
-from gym_artifacts.spool import RolloutSpool
+from gym_artifacts.plugin import (
+    NVML_SERIES,
+    NVML_SUMMARY,
+    RECORDING,
+    ExporterConfig,
+    ExportPlan,
+    LevelTable,
+    LiveExporter,
+    PayloadArtifact,
+    RolloutSpool,
+    RunArtifacts,
+    RunPayload,
+    RunStatus,
+    Sent,
+    credential_free_uri,
+    flatten,
+    json_safe,
+    resolved_path,
+    run_times,
+    saved_config_run_name,
+    table_jsonl,
+)
 
 logger = logging.getLogger(__name__)
 _SCALARS = (str, int, float, bool, type(None))

@@ -27,6 +27,7 @@ if TYPE_CHECKING:
 from gym_artifacts.flags import PARTIAL_OVERRIDE_FLAG, STALE_OVERRIDE_FLAG
 from gym_artifacts.progress import human_bytes
 from gym_artifacts.secrets import install_log_redaction
+from gym_artifacts.text_table import format_table
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 EXIT_INTERRUPTED = 130  # Ctrl-C: what finished is printed, the rest cancelled
@@ -229,17 +230,6 @@ def _print_results(outputs: Sequence[RunResults], ns: argparse.Namespace) -> Non
         print(json.dumps(results, indent=2))
     elif results and not (ns.quiet and all(r["status"] != "FAILED" for r in results)):
         print(format_results_table(results))
-
-
-def format_table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
-    """A plain text table, columns padded to their widest cell."""
-    widths = [len(h) for h in headers]
-    for row in rows:
-        widths = [max(w, len(c)) for w, c in zip(widths, row, strict=True)]
-    lines = ["  ".join(h.ljust(w) for h, w in zip(headers, widths, strict=True)).rstrip()]
-    lines.append("  ".join("-" * w for w in widths))
-    lines += ["  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in rows]
-    return "\n".join(lines)
 
 
 def format_results_table(results: Sequence[dict[str, Any]]) -> str:

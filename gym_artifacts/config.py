@@ -360,8 +360,12 @@ def build_export_config(
     config_fpath: Path | str | None,
     run_config: Any | None,
     overrides: Iterable[str] = (),
+    file_config: Any | None = None,
 ) -> tuple[Any, str]:
     """Which exporters and settings an export uses, and where they came from.
+
+    ``file_config``: the content of ``config_fpath`` when the caller already read it (it is
+    then not read again).
 
     The one precedence rule of every setting (later wins), shared by the CLI and the API:
 
@@ -379,7 +383,9 @@ def build_export_config(
     ``upload_rollouts`` is taken from the latest layer that sets it.
     """
     default = load_default_config()
-    file_cfg = load_yaml_config(config_fpath) if config_fpath is not None else None
+    file_cfg = file_config
+    if file_cfg is None and config_fpath is not None:
+        file_cfg = load_yaml_config(config_fpath)
     if file_cfg is not None:
         base, source = file_cfg, str(config_fpath)
     elif run_config is not None and configures_exporters(run_config):

@@ -23,7 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from gym_artifacts.payload import count_lines, metric_value
+from gym_artifacts.jsonio import count_lines, metric_value
 
 if TYPE_CHECKING:
     from gym_artifacts.run import RunArtifacts

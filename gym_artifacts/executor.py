@@ -42,6 +42,7 @@ class ExportJob:
 
     run: str
     config_file: str | None = None  # -c FILE; else the run's saved config, else the default
+    config_file_content: dict[str, Any] | None = None  # -c FILE as the request check read it (once)
     config: dict[str, Any] | None = None  # a config given as a mapping (the Python API)
     overrides: tuple[str, ...] = ()
     exporters: tuple[str, ...] = ()
@@ -76,45 +77,55 @@ def failed_run(job: ExportJob, reason: str) -> RunResults:
     return RunResults(job.run, tuple(ExportResult(n, ExportStatus.FAILED, reason=reason) for n in names))
 
 
-def _job_config(job: ExportJob, run: Any) -> Any:
+def _job_config(job: ExportJob, run: Any) -> tuple[Any, Any]:
+    """The job's export config, and the run's config when this read it (else ``UNREAD``: the
+    export reads it and reports what is wrong with it)."""
+    from omegaconf import OmegaConf
+
     from gym_artifacts.config import build_export_config, merge_configs, normalize, parse_overrides
     from gym_artifacts.errors import RunError
+    from gym_artifacts.export import UNREAD
     from gym_artifacts.payload import load_run_config
 
     if job.config is not None:
-        from omegaconf import OmegaConf
-
         base = normalize(OmegaConf.create(job.config))
         # A flat key in an override wins over the mapping's sections (one layer each).
-        return merge_configs(base, normalize(parse_overrides(job.overrides))) if job.overrides else base
+        cfg = merge_configs(base, normalize(parse_overrides(job.overrides))) if job.overrides else base
+        return cfg, UNREAD
     try:  # read even with -c: its upload_rollouts lies between the default's and -c's
         run_config = load_run_config(run)
     except RunError as exc:
         if job.config_file is None and not job.exporters:
             raise
         logger.warning("%s", exc)
-        run_config = None
-    cfg, _ = build_export_config(job.config_file, run_config, job.overrides)
-    return cfg
+        run_config = UNREAD
+    content = job.config_file_content
+    cfg, _ = build_export_config(
+        job.config_file,
+        None if run_config is UNREAD else run_config,
+        job.overrides,
+        file_config=OmegaConf.create(content) if content is not None else None,
+    )
+    return cfg, run_config
 
 
 def export_job(job: ExportJob) -> RunResults:
     """Export one run to its backends; never raises (a bug becomes FAILED results)."""
     from gym_artifacts.errors import GymArtifactsError, MissingRunError, RunError
-    from gym_artifacts.export import export_run, select_exporters, validate_exporter_settings
+    from gym_artifacts.export import export_resolved, resolve_export
     from gym_artifacts.progress import Progress
     from gym_artifacts.run import RunArtifacts
 
     try:
         run = RunArtifacts.from_path(job.run).require_present()
-        cfg = _job_config(job, run)
-        validate_exporter_settings(cfg, select_exporters(cfg, job.exporters or None))
+        cfg, run_config = _job_config(job, run)
+        # Config, selection, settings (invalid ones refused here, once) and destinations.
+        resolved = resolve_export(run, cfg, job.exporters or None, run_config=run_config, strict=True)
         progress = Progress(enabled=None if job.progress else False)
         try:
-            results = export_run(
+            results = export_resolved(
                 run,
-                cfg,
-                exporters=job.exporters or None,
+                resolved,
                 upload_rollouts=job.upload_rollouts,
                 certify=job.certify,
                 verify=job.verify,
@@ -300,12 +311,13 @@ def check_export_request(
     executor: str = "local",
     jobs: int = 1,
     ray_address: str | None = None,
-) -> None:
+) -> Any | None:
     """ConfigError for a request no run could be exported with, before any run is read.
 
     The one validation of ``export_runs`` and ``gym-artifacts export`` alike: a config file's (or
     mapping's) unknown keys, malformed ``key=value`` overrides, unknown exporter names, the
-    executor, ``jobs`` and a Ray address without the Ray executor.
+    executor, ``jobs`` and a Ray address without the Ray executor. Returns the config file it
+    read (a DictConfig; None without one), so that nothing reads it again.
     """
     from gym_artifacts.config import as_config, check_export_config, load_yaml_config, parse_overrides
     from gym_artifacts.export import check_exporter_setting_names
@@ -322,10 +334,12 @@ def check_export_request(
     if ray_address is not None and executor != "ray":
         raise ConfigError("a Ray address (--ray-address) needs the ray executor (--executor ray)")
     layers: list[tuple[Any, str]] = []
+    file_cfg = None
     if config is None:
         pass
     elif isinstance(config, (str, os.PathLike)):
-        layers.append((load_yaml_config(config), str(config)))
+        file_cfg = load_yaml_config(config)
+        layers.append((file_cfg, str(config)))
     elif isinstance(config, Mapping):
         layers.append((as_config(config), "the config mapping"))
     else:
@@ -341,6 +355,7 @@ def check_export_request(
         get_entry(name, entries)
     if executor == "ray":
         require_ray()
+    return file_cfg
 
 
 def as_list(value: Any, what: str, *, paths: bool = False) -> list[Any]:
@@ -423,16 +438,17 @@ def export_runs(
         accept_partial_line=(accept_partial_line, False), progress=(progress, False),
         accept_stale_aggregates=(accept_stale_aggregates, False),
     )  # fmt: skip
-    check_export_request(
+    file_cfg = check_export_request(
         config, overrides=overrides, exporters=exporters, executor=executor, jobs=jobs,
         ray_address=ray_address,
     )  # fmt: skip
+    from gym_artifacts.config import raw_container
+
+    content = raw_container(file_cfg) if file_cfg is not None else None  # the file, read once
     if config is None or isinstance(config, (str, os.PathLike)):
         config_file, mapping = (None if config is None else str(config)), None
     else:
         from omegaconf import OmegaConf
-
-        from gym_artifacts.config import raw_container
 
         config_file, mapping = None, raw_container(OmegaConf.create(dict(config)))
     parallel = executor == "ray" or (jobs > 1 and len(runs) > 1)
@@ -440,6 +456,7 @@ def export_runs(
         ExportJob(
             run=str(run),
             config_file=config_file,
+            config_file_content=content,
             config=mapping,
             overrides=tuple(overrides),
             exporters=tuple(exporters),

@@ -17,6 +17,7 @@ import tempfile
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
+from functools import cached_property, partial
 from pathlib import Path
 from typing import Any
 
@@ -37,8 +38,10 @@ from gym_artifacts.destination import Destination, destination_key
 from gym_artifacts.errors import ConfigError, GymArtifactsError, ReceiptError, RunError
 from gym_artifacts.exporter import CERTIFIED_NOTE, Exporter, ExportPlan, ExportResult, ExportStatus
 from gym_artifacts.identity import content_identities, run_identity
+from gym_artifacts.live_certify import certify_or_export
+from gym_artifacts.live_exporter import LiveExporter
 from gym_artifacts.locking import LockBusy, exclusive_lock
-from gym_artifacts.payload import backend_config, load_run_config
+from gym_artifacts.payload import backend_config, load_run_config, run_config_of_export
 from gym_artifacts.receipts import (
     Receipt,
     identity_differences,
@@ -72,20 +75,6 @@ def select_exporters(cfg: Any, names: Sequence[str] | None) -> list[str]:
     return enabled
 
 
-def validate_exporter_settings(cfg: Any, names: Sequence[str]) -> None:
-    """Refuse invalid backend settings up front (ConfigError naming the key), without building
-    any backend. A section that cannot be resolved now (an environment variable that is gone)
-    is left to the send, so that an already exported run still skips."""
-    entries = discover()
-    for name in names:
-        cls = get_entry(name, entries).load()
-        try:
-            section = exporter_section(cfg, name)
-        except ConfigError:
-            continue
-        validate_settings(cls.config_model, section, name)
-
-
 def check_exporter_setting_names(cfg: Any, source: str) -> None:
     """Refuse a setting no registered backend has, in every section of ``cfg`` (enabled or not),
     without resolving any value: ``exporters: {local: {rooot: x}}`` names ``rooot`` instead of
@@ -104,9 +93,9 @@ def check_exporter_setting_names(cfg: Any, source: str) -> None:
 
 @dataclass
 class Target:
-    """One exporter of an export: its class and settings (the backend is built only to send or
-    verify), its destination, and the one a version-1 receipt stands for (the run's own
-    config's), when known."""
+    """One exporter of an export: its class and settings, validated once (the backend is built
+    only to send or verify), its destination, and the one a version-1 receipt stands for (the
+    run's own config's), worked out only when such a receipt is found."""
 
     name: str
     cls: type[Exporter] | None = None
@@ -114,7 +103,21 @@ class Target:
     error: str | None = None
     key: str | None = None
     destination: Destination | None = None
-    legacy: tuple[Destination, str] | None = None
+    run_config: Any | None = None
+    saw_version_1: bool = False  # check_receipt found a receipt without a destination
+
+    @cached_property
+    def legacy(self) -> tuple[Destination, str] | None:
+        """The run's own config's destination and key; None when unknown (a version-1 receipt
+        is then honoured for any destination)."""
+        if self.cls is None:
+            return None
+        try:
+            legacy_cfg, _ = build_export_config(None, self.run_config)
+            legacy = self.cls.destination_for(self.cls.settings_from(legacy_cfg))
+        except GymArtifactsError:
+            return None
+        return legacy, destination_key(legacy)
 
     @property
     def legacy_key(self) -> str | None:
@@ -125,24 +128,83 @@ class Target:
         return self.cls(self.settings)
 
 
-def build_target(name: str, cfg: Any, legacy_cfg: Any | None) -> Target:
-    """The exporter's settings from ``cfg`` and both destinations; nothing built or contacted."""
-    target = Target(name)
+def build_target(name: str, cfg: Any, run_config: Any | None = None, *, strict: bool = False) -> Target:
+    """The exporter's settings from ``cfg`` (validated here, once) and its destination; nothing
+    built or contacted.
+
+    A problem becomes ``target.error`` (a FAILED result when it is sent); ``strict`` raises it
+    instead (ConfigError naming the key), except for a section that cannot be resolved now (an
+    environment variable that is gone): that is left to the send, so that an already exported
+    run still skips.
+    """
+    target = Target(name, run_config=run_config)
     try:
         target.cls = cls = get_entry(name).load()
-        target.settings = cls.settings_from(cfg)
-        target.destination = cls.destination_for(target.settings)
-        target.key = destination_key(target.destination)
+    except GymArtifactsError as exc:
+        if strict:
+            raise
+        target.error = str(exc)
+        return target
+    try:
+        section = exporter_section(cfg, name)
     except GymArtifactsError as exc:
         target.error = str(exc)
         return target
-    if legacy_cfg is not None:
-        try:
-            legacy = cls.destination_for(cls.settings_from(legacy_cfg))
-            target.legacy = (legacy, destination_key(legacy))
-        except GymArtifactsError:
-            target.legacy = None  # unknown: a version-1 receipt is then honoured for any destination
+    try:
+        target.settings = validate_settings(cls.config_model, section, name)
+        target.destination = cls.destination_for(target.settings)
+        target.key = destination_key(target.destination)
+    except GymArtifactsError as exc:
+        if strict:
+            raise
+        target.error = str(exc)
     return target
+
+
+@dataclass(frozen=True)
+class ResolvedExport:
+    """What an export of one run decides once, before any file of the run is read: the config,
+    the exporters (each with its settings and destination) and the run's own config."""
+
+    cfg: Any
+    targets: tuple[Target, ...]
+    run_config: Any | None = None
+    # Why the run's config could not be read (each backend then fails with it).
+    run_config_error: str | None = None
+
+    @property
+    def names(self) -> list[str]:
+        return [t.name for t in self.targets]
+
+
+# ``resolve_export(run_config=UNREAD)``: the run's config is read there.
+UNREAD: Any = object()
+
+
+def resolve_export(
+    run: RunArtifacts,
+    config: Any,
+    exporters: Sequence[str] | None = None,
+    *,
+    run_config: Any = UNREAD,
+    strict: bool = False,
+) -> ResolvedExport:
+    """Config, selection, settings and destinations of one export, resolved once and passed
+    down to ``export_resolved``. ``run_config``: the run's config when the caller already read
+    it; ``strict``: invalid settings raise ConfigError (``build_target``)."""
+    cfg = normalize(config)
+    remember_secrets(collect_secret_values(resolve_tolerant(cfg)))
+    names = select_exporters(cfg, exporters)
+    if not names:
+        raise ConfigError("no exporter is enabled: set exporters.<name>.enabled or pass -e NAME")
+    error = None
+    if run_config is UNREAD:
+        try:
+            run_config = load_run_config(run)
+        except GymArtifactsError as exc:
+            run_config, error = None, str(exc)
+    targets = tuple(build_target(name, cfg, run_config, strict=strict) for name in names)
+    return ResolvedExport(cfg, targets, run_config, error)
 
 
 def identity_lock_fpath(name: str, key: str, run_identity: str) -> Path:
@@ -198,7 +260,8 @@ def check_receipt(run: RunArtifacts, target: Target, identities: dict[str, str])
                 reason=f"receipt matches; destination not resolved ({target.error})",
             )
         return None
-    receipt = receipt_for(receipts, target.key, target.legacy_key)
+    target.saw_version_1 = any(r.destination_key is None for r in receipts)
+    receipt = receipt_for(receipts, target.key, target.legacy_key if target.saw_version_1 else None)
     if receipt is None:
         return None
     diffs = identity_differences(receipt.identities, identities)
@@ -287,8 +350,11 @@ def _send(
         exporter = target.build()
     except GymArtifactsError as exc:
         return _failed(name, str(exc), start)
+    # The one place that decides certify: a live backend's send goes through the certify-or-new-run
+    # policy (a live run of this eval may be completed instead of sending a new one).
+    send = partial(certify_or_export, exporter) if isinstance(exporter, LiveExporter) else None
     try:
-        result = exporter.export(run, plan)
+        result = exporter.export(run, plan, send=send)
     except Exception as exc:  # a bug in a backend must not stop the others
         logger.exception("exporter %s crashed", name)
         reason = redact_text(f"internal error: {type(exc).__name__}: {exc}", plan.secrets)
@@ -318,7 +384,7 @@ def _send(
                 destination=target.destination,
                 destination_key=target.key,
             ),
-            legacy_destination=target.legacy,
+            legacy_destination=target.legacy if target.saw_version_1 else None,
         )
     except (OSError, RunError) as exc:
         return _failed(name, f"sent, but the receipt could not be written: {exc}", start)
@@ -353,9 +419,35 @@ def export_run(
     run = run if isinstance(run, RunArtifacts) else RunArtifacts.from_path(run)
     run.require_present()
     install_log_redaction()
-    cfg = normalize(config)
-    remember_secrets(collect_secret_values(resolve_tolerant(cfg)))
-    names = select_exporters(cfg, exporters)
+    return export_resolved(
+        run,
+        resolve_export(run, config, exporters),
+        upload_rollouts=upload_rollouts,
+        certify=certify,
+        on_result=on_result,
+        progress=progress,
+        accept_partial_line=accept_partial_line,
+        accept_stale_aggregates=accept_stale_aggregates,
+        verify=verify,
+    )
+
+
+def export_resolved(
+    run: RunArtifacts,
+    resolved: ResolvedExport,
+    *,
+    upload_rollouts: bool | None = None,
+    certify: bool | None = None,
+    on_result: Callable[[ExportResult], None] | None = None,
+    progress: Callable[[str, int, int], None] | None = None,
+    accept_partial_line: bool = False,
+    accept_stale_aggregates: bool = False,
+    verify: bool = False,
+) -> list[ExportResult]:
+    """``export_run`` once its config, exporters, settings and run config are resolved
+    (``resolve_export``): nothing of these is read or validated again here."""
+    install_log_redaction()
+    cfg, names, run_config = resolved.cfg, resolved.names, resolved.run_config
     start = time.monotonic()
 
     def finish(results: list[ExportResult]) -> list[ExportResult]:
@@ -364,11 +456,10 @@ def export_run(
                 on_result(r)
         return results
 
-    if not names:
-        raise ConfigError("no exporter is enabled: set exporters.<name>.enabled or pass -e NAME")
     logger.info("exporting %s to %s", run.source, ", ".join(names))
     try:
-        run_config = load_run_config(run)
+        if resolved.run_config_error is not None:
+            raise RunError(resolved.run_config_error)
         upload = resolve_upload_rollouts(upload_rollouts, cfg, run_config)
     except GymArtifactsError as exc:
         return finish([_failed(n, str(exc), start) for n in names])
@@ -402,19 +493,17 @@ def export_run(
         partial_line=run.partial_rollouts_line() if upload else None,
         coverage=coverage,
     )
-    try:  # what a version-1 receipt was written for: the run's own config's destination
-        legacy_cfg, _ = build_export_config(None, run_config)
-    except GymArtifactsError:
-        legacy_cfg = None
     results = []
-    for i, name in enumerate(names):
-        if progress is not None:
-            progress(f"exporting to {name}", i, len(names))
-        logger.info("%s: checking the receipt, then sending what the backend lacks", name)
-        result = _export_one(run, build_target(name, cfg, legacy_cfg), plan, signatures, verify)
-        logger.info("%s: %s %s", name, result.status.value, result.backend_run_id or result.reason or "")
-        results.append(result)
-        if on_result is not None:
-            on_result(result)
+    with run_config_of_export(run, run_config):  # a backend asking for it gets this one, not a re-read
+        for i, target in enumerate(resolved.targets):
+            name = target.name
+            if progress is not None:
+                progress(f"exporting to {name}", i, len(names))
+            logger.info("%s: checking the receipt, then sending what the backend lacks", name)
+            result = _export_one(run, target, plan, signatures, verify)
+            logger.info("%s: %s %s", name, result.status.value, result.backend_run_id or result.reason or "")
+            results.append(result)
+            if on_result is not None:
+                on_result(result)
     return results
 

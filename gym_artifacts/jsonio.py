@@ -1,9 +1,11 @@
-"""Reading JSON, JSONL and YAML files with errors that name the file and the line."""
+"""Reading JSON, JSONL and YAML files with errors that name the file and the line, and the generic
+helpers every layer uses on what they hold (``count_lines``, ``metric_value``)."""
 
 from __future__ import annotations
 
 import json
 import math
+import numbers
 import os
 import stat
 from collections.abc import Iterator
@@ -296,3 +298,35 @@ def yaml_error_message(fpath: Path | str, exc: Exception) -> str:
     if mark is not None:
         return f"{fpath}:{mark.line + 1}:{mark.column + 1}: invalid YAML: {problem}"
     return f"{fpath}: invalid YAML: {problem}"
+
+
+def count_lines(fpath: Any) -> int:
+    """Non-blank lines of a text file, counted in constant memory (however long a line is)."""
+    count = 0
+    tail_has_text = False
+    with open(fpath, "rb") as fh:
+        while chunk := fh.read(1 << 20):
+            pieces = chunk.split(b"\n")
+            for piece in pieces[:-1]:
+                if tail_has_text or piece.strip():
+                    count += 1
+                tail_has_text = False
+            tail_has_text = tail_has_text or bool(pieces[-1].strip())
+    return count + (1 if tail_has_text else 0)
+
+
+def metric_value(value: Any) -> float | None:
+    """A plottable number from ints, floats, bools and numpy scalars; None for anything else."""
+    if isinstance(value, bool):
+        return float(value)
+    if isinstance(value, numbers.Real):
+        return float(value)
+    item = getattr(value, "item", None)  # numpy scalars, 0-d arrays
+    if callable(item):
+        try:
+            inner = item()
+        except (TypeError, ValueError):
+            return None
+        if isinstance(inner, bool | int | float):
+            return float(inner)
+    return None

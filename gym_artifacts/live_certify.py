@@ -71,7 +71,7 @@ def certify_or_export(backend: LiveExporter, run: RunArtifacts, plan: ExportPlan
             logger.info(
                 "%s: live run %s not certified (%s); exporting a new run", name, marker.run_id, refusal
             )
-    sent = backend._export_post_run(run, plan)
+    sent = backend._export(run, plan)  # a new backend run (LiveExporter: ``_export_post_run``)
     if marker is not None and marker.run_id != sent.backend_run_id:
         try:
             backend._mark_superseded(marker.run_id, sent.backend_run_id or "")

@@ -2,8 +2,9 @@
 
 It holds what its hooks (``backend.LiveHooks``) read, nothing more: the eval never calls it.
 A ``LiveChannel`` wraps it, runs its hooks on a worker thread and sets this context before
-each lifecycle step; the post-run export decides whether to certify its live run
-(``live_certify``). Only the hooks are the backend's to implement.
+each lifecycle step. Whether a post-run export certifies its live run is decided by the
+export engine alone (``export._send``, policy in ``live_certify``); this class never imports
+it. Only the hooks are the backend's to implement.
 """
 
 from __future__ import annotations
@@ -47,8 +48,9 @@ class LiveExporter(LiveHooks, Exporter):
         return redact_text(text, self.secrets)
 
     def _export(self, run: RunArtifacts, plan: ExportPlan) -> Sent:
-        """The post-run hook, for a live backend: the post-run algorithm's certify-or-new-run
-        policy (``live_certify``) over ``_certify``, ``_export_post_run`` and ``_mark_superseded``."""
-        from gym_artifacts.live_certify import certify_or_export
+        """The post-run hook, for a live backend: a new backend run (``_export_post_run``).
 
-        return certify_or_export(self, run, plan)
+        Whether a live run of the same eval is completed instead is not the backend's call: the
+        export engine decides it (``export._send`` with ``live_certify.certify_or_export``).
+        """
+        return self._export_post_run(run, plan)

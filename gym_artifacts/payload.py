@@ -8,20 +8,18 @@ and times. Backends only map these onto their own API.
 from __future__ import annotations
 
 import contextlib
+import copy
 import numbers
 import tempfile
 from collections.abc import Callable, Iterator
+from contextvars import ContextVar
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from gym_artifacts.config import eval_config_only, load_yaml_config, raw_container, resolve_tolerant
 from gym_artifacts.errors import ConfigError, RunError
-
-# The journal reader lives in journal.py; backends may keep reading it from here.
-from gym_artifacts.journal import JournalEntry as JournalEntry
-from gym_artifacts.journal import iter_journal as iter_journal
-from gym_artifacts.jsonio import iter_jsonl
+from gym_artifacts.jsonio import iter_jsonl, metric_value
 from gym_artifacts.layout import DERIVED_CONFIG, NVML_SERIES, NVML_SUMMARY
 from gym_artifacts.secrets import (
     collect_secret_values,
@@ -39,12 +37,31 @@ Scalar = int | float | bool | str | None
 
 
 
+# The run config an export read at its top, while that export sends (``run_config_of_export``).
+_EXPORT_RUN_CONFIG: ContextVar[tuple[Path, Any] | None] = ContextVar("export_run_config", default=None)
+
+
+@contextlib.contextmanager
+def run_config_of_export(run: RunArtifacts, run_config: Any | None) -> Iterator[None]:
+    """While an export sends ``run``: ``load_run_config(run)`` answers with (a copy of) the config
+    the export already read, so a backend naming its run or a report does not read it again."""
+    token = _EXPORT_RUN_CONFIG.set((run.stem, run_config))
+    try:
+        yield
+    finally:
+        _EXPORT_RUN_CONFIG.reset(token)
+
+
 def load_run_config(run: RunArtifacts) -> Any | None:
     """The run's config as a DictConfig (interpolations unresolved), or None.
 
     ``OUT_config.yaml`` when the run has one; else the artifacts folder's ``derived_config.json``
     (a reactor-style folder's only config), taken literally: its strings are never interpolated.
+    During an export of ``run``, the config that export read (a copy: callers may change it).
     """
+    known = _EXPORT_RUN_CONFIG.get()
+    if known is not None and known[0] == run.stem:
+        return copy.deepcopy(known[1])
     if run.has_rollouts_file and run.config_fpath.is_file():
         try:
             return load_yaml_config(run.config_fpath)
@@ -207,40 +224,6 @@ def dump_yaml(content: Any) -> bytes:
 
     dumper = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
     return yaml.dump(content, Dumper=dumper, sort_keys=False, allow_unicode=True).encode()
-
-
-def count_lines(fpath: Any) -> int:
-    """Non-blank lines of a text file, counted in constant memory (however long a line is)."""
-    count = 0
-    tail_has_text = False
-    with open(fpath, "rb") as fh:
-        while chunk := fh.read(1 << 20):
-            pieces = chunk.split(b"\n")
-            for piece in pieces[:-1]:
-                if tail_has_text or piece.strip():
-                    count += 1
-                tail_has_text = False
-            tail_has_text = tail_has_text or bool(pieces[-1].strip())
-    return count + (1 if tail_has_text else 0)
-
-
-
-
-def metric_value(value: Any) -> float | None:
-    """A plottable number from ints, floats, bools and numpy scalars; None for anything else."""
-    if isinstance(value, bool):
-        return float(value)
-    if isinstance(value, numbers.Real):
-        return float(value)
-    item = getattr(value, "item", None)  # numpy scalars, 0-d arrays
-    if callable(item):
-        try:
-            inner = item()
-        except (TypeError, ValueError):
-            return None
-        if isinstance(inner, bool | int | float):
-            return float(inner)
-    return None
 
 
 def nvml_summary(run: RunArtifacts) -> tuple[dict[str, float], str | None]:

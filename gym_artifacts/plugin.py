@@ -1,29 +1,71 @@
 """Everything a backend needs, in one import: the contract, the base classes and the helpers.
 
-A third-party backend imports from here only (``docs/plugins.md``); the names below are kept
-stable for plugins, while the rest of the core may move.
+A backend, built in (``exporters/``) or installed, imports from here only (``docs/plugins.md``);
+``lint-imports`` holds the built-in ones to it (``pyproject.toml``, ``[tool.importlinter]``). The
+names below are kept stable for plugins, while the rest of the core may move.
 """
 
 from __future__ import annotations
 
-from gym_artifacts.aggregate import LevelTable, aggregate_metrics, level_tables, run_values
-from gym_artifacts.atomic import atomic_write_bytes, atomic_write_json
+from typing import TYPE_CHECKING, Any
+
+# The contract and base classes, then what a backend reads from a run, where its settings point
+# (destinations), and how it keeps secrets out of what it sends. Nothing here imports an SDK.
+from gym_artifacts.aggregate import (
+    LevelTable,
+    aggregate_metrics,
+    level_tables,
+    run_values,
+    table_jsonl,
+    table_split_json,
+)
+from gym_artifacts.atomic import atomic_write_bytes, atomic_write_json, atomic_writer
 from gym_artifacts.backend import CannotCertify, ExportPlan, RunStatus, Sent
 from gym_artifacts.config import ExporterConfig
-from gym_artifacts.errors import GymArtifactsError
+from gym_artifacts.destination import (
+    absolute_store_uri,
+    credential_free_uri,
+    dataset_service_destination,
+    resolved_path,
+)
+from gym_artifacts.errors import ConfigError, GymArtifactsError
 from gym_artifacts.exporter import Exporter
-from gym_artifacts.journal import iter_journal
-from gym_artifacts.jsonio import canonical_json, iter_jsonl, json_safe
+from gym_artifacts.journal import iter_journal, journal_line, repair_partial_last_line
+from gym_artifacts.jsonio import canonical_json, count_lines, iter_jsonl, json_safe, metric_value, read_json
+from gym_artifacts.layout import NVML_SERIES, NVML_SUMMARY, RECORDING
 from gym_artifacts.live_exporter import LiveExporter
-from gym_artifacts.payload import count_lines, masked_artifact
-from gym_artifacts.run import RunArtifacts
+from gym_artifacts.payload import flatten, masked_artifact
+from gym_artifacts.receipts import utc_now_iso
+from gym_artifacts.responses_api import last_user_message, response_text
+from gym_artifacts.run import RunArtifacts, agent_label
+from gym_artifacts.run_names import saved_config_run_name
 from gym_artifacts.run_payload import PayloadArtifact, RunPayload
-from gym_artifacts.secrets import mask_secrets
+from gym_artifacts.run_times import eval_times, run_times
+from gym_artifacts.secrets import mask_secrets, redact_text
+from gym_artifacts.snapshot import snapshot_copy
 from gym_artifacts.spool import RolloutSpool
 from gym_artifacts.worker import PartialBatch
 
+if TYPE_CHECKING:
+    from gym_artifacts.report import build_report
+
+
+def __getattr__(name: str) -> Any:
+    """``build_report`` on first use: the report (and its charts) is imported only by a backend
+    that writes one, never by importing this module."""
+    if name == "build_report":
+        from gym_artifacts.report import build_report
+
+        return build_report
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 __all__ = [
+    "NVML_SERIES",
+    "NVML_SUMMARY",
+    "RECORDING",
     "CannotCertify",
+    "ConfigError",
     "ExportPlan",
     "Exporter",
     "ExporterConfig",
@@ -37,16 +79,38 @@ __all__ = [
     "RunPayload",
     "RunStatus",
     "Sent",
+    "absolute_store_uri",
+    "agent_label",
     "aggregate_metrics",
     "atomic_write_bytes",
     "atomic_write_json",
+    "atomic_writer",
+    "build_report",
     "canonical_json",
     "count_lines",
+    "credential_free_uri",
+    "dataset_service_destination",
+    "eval_times",
+    "flatten",
     "iter_journal",
     "iter_jsonl",
+    "journal_line",
     "json_safe",
+    "last_user_message",
     "level_tables",
     "mask_secrets",
     "masked_artifact",
+    "metric_value",
+    "read_json",
+    "redact_text",
+    "repair_partial_last_line",
+    "resolved_path",
+    "response_text",
+    "run_times",
     "run_values",
+    "saved_config_run_name",
+    "snapshot_copy",
+    "table_jsonl",
+    "table_split_json",
+    "utc_now_iso",
 ]

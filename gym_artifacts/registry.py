@@ -2,6 +2,9 @@
 
 Listing never imports a backend's SDK: an exporter module imports its SDK only inside
 functions, and whether the SDK is installed is asked of the import system without importing it.
+The entry points are scanned once per process (installed distributions do not change under a
+running export); ``reset_cache`` makes the next lookup scan again, for a plugin installed at
+run time.
 """
 
 from __future__ import annotations
@@ -81,6 +84,26 @@ def check_backend_class(obj: object, name: str, target: str) -> None:
 
 
 _extra: dict[str, ExporterEntry] = {}
+# The installed distributions' entries, scanned on first use (``reset_cache`` forgets them).
+_installed: tuple[ExporterEntry, ...] | None = None
+
+
+def reset_cache() -> None:
+    """Forget the scanned entry points: the next lookup scans the installed distributions again
+    (after installing a plugin into a running process, or in a test that changes them)."""
+    global _installed
+    _installed = None
+
+
+def _installed_entries() -> tuple[ExporterEntry, ...]:
+    """The entry points of the installed distributions, scanned once per process."""
+    global _installed
+    if _installed is None:
+        _installed = tuple(
+            ExporterEntry(ep.name, ep.value, ep.dist.name if ep.dist is not None else "unknown distribution")
+            for ep in entry_points(group=GROUP)
+        )
+    return _installed
 
 
 def register(cls: type[Exporter], provider: str = "in-process") -> None:
@@ -114,11 +137,7 @@ def _scan() -> tuple[dict[str, ExporterEntry], dict[str, str]]:
     other backends."""
     found: dict[str, ExporterEntry] = {}
     clashes: dict[str, str] = {}
-    entries = [
-        ExporterEntry(ep.name, ep.value, ep.dist.name if ep.dist is not None else "unknown distribution")
-        for ep in entry_points(group=GROUP)
-    ]
-    for entry in [*entries, *_extra.values()]:
+    for entry in [*_installed_entries(), *_extra.values()]:
         previous = found.get(entry.name)
         if previous is not None and previous.target != entry.target:
             clashes.setdefault(entry.name, _duplicate_message(previous, entry))

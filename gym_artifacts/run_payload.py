@@ -20,13 +20,12 @@ from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from gym_artifacts.journal import JournalEntry, iter_journal
+from gym_artifacts.jsonio import count_lines
 from gym_artifacts.payload import (
-    JournalEntry,
     Masker,
     NvmlSample,
     complete_rollouts,
-    count_lines,
-    iter_journal,
     iter_nvml_series,
     masked_artifact,
     masked_sidecar,

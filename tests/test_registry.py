@@ -102,6 +102,8 @@ def _with_entry_points(monkeypatch: pytest.MonkeyPatch, *extra: EntryPoint) -> N
         return [*real(group=group), *(ep for ep in extra if ep.group == group)]
 
     monkeypatch.setattr(registry, "entry_points", patched)
+    # The scan is cached per process: forget it here, and get the real one back when the test ends.
+    monkeypatch.setattr(registry, "_installed", None)
 
 
 CLASH = EntryPoint("mlflow", "tests.backends:RecordingLive", registry.GROUP)

@@ -52,10 +52,10 @@ def count_opens(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
         _WATCHED["hooked"] = True
     real_export = Exporter.export
 
-    def export(self: Exporter, run: RunArtifacts, plan: ExportPlan) -> Any:
+    def export(self: Exporter, run: RunArtifacts, plan: ExportPlan, send: Any = None) -> Any:
         _WATCHED["backend"] = self.name
         try:
-            return real_export(self, run, plan)
+            return real_export(self, run, plan, send=send)
         finally:
             _WATCHED["backend"] = None
 

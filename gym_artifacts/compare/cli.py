@@ -15,6 +15,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from gym_artifacts.text_table import format_table
+
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 
 
@@ -51,8 +53,6 @@ def add_compare_parser(sub: Any, parents: list[argparse.ArgumentParser]) -> None
 
 def format_comparison(comparison: Any, page: Path) -> str:
     """What the command prints: verdicts, the per-metric table, the pairing, the page's path."""
-    from gym_artifacts.cli import format_table
-
     lines = [c.verdict["text"] for c in comparison.candidates]
     rows = []
     for c in comparison.candidates:

@@ -15,14 +15,13 @@ from gym_artifacts.aggregate import agent_labels, level_tables, tracker_values
 from gym_artifacts.atomic import atomic_write_bytes
 from gym_artifacts.coverage import Coverage, coverage_of
 from gym_artifacts.identity import content_identities
-from gym_artifacts.jsonio import json_safe, read_json
+from gym_artifacts.journal import iter_journal
+from gym_artifacts.jsonio import json_safe, metric_value, read_json
 from gym_artifacts.layout import RECORDING, SESSION_TIMES
 from gym_artifacts.payload import (
     backend_config,
-    iter_journal,
     iter_nvml_series,
     load_run_config,
-    metric_value,
     nvml_summary,
 )
 from gym_artifacts.report import charts

@@ -1,0 +1,84 @@
+"""The layering of ``docs/architecture.md`` is checked by a tool: ``lint-imports`` (import-linter)
+runs the contracts in ``pyproject.toml`` (``[tool.importlinter]``) over this checkout and keeps
+every one, and the check bites: a copy of the package with one forbidden import planted per
+contract breaks each contract, named in the report.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10: import-linter depends on tomli there
+    import tomli as tomllib
+
+REPO = Path(__file__).resolve().parent.parent
+LINT_IMPORTS = Path(sys.executable).with_name("lint-imports")
+CONTRACTS = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["importlinter"]["contracts"]
+
+if not LINT_IMPORTS.is_file():  # pragma: no cover - the test extra installs it
+    pytest.skip("import-linter is not installed (pip install 'gym-artifacts[test]')", allow_module_level=True)
+
+# One forbidden import per contract: (contract id, file, line appended to it).
+PLANTED = [
+    # A cycle: config imports jsonio; jsonio importing config closes it (one layer, so only the
+    # acyclic contract sees it).
+    ("acyclic", "gym_artifacts/jsonio.py", "from gym_artifacts import config as _planted_cycle"),
+    # A lower layer importing a higher one: the run model importing the export engine.
+    ("layers", "gym_artifacts/run.py", "from gym_artifacts import export as _planted_upward"),
+    # A backend reaching past the plugin API into the core.
+    ("backends-plugin-only", "exporters/phoenix.py", "from gym_artifacts.run import RunArtifacts as _Planted"),
+    ("runtime-apart", "gym_artifacts/runtime/stats.py", "from gym_artifacts import live as _planted_live"),
+    ("report-apart", "gym_artifacts/report/charts.py", "from gym_artifacts import export as _planted_export"),
+    ("paths-apart", "gym_artifacts/live_handle.py", "from gym_artifacts import export as _planted_export"),
+]
+
+
+def lint_imports(root: Path) -> subprocess.CompletedProcess[str]:
+    """``lint-imports`` over the packages under ``root`` (they come first on the path)."""
+    env = {**os.environ, "PYTHONPATH": str(root), "COLUMNS": "400", "NO_COLOR": "1"}
+    return subprocess.run(
+        [str(LINT_IMPORTS), "--config", str(root / "pyproject.toml"), "--no-cache", "--no-logo"],
+        cwd=root, env=env, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+
+
+def verdicts(output: str) -> dict[str, str]:
+    """``{contract id: "KEPT" | "BROKEN"}`` from a report (its lines may wrap)."""
+    flat = " ".join(output.split())
+    out = {}
+    for contract in CONTRACTS:
+        name = " ".join(contract["name"].split())
+        for verdict in ("KEPT", "BROKEN"):
+            if f"{name} {verdict}" in flat:
+                out[contract["id"]] = verdict
+    return out
+
+
+def test_the_checkout_keeps_every_import_contract() -> None:
+    proc = lint_imports(REPO)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert verdicts(proc.stdout) == {c["id"]: "KEPT" for c in CONTRACTS}, proc.stdout
+
+
+def test_every_contract_fails_on_a_planted_violation(tmp_path: Path) -> None:
+    assert {cid for cid, _, _ in PLANTED} == {c["id"] for c in CONTRACTS}  # each contract is planted
+    for folder in ("gym_artifacts", "exporters"):
+        shutil.copytree(REPO / folder, tmp_path / folder, ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy2(REPO / "pyproject.toml", tmp_path / "pyproject.toml")
+    for _, relpath, line in PLANTED:
+        fpath = tmp_path / relpath
+        fpath.write_text(fpath.read_text() + f"\n{line}\n")
+    proc = lint_imports(tmp_path)
+    assert proc.returncode != 0, proc.stdout
+    assert verdicts(proc.stdout) == {c["id"]: "BROKEN" for c in CONTRACTS}, proc.stdout
+    # The copy was checked, not the installed package: the report names the planted imports.
+    assert "gym_artifacts.run -> gym_artifacts.export" in proc.stdout, proc.stdout
+    assert "exporters.phoenix -> gym_artifacts.run" in proc.stdout, proc.stdout
