@@ -215,6 +215,11 @@ class LiveChannel:
         )
 
     @property
+    def setup_failed(self) -> bool:
+        """Whether the backend's setup ran and failed (its calls are then skipped)."""
+        return self._setup_error is not None
+
+    @property
     def stats(self) -> WorkerStats | None:
         return self.worker.stats if self.worker is not None else None
 
