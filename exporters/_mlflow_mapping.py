@@ -13,7 +13,6 @@ name are told apart by a numbered suffix (NeMo Gym would log both under one name
 
 from __future__ import annotations
 
-import json
 import numbers
 import re
 from collections.abc import Iterable, Iterator, Mapping

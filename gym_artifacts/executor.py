@@ -51,6 +51,7 @@ class ExportJob:
     accept_partial_line: bool = False
     accept_stale_aggregates: bool = False
     progress: bool = False  # a byte progress line on this process's terminal
+    run_config: str | None = None  # --run-config FILE: NeMo Gym's resolved global config
 
 
 @dataclass(frozen=True)
@@ -121,6 +122,7 @@ def export_job(job: ExportJob) -> RunResults:
                 accept_partial_line=job.accept_partial_line,
                 accept_stale_aggregates=job.accept_stale_aggregates,
                 progress=progress.update if progress.enabled else None,
+                run_config=job.run_config,
             )
         finally:
             progress.close()
@@ -396,6 +398,7 @@ def export_runs(
     ray_runtime_env: dict[str, Any] | None = None,
     progress: bool = False,
     on_result: Callable[[int, RunResults], None] | None = None,
+    run_config: str | os.PathLike[str] | None = None,
 ) -> list[RunResults]:
     """Export many runs, each exactly once per backend; one RunResults per run, in ``runs`` order.
 
@@ -407,6 +410,8 @@ def export_runs(
     ``ray`` (one task per run on the cluster at ``ray_address``; ``auto`` joins the running one;
     None starts a local cluster for this call and stops it). ``progress``: progress lines on a
     terminal's stderr. ``on_result(done, results)`` is called as each run finishes.
+    ``run_config``: NeMo Gym's resolved global config file, logged as each run's params
+    (``export_run``); refused up front when it cannot be read.
 
     Raises ConfigError (nothing read, nothing sent) for an unusable request, see
     :func:`check_export_request`; a run's own problems become its RunResults.
@@ -435,6 +440,11 @@ def export_runs(
         from gym_artifacts.config import raw_container
 
         config_file, mapping = None, raw_container(OmegaConf.create(dict(config)))
+    if run_config is not None:
+        from gym_artifacts.nemo_gym_params import load_nemo_gym_run_config
+
+        load_nemo_gym_run_config(run_config)  # ConfigError now, not a failure per run
+        run_config = os.fspath(run_config)
     parallel = executor == "ray" or (jobs > 1 and len(runs) > 1)
     job_list = [
         ExportJob(
@@ -450,6 +460,7 @@ def export_runs(
             accept_stale_aggregates=accept_stale_aggregates,
             # bytes progress for one run at a time in this process
             progress=progress and not parallel,
+            run_config=run_config,
         )
         for run in runs
     ]

@@ -38,6 +38,7 @@ from gym_artifacts.errors import ConfigError, GymArtifactsError, ReceiptError, R
 from gym_artifacts.exporter import CERTIFIED_NOTE, Exporter, ExportPlan, ExportResult, ExportStatus
 from gym_artifacts.identity import content_identities, run_identity
 from gym_artifacts.locking import LockBusy, exclusive_lock
+from gym_artifacts.nemo_gym_params import load_nemo_gym_run_config, params_from_files
 from gym_artifacts.payload import backend_config, load_run_config
 from gym_artifacts.receipts import (
     Receipt,
@@ -336,6 +337,7 @@ def export_run(
     accept_partial_line: bool = False,
     accept_stale_aggregates: bool = False,
     verify: bool = False,
+    run_config: str | os.PathLike[str] | None = None,
 ) -> list[ExportResult]:
     """Export one finished run to the selected (else every enabled) backend; a result each.
 
@@ -347,6 +349,9 @@ def export_run(
     rollouts. ``certify``: None completes a live run when it may be (completed, lossless,
     unchanged), True also one whose marker predates the loss record, False never. ``verify``
     asks the backend whether a receipted run still exists (re-exporting when it is gone).
+    ``run_config``: NeMo Gym's resolved global config file, logged (masked, whole) as the run's
+    params; without it a run with no saved config logs what its files tell (agent, environment
+    server, model, repeats; ``nemo_gym_params``).
     Raises ConfigError only for an unusable config or exporter name, MissingRunError when
     nothing of the run exists.
     """
@@ -368,8 +373,8 @@ def export_run(
         raise ConfigError("no exporter is enabled: set exporters.<name>.enabled or pass -e NAME")
     logger.info("exporting %s to %s", run.source, ", ".join(names))
     try:
-        run_config = load_run_config(run)
-        upload = resolve_upload_rollouts(upload_rollouts, cfg, run_config)
+        saved_config = load_run_config(run)
+        upload = resolve_upload_rollouts(upload_rollouts, cfg, saved_config)
     except GymArtifactsError as exc:
         return finish([_failed(n, str(exc), start) for n in names])
     missing = run.missing_for_export(
@@ -384,7 +389,12 @@ def export_run(
         signatures = file_signatures(run)
         record_counts: dict[str, int] = {}
         identities = content_identities(run, progress=progress, record_counts=record_counts)
-        config_for_backends, secrets = backend_config(run_config)
+        config_for_backends, secrets = backend_config(saved_config)
+        if run_config is not None:
+            config_for_backends, given = load_nemo_gym_run_config(run_config)
+            secrets = secrets | given
+        elif config_for_backends is None:
+            config_for_backends = params_from_files(run)
         coverage = coverage_of(run, record_counts)
     except (GymArtifactsError, OSError) as exc:
         return finish([_failed(n, str(exc), start) for n in names])
@@ -403,7 +413,7 @@ def export_run(
         coverage=coverage,
     )
     try:  # what a version-1 receipt was written for: the run's own config's destination
-        legacy_cfg, _ = build_export_config(None, run_config)
+        legacy_cfg, _ = build_export_config(None, saved_config)
     except GymArtifactsError:
         legacy_cfg = None
     results = []

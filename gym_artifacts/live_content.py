@@ -36,7 +36,9 @@ class LoggedRollouts:
 
             from gym_artifacts.jsonio import canonical_record
 
-            records = [canonical_record(orjson.dumps(r), "<live rollouts>", i + 1) for i, r in enumerate(rollouts)]
+            records = [
+                canonical_record(orjson.dumps(r), "<live rollouts>", i + 1) for i, r in enumerate(rollouts)
+            ]
         except Exception:
             records = None
         with self._lock:
