@@ -393,8 +393,8 @@ def export_run(
         if run_config is not None:
             config_for_backends, given = load_nemo_gym_run_config(run_config)
             secrets = secrets | given
-        elif config_for_backends is None:
-            config_for_backends = params_from_files(run)
+        elif not config_for_backends:  # none saved, or only where to export it
+            config_for_backends = params_from_files(run) or config_for_backends
         coverage = coverage_of(run, record_counts)
     except (GymArtifactsError, OSError) as exc:
         return finish([_failed(n, str(exc), start) for n in names])
