@@ -438,3 +438,57 @@ def test_config_params_are_flattened_as_nemo_gym_flattens(config: dict[str, Any]
         assert ours == expected  # no two keys share a name: exactly NeMo Gym's params
     else:  # NeMo Gym would log two keys under one name; ours keeps both (numbered suffix)
         assert set(ours.values()) >= set(expected.values())
+
+
+# -- LangSmith: opened live from NeMo Gym's langsmith_* keys ------------------------------------------
+
+
+@pytest.mark.slow
+@pytest.mark.filterwarnings("ignore:.*deprecated and will be removed after")  # list_runs: see test_langsmith
+def test_langsmith_opens_live_from_nemo_gyms_keys(tmp_path: Path) -> None:
+    """NeMo Gym main: dataset found or created, experiment upserted with it as reference, each
+    rollout a run with its reward as feedback, the experiment ended at teardown; then the export
+    completes that experiment (no second one)."""
+    from langsmith import Client
+    from omegaconf import OmegaConf
+
+    from gym_artifacts.export import export_run
+    from gym_artifacts.exporter import ExportStatus
+    from tests.fixture_paths import NEMO_GYM_FIXTURES
+    from tests.langsmith_api import LangsmithApi
+
+    rows = [json.loads(x) for x in (NEMO_GYM_FIXTURES / "clean" / "rollouts.jsonl").read_text().splitlines()[:4]]
+    out = tmp_path / "rollouts.jsonl"
+    api = LangsmithApi().start()
+    try:
+        config = {
+            "output_jsonl_fpath": str(out),
+            "langsmith_api_key": "lsv2_pt_live_0123456789",
+            "langsmith_endpoint": api.url,
+            "langsmith_dataset_name": "ng-tasks",
+            "langsmith_experiment_name": "ng-experiment",
+        }
+        assert [e.name for e in nemo_gym.setup_exporters(config)] == ["langsmith"]
+        nemo_gym.export_rollouts(rows)
+        out.write_text("".join(json.dumps(r) + "\n" for r in rows))
+        nemo_gym.teardown_exporters()
+        client = Client(api_url=api.url, api_key="lsv2_pt_live_0123456789", auto_batch_tracing=False)
+        [project] = list(client.list_projects())
+        assert project.name == "ng-experiment" and project.end_time is not None
+        dataset = client.read_dataset(dataset_name="ng-tasks")
+        assert project.reference_dataset_id == dataset.id
+        runs = list(client.list_runs(project_id=project.id))
+        assert len(runs) == len(rows) and all(r.reference_example_id is not None for r in runs)
+        rewards = sorted(f.score for f in client.list_feedback(run_ids=[r.id for r in runs]) if f.key == "reward")
+        assert rewards == sorted(float(r["reward"]) for r in rows)
+        # the aggregate written after teardown, then the export: the same experiment, completed
+        agg = [{"agent_ref": rows[0]["agent_ref"], "agent_metrics": {"mean/reward": sum(r["reward"] for r in rows) / 4}}]
+        out.with_name("rollouts_aggregate_metrics.json").write_text(json.dumps(agg))
+        [result] = export_run(out, OmegaConf.load(out.with_name("rollouts_config.yaml")))
+        assert result.status is ExportStatus.EXPORTED, result.reason
+        assert result.backend_run_id == str(project.id)
+        assert [p.id for p in client.list_projects()] == [project.id]
+        assert len(list(client.list_runs(project_id=project.id))) == len(rows)
+        assert client.read_project(project_id=project.id).metadata.get("certified") is True
+    finally:
+        api.stop()
