@@ -457,7 +457,9 @@ def test_langsmith_opens_live_from_nemo_gyms_keys(tmp_path: Path) -> None:
     from tests.fixture_paths import NEMO_GYM_FIXTURES
     from tests.langsmith_api import LangsmithApi
 
-    rows = [json.loads(x) for x in (NEMO_GYM_FIXTURES / "clean" / "rollouts.jsonl").read_text().splitlines()[:4]]
+    rows = [
+        json.loads(x) for x in (NEMO_GYM_FIXTURES / "clean" / "rollouts.jsonl").read_text().splitlines()[:4]
+    ]
     out = tmp_path / "rollouts.jsonl"
     api = LangsmithApi().start()
     try:
@@ -479,10 +481,17 @@ def test_langsmith_opens_live_from_nemo_gyms_keys(tmp_path: Path) -> None:
         assert project.reference_dataset_id == dataset.id
         runs = list(client.list_runs(project_id=project.id))
         assert len(runs) == len(rows) and all(r.reference_example_id is not None for r in runs)
-        rewards = sorted(f.score for f in client.list_feedback(run_ids=[r.id for r in runs]) if f.key == "reward")
+        rewards = sorted(
+            f.score for f in client.list_feedback(run_ids=[r.id for r in runs]) if f.key == "reward"
+        )
         assert rewards == sorted(float(r["reward"]) for r in rows)
         # the aggregate written after teardown, then the export: the same experiment, completed
-        agg = [{"agent_ref": rows[0]["agent_ref"], "agent_metrics": {"mean/reward": sum(r["reward"] for r in rows) / 4}}]
+        agg = [
+            {
+                "agent_ref": rows[0]["agent_ref"],
+                "agent_metrics": {"mean/reward": sum(r["reward"] for r in rows) / 4},
+            }
+        ]
         out.with_name("rollouts_aggregate_metrics.json").write_text(json.dumps(agg))
         [result] = export_run(out, OmegaConf.load(out.with_name("rollouts_config.yaml")))
         assert result.status is ExportStatus.EXPORTED, result.reason
@@ -492,3 +501,95 @@ def test_langsmith_opens_live_from_nemo_gyms_keys(tmp_path: Path) -> None:
         assert client.read_project(project_id=project.id).metadata.get("certified") is True
     finally:
         api.stop()
+
+
+# -- params of a NeMo Gym run exported after the fact --------------------------------------------
+
+
+def nemo_gym_logged_params() -> dict[str, str]:
+    """The params NeMo Gym's own MLflow exporter logged for the real run (fixture listing)."""
+    from tests.fixture_paths import NEMO_GYM_FIXTURES
+
+    text = (NEMO_GYM_FIXTURES / "nemo-gym-own-mlflow-export.txt").read_text()
+    return dict(re.findall(r"^   P (\S+) = (.*)$", text, flags=re.MULTILINE))
+
+
+def unflatten(params: dict[str, str]) -> dict[str, Any]:
+    """The global config those params were flattened from (``a.b`` nests, ``x_0_`` is x[0])."""
+
+    def typed(text: str) -> Any:
+        return {"False": False, "True": True}.get(text, int(text) if text.isdigit() else text)
+
+    config: dict[str, Any] = {}
+    for name, value in params.items():
+        if m := re.fullmatch(r"(.+)_(\d+)_", name):
+            config.setdefault(m.group(1), []).insert(int(m.group(2)), typed(value))
+        elif "." in name:
+            outer, inner = name.split(".", 1)
+            config.setdefault(outer, {})[inner] = typed(value)
+        else:
+            config[name] = typed(value)
+    return config
+
+
+@pytest.mark.slow
+def test_run_config_gives_the_params_nemo_gyms_own_export_logged(tmp_path: Path) -> None:
+    from mlflow.tracking import MlflowClient
+
+    from gym_artifacts.cli import main
+    from tests.test_nemo_gym import copy_fixture
+
+    logged = nemo_gym_logged_params()
+    assert len(logged) == 26
+    run_config = tmp_path / "global_config.json"
+    run_config.write_text(json.dumps({**unflatten(logged), "policy_api_key": "sk-live-policy-0123456789"}))
+    out = copy_fixture("clean", tmp_path)
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    rc = main(["export", str(out), "-e", "mlflow", f"exporters.mlflow.tracking_uri={uri}",
+               "exporters.mlflow.experiment_name=ng", "--run-config", str(run_config), "-q"])  # fmt: skip
+    assert rc == 0
+    [run] = mlflow_runs(uri, "ng")
+    params = dict(run.data.params)
+    masked = params.pop("policy_api_key")
+    assert "sk-live" not in masked and masked.strip("*") == ""
+    assert params == logged  # name for name, value for value: what NeMo Gym itself logged
+    assert "sk-live-policy" not in (tmp_path / "mlflow.db").read_bytes().decode("latin-1")
+    assert MlflowClient(uri).get_run(run.info.run_id).info.status == "FINISHED"
+
+
+def test_a_run_config_that_cannot_be_read_is_refused_up_front(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from gym_artifacts.cli import main
+    from tests.test_nemo_gym import copy_fixture
+
+    out = copy_fixture("clean", tmp_path)
+    assert main(["export", str(out), "-e", "local", "--run-config", str(tmp_path / "missing.yaml")]) == 2
+    assert "missing.yaml" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_without_a_config_the_export_logs_what_the_files_tell(tmp_path: Path) -> None:
+    from omegaconf import OmegaConf
+
+    from gym_artifacts.export import export_run
+    from tests.test_nemo_gym import copy_fixture
+
+    out = copy_fixture("clean", tmp_path)
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    cfg = OmegaConf.create(
+        {"exporters": {"mlflow": {"enabled": True, "tracking_uri": uri, "experiment_name": "ng"}}}
+    )
+    export_run(out, cfg)
+    [run] = mlflow_runs(uri, "ng")
+    rows = [json.loads(x) for x in out.read_text().splitlines()]
+    repeats = max(
+        sum(1 for r in rows if r["_ng_task_index"] == t) for t in {r["_ng_task_index"] for r in rows}
+    )
+    assert run.data.params == {
+        "agent_name": rows[0]["agent_ref"]["name"],
+        "environment_server": rows[0]["_ng_environment_server"],
+        "policy_model_name": rows[0]["response"]["model"],
+        "num_repeats": str(repeats),
+    }
+    assert run.data.params["num_repeats"] == nemo_gym_logged_params()["num_repeats"]
