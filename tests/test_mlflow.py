@@ -74,6 +74,7 @@ def test_post_run_export_reads_back(quickstart_run: Path, tracking_uri: str, tmp
     assert json.loads(run.data.tags["mlflow.loggedArtifacts"]) == [
         {"path": "tables/group_level_metrics.json", "type": "table"},
         {"path": "tables/repeat_level_metrics.json", "type": "table"},
+        {"path": "rollouts.json", "type": "table"},  # NeMo Gym's rollouts table (test_nemo_gym_dropin)
     ]
     groups = json.loads(
         download(client, run.info.run_id, "tables/group_level_metrics.json", tmp_path / "t").read_text()
