@@ -12,6 +12,7 @@ from __future__ import annotations
 import copy
 import json
 import logging
+import math
 import re
 import socket
 import time
@@ -245,6 +246,11 @@ def test_nemo_gym_sequence_on_real_stores(tmp_path: Path, caplog: pytest.LogCapt
     assert config == before  # masking never touched the caller's config (NeMo Gym masks a copy)
     names = [*NG_SANITIZE_CASES, LONG_NAME]
     nemo_gym.export_metrics({name: float(i) for i, name in enumerate(names)}, step=3)
+    # NeMo Gym's MLflow exporter: bools are numbers, strings become tags, None is dropped,
+    # non-finite values are logged
+    nemo_gym.export_metrics(
+        {"passed": True, "agent": "openhands", "missing": None, "std": math.nan, "drift": math.inf}, step=4
+    )
     nemo_gym.export_rollouts(ROLLOUTS)
     nemo_gym.teardown_exporters()
     nemo_gym.teardown_exporters()  # idempotent
@@ -257,7 +263,14 @@ def test_nemo_gym_sequence_on_real_stores(tmp_path: Path, caplog: pytest.LogCapt
     assert run.info.status == "FINISHED" and run.info.run_name == "ng-run"
     # metric names: exactly NeMo Gym's; names with nothing left are dropped
     expected = {ng_sanitize(n): float(i) for i, n in enumerate(names) if ng_sanitize(n) is not None}
-    assert run.data.metrics == expected
+    metrics = dict(run.data.metrics)
+    assert (
+        metrics.pop("passed") == 1.0
+        and math.isnan(metrics.pop("std"))
+        and metrics.pop("drift") >= 1.7976931348623157e308  # SQL stores inf as max float
+    )
+    assert metrics == expected
+    assert run.data.tags["agent"] == "openhands" and "missing" not in run.data.tags
     long_name = ng_sanitize(LONG_NAME)
     assert long_name is not None and long_name.startswith("gpqa/") and long_name.endswith("/mean/reward")
     assert MlflowClient(uri).get_metric_history(run.info.run_id, "weird_0_")[0].step == 3
@@ -593,3 +606,51 @@ def test_without_a_config_the_export_logs_what_the_files_tell(tmp_path: Path) ->
         "num_repeats": str(repeats),
     }
     assert run.data.params["num_repeats"] == nemo_gym_logged_params()["num_repeats"]
+
+
+@pytest.mark.slow
+def test_a_backend_failing_to_log_neither_raises_nor_blocks_the_others(tmp_path: Path) -> None:
+    """NeMo Gym's guard: a backend that raises while logging is warned about, stays listed, and
+    every other backend still gets the call."""
+    from mlflow.tracking import MlflowClient
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    config = {
+        "output_jsonl_fpath": str(tmp_path / "o.jsonl"),
+        "mlflow_tracking_uri": uri, "mlflow_experiment_name": "e", "mlflow_run_name": "r",
+        "exporters": {"local": {"enabled": True, "root": str(tmp_path / "store")}},
+    }  # fmt: skip
+    opened = nemo_gym.setup_exporters(config)
+    assert sorted(e.name for e in opened) == ["local", "mlflow"]
+    [run] = mlflow_runs(uri, "e")
+    MlflowClient(uri).delete_run(run.info.run_id)  # every later MLflow call now raises
+    for step in range(3):
+        nemo_gym.export_metrics({"reward": float(step)}, step=step)
+    nemo_gym.export_rollouts([{"reward": 1.0}])
+    assert nemo_gym.get_exporters() == opened  # a logging failure does not drop the backend
+    nemo_gym.teardown_exporters()
+    [run_dir] = (tmp_path / "store" / "default").iterdir()
+    assert len((run_dir / "metrics.jsonl").read_text().splitlines()) == 3
+    assert MlflowClient(uri).get_metric_history(run.info.run_id, "reward") == []
+
+
+def test_an_unconfigured_backend_imports_no_sdk(tmp_path: Path) -> None:
+    """NeMo Gym's registry reads availability from config models, so an unconfigured backend's
+    module (and its tracking SDK) is never imported."""
+    import subprocess
+    import sys
+
+    script = (
+        "import sys, json\n"
+        "from gym_artifacts.nemo_gym import setup_exporters, export_metrics, teardown_exporters\n"
+        "setup_exporters({'output_jsonl_fpath': 'o.jsonl', 'wandb_project': 'p', 'mlflow_tracking_uri': 'x',"
+        " 'langsmith_api_key': 'k', 'policy_model_name': 'm'})\n"
+        "export_metrics({'a': 1}, step=0)\n"
+        "teardown_exporters()\n"
+        "print(json.dumps(sorted(m for m in ('wandb', 'mlflow', 'langsmith') if m in sys.modules)))\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", script], cwd=tmp_path, capture_output=True, text=True, timeout=120
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout.splitlines()[-1]) == []
