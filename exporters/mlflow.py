@@ -442,9 +442,13 @@ class MlflowExporter(LiveExporter):
         JSON document per row in column ``Rollout``; returns the bytes sent (0: no rows)."""
         with tempfile.TemporaryDirectory(prefix="gym-artifacts-mlflow-") as tmp:
             staged = Path(tmp) / MLFLOW_TABLE_FILE
-            if write_split_table(file_documents(rollouts), staged) == 0:
+            try:
+                if write_split_table(file_documents(rollouts), staged) == 0:
+                    return 0
+                return ml.log_artifact(run_id, staged, None)
+            except (OSError, ValueError) as exc:  # rollouts/rollouts.jsonl holds every row anyway
+                logger.warning("mlflow: NeMo Gym's %s table not logged: %s", MLFLOW_TABLE_FILE, exc)
                 return 0
-            return ml.log_artifact(run_id, staged, None)
 
     @staticmethod
     def _log_traces(ml: ScopedMlflow, run_id: str, payload: RunPayload, fallback_ms: int) -> int:

@@ -231,7 +231,11 @@ class WandbExporter(LiveExporter):
 
         rows = [[doc] for doc in documents]
         if rows:
-            wb_run.log({WANDB_TABLE_KEY: wandb.Table(columns=[ROLLOUT_COLUMN], data=rows)}, commit=False)
+            try:
+                wb_run.log({WANDB_TABLE_KEY: wandb.Table(columns=[ROLLOUT_COLUMN], data=rows)}, commit=False)
+            except Exception as exc:  # the rollouts artifact holds every row anyway
+                logger.warning("wandb: NeMo Gym's %r table not logged: %s", WANDB_TABLE_KEY, exc)
+                return 0
         return len(rows)
 
     def _teardown(self, status: RunStatus) -> None:
