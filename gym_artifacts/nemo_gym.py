@@ -196,10 +196,12 @@ def setup_exporters(global_config_dict: Mapping[str, Any] | Any) -> list[LiveExp
             context = live_exporters(config, output)
             _live = context.__enter__()
             _context, _scratch = context, scratch
-        atexit.register(teardown_exporters)
         live = _live
         if live is not None:
             live.flush(teardown_limits()[0])
+        # After the backends' setup (as NeMo Gym registers it): atexit runs last-in first, so at
+        # exit this FINISHED teardown comes before the SDKs' hooks and live logging's own KILLED one.
+        atexit.register(teardown_exporters)
     except Exception as exc:  # telemetry must not take the eval down
         logger.warning("setup_exporters: live logging not set up: %s", exc)
         teardown_exporters()

@@ -31,6 +31,7 @@ from pathlib import Path
 from gym_artifacts.nemo_gym import setup_exporters, export_metrics, export_rollouts, teardown_exporters
 
 config = json.loads(sys.argv[1])
+explicit_teardown = config.pop("_explicit_teardown")
 out = Path(config["output_jsonl_fpath"])
 out.parent.mkdir(parents=True, exist_ok=True)
 setup_exporters(config)
@@ -43,7 +44,8 @@ with open(out, "w") as fh:
         export_rollouts(batch)
         fh.writelines(json.dumps(r) + "\\n" for r in batch)
         rows.extend(batch)
-teardown_exporters()
+if explicit_teardown:
+    teardown_exporters()  # else: at interpreter exit, as NeMo Gym's own exit hook does
 mean = sum(r["reward"] for r in rows) / len(rows)  # NeMo Gym writes the aggregate at the end
 agg = [{"agent_ref": {"name": "ng_agent"}, "agent_metrics": {"mean/reward": mean}}]
 out.with_name(out.stem + "_aggregate_metrics.json").write_text(json.dumps(agg))
@@ -124,7 +126,8 @@ def assert_one_certified_run(tmp_path: Path, mlflow_uri: str, experiment: str) -
     assert local["status"] == "FINISHED" and local.get("certified") is True
 
 
-def test_nemo_gym_call_sequence_then_export(tmp_path: Path, mlflow_server: Any) -> None:
+@pytest.mark.parametrize("explicit_teardown", [True, False], ids=["teardown", "exit-hook"])
+def test_nemo_gym_call_sequence_then_export(tmp_path: Path, mlflow_server: Any, explicit_teardown: bool) -> None:
     experiment = f"ng-seq-{uuid.uuid4().hex[:8]}"
     config = {
         "output_jsonl_fpath": str(tmp_path / "results" / "rollouts.jsonl"),
@@ -139,6 +142,7 @@ def test_nemo_gym_call_sequence_then_export(tmp_path: Path, mlflow_server: Any) 
             "local": {"enabled": True, "root": str(tmp_path / "store"), "experiment": experiment},
             "wandb": {"mode": "offline", "dir": str(tmp_path / "wb")},
         },
+        "_explicit_teardown": explicit_teardown,
     }
     run_python(["-c", textwrap.dedent(NEMO_GYM_SEQUENCE), json.dumps(config)], tmp_path)
     results = export(tmp_path / "results" / "rollouts.jsonl", tmp_path)
