@@ -654,3 +654,32 @@ def test_an_unconfigured_backend_imports_no_sdk(tmp_path: Path) -> None:
     )
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout.splitlines()[-1]) == []
+
+
+@pytest.mark.slow
+def test_a_post_run_export_has_nemo_gyms_rollout_tables(tmp_path: Path) -> None:
+    """A NeMo Gym run exported after the fact: W&B table ``Rollouts`` and MLflow table
+    ``rollouts.json``, one JSON document per line of ``rollouts.jsonl``, as NeMo Gym logs them."""
+    from omegaconf import OmegaConf
+
+    from gym_artifacts.export import export_run
+    from tests.test_nemo_gym import copy_fixture
+
+    out = copy_fixture("clean", tmp_path)
+    rows = [json.loads(x) for x in out.read_text().splitlines()]
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    cfg = OmegaConf.create(
+        {
+            "exporters": {
+                "mlflow": {"enabled": True, "tracking_uri": uri, "experiment_name": "ng"},
+                "wandb": {"enabled": True, "mode": "offline", "project": "ng", "dir": str(tmp_path / "wb")},
+            }
+        }
+    )
+    assert {r.status.value for r in export_run(out, cfg)} == {"EXPORTED"}
+    [run] = mlflow_runs(uri, "ng")
+    table = mlflow_table(uri, run.info.run_id, "rollouts.json")
+    assert table["columns"] == ["Rollout"] and [json.loads(c) for [c] in table["data"]] == rows
+    [wb] = wandb_runs(tmp_path / "wb")
+    [wb_table] = wandb_history_tables(wb, "Rollouts")
+    assert wb_table["columns"] == ["Rollout"] and [json.loads(c) for [c] in wb_table["data"]] == rows
