@@ -135,7 +135,7 @@ def drop_in_config(global_config_dict: Any) -> dict[str, Any]:
         section = dict(section) if isinstance(section, Mapping) else {}
         if "enabled" not in section:
             section["enabled"] = is_available(config, name)
-        if section["enabled"] is True:
+        if _is_on(section["enabled"]):
             for flat_key, setting in backend.settings.items():
                 value = config.get(flat_key)
                 if value not in (None, "", MASKED):
@@ -153,6 +153,17 @@ def drop_in_config(global_config_dict: Any) -> dict[str, Any]:
         config.pop(key, None)
     config["exporters"] = exporters
     return config
+
+
+def _is_on(flag: Any) -> bool:
+    """An ``enabled`` value read as the config reads it (``"true"`` is on); unreadable: off."""
+    from gym_artifacts.config import parse_flag
+    from gym_artifacts.errors import ConfigError
+
+    try:
+        return parse_flag(flag, "enabled")
+    except ConfigError:
+        return False
 
 
 def _output_path(config: Mapping[str, Any]) -> str | None:
