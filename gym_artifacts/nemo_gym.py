@@ -187,6 +187,7 @@ def setup_exporters(global_config_dict: Mapping[str, Any] | Any) -> list[LiveExp
     """
     global _context, _live, _scratch, _warned_no_output
     teardown_exporters()
+    scratch: Path | None = None
     try:
         config = drop_in_config(global_config_dict)
         output = _output_path(config)
@@ -201,8 +202,6 @@ def setup_exporters(global_config_dict: Mapping[str, Any] | Any) -> list[LiveExp
                 )  # fmt: skip
             scratch = Path(tempfile.mkdtemp(prefix="gym-artifacts-nemo-gym-"))
             output = str(scratch / "live.jsonl")
-        else:
-            scratch = None
         with _lock:
             context = live_exporters(config, output)
             _live = context.__enter__()
@@ -216,6 +215,8 @@ def setup_exporters(global_config_dict: Mapping[str, Any] | Any) -> list[LiveExp
     except Exception as exc:  # telemetry must not take the eval down
         logger.warning("setup_exporters: live logging not set up: %s", exc)
         teardown_exporters()
+        if scratch is not None:
+            shutil.rmtree(scratch, ignore_errors=True)
         return []
     return get_exporters()
 
