@@ -683,3 +683,26 @@ def test_a_post_run_export_has_nemo_gyms_rollout_tables(tmp_path: Path) -> None:
     [wb] = wandb_runs(tmp_path / "wb")
     [wb_table] = wandb_history_tables(wb, "Rollouts")
     assert wb_table["columns"] == ["Rollout"] and [json.loads(c) for [c] in wb_table["data"]] == rows
+
+
+def test_a_dictconfig_is_masked_on_a_copy(tmp_path: Path) -> None:
+    """NeMo Gym passes a DictConfig and masks a deep copy: the caller's object keeps its live
+    secrets, the logged config holds none of them."""
+    from omegaconf import OmegaConf
+
+    secret = "sk-policy-secret-abcdef0123456789"
+    config = OmegaConf.create(
+        {
+            "output_jsonl_fpath": str(tmp_path / "o.jsonl"),
+            "policy": {"api_key": secret, "model_name": "m"},
+            "servers": [{"token": secret}],
+            "exporters": {"local": {"enabled": True, "root": str(tmp_path / "store")}},
+        }
+    )
+    before = OmegaConf.to_container(config)
+    assert [e.name for e in nemo_gym.setup_exporters(config)] == ["local"]
+    nemo_gym.teardown_exporters()
+    assert OmegaConf.to_container(config) == before
+    [run_dir] = (tmp_path / "store" / "default").iterdir()
+    logged = (run_dir / "config.json").read_text()
+    assert secret not in logged and json.loads(logged)["policy"]["model_name"] == "m"
