@@ -1,50 +1,65 @@
 """How a run's content maps onto MLflow's names and limits (pure functions, no SDK).
 
 MLflow names may hold letters, digits, ``_ - . / :`` and spaces, at most 250 characters, and
-must not look like a path that normalises to another name. Keys are sanitised (``pass@1`` ->
-``pass_at_1``, list indexes ``[i]`` -> ``.i``), shortened with a digest when too long, and two
-keys that sanitise to the same name are told apart by a numbered suffix: none is dropped.
+must not look like a path that normalises to another name. Names are made exactly as NeMo Gym's
+own MLflow exporter makes them (``nemo_gym/exporters/mlflow.py``), so a run exported here and a
+run NeMo Gym logged itself show the same names: ``@`` -> ``_at_``, any other refused character
+-> ``_``, empty path segments dropped, an all-dot segment and leading dots -> as many ``_``, an
+over-long name cut in the middle (``___``) keeping both ends; a name with nothing left is
+dropped. Config params are flattened as NeMo Gym flattens them (``a.b``, list items ``a[0]``),
+values as ``str(value)`` cut at MLflow's limit. Two different keys that still come out as one
+name are told apart by a numbered suffix (NeMo Gym would log both under one name).
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
 import numbers
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 from gym_artifacts.plugin import flatten, metric_value
 
-MAX_KEY = 250
-MAX_PARAM_VALUE = 6000
-MAX_TAG_VALUE = 8000
-_INDEX = re.compile(r"\[(\d+)\]")
-_INVALID = re.compile(r"[^\w.\- :/]")
+MAX_KEY = 250  # mlflow.utils.validation.MAX_ENTITY_KEY_LENGTH
+MAX_PARAM_VALUE = 6000  # MAX_PARAM_VAL_LENGTH
+MAX_TAG_VALUE = 8000  # MAX_TAG_VAL_LENGTH
+_INVALID = re.compile(r"[^/\w.\- :]")
+_LEADING_DOTS = re.compile(r"^\.+")
+_ELISION = "___"
 
 
-def sanitize_key(key: str) -> str:
-    """A valid MLflow param/metric/tag name for ``key``."""
-    name = _INDEX.sub(r".\1", key).replace("@", "_at_")
-    name = _INVALID.sub("_", name)
-    parts = [p for p in name.split("/") if p]
-    parts = [("_" + p) if p in (".", "..") else p for p in parts]
-    name = "/".join(parts) or "_"
-    if name.startswith("."):
-        name = "_" + name
-    if len(name) > MAX_KEY:
-        digest = hashlib.blake2s(key.encode(), digest_size=4).hexdigest()
-        name = f"{name[: MAX_KEY - 9]}-{digest}"
-    return name
+def _normalize_path(name: str) -> str:
+    """Drop empty path segments; an all-dot segment and leading dots become as many ``_``."""
+    segments = [s for s in name.split("/") if s]
+    segments = ["_" * len(s) if set(s) == {"."} else s for s in segments]
+    return _LEADING_DOTS.sub(lambda m: "_" * len(m.group()), "/".join(segments))
+
+
+def _elide(name: str, limit: int = MAX_KEY) -> str:
+    """An over-long name cut in the middle: the head (benchmark, agent) and the tail (statistic) stay."""
+    if len(name) <= limit:
+        return name
+    kept = limit - len(_ELISION)
+    head, tail = kept - kept // 2, kept // 2
+    return name[:head] + _ELISION + (name[-tail:] if tail else "")
+
+
+def sanitize_key(key: str) -> str | None:
+    """The MLflow name NeMo Gym's exporter gives ``key``; None when nothing is left of it."""
+    name = _normalize_path(_INVALID.sub("_", key.replace("@", "_at_")))
+    name = _normalize_path(_elide(name))
+    return name or None
 
 
 def unique_names(keys: Iterable[str]) -> dict[str, str]:
-    """``{original: sanitised}`` where no two originals share a sanitised name."""
+    """``{original: sanitised}`` where no two originals share a sanitised name; a key with
+    nothing left once sanitised (``""``, ``"/"``) is left out, as NeMo Gym drops it."""
     out: dict[str, str] = {}
     taken: set[str] = set()
     for key in sorted(set(keys)):
         name = sanitize_key(key)
+        if name is None:
+            continue
         if name in taken:
             n = 2
             while f"{name[: MAX_KEY - 6]}-{n}" in taken:
@@ -59,15 +74,25 @@ def _truncate(text: str, limit: int) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
+def flatten_config(value: Any, prefix: str = "") -> Iterator[tuple[str, Any]]:
+    """``(dotted key, leaf)`` pairs as NeMo Gym flattens a config: ``a.b``, list items ``a[0]``;
+    an empty mapping or list yields nothing."""
+    if isinstance(value, Mapping):
+        for key, inner in value.items():
+            yield from flatten_config(inner, f"{prefix}.{key}" if prefix else str(key))
+    elif isinstance(value, list | tuple):
+        for index, inner in enumerate(value):
+            yield from flatten_config(inner, f"{prefix}[{index}]")
+    elif prefix:
+        yield prefix, value
+
+
 def config_params(config: Mapping[str, Any]) -> dict[str, str]:
-    """The config flattened to params: dotted keys, list items by index, values as text."""
-    flat = flatten(dict(config), sep=".")
+    """The config as NeMo Gym logs it as params: flattened, names sanitised, ``str(value)`` kept
+    whole up to MLflow's limit and cut there (the whole config is also logged as a file)."""
+    flat = dict(flatten_config(config))
     names = unique_names(flat)
-    params = {}
-    for key, value in flat.items():
-        text = value if isinstance(value, str) else json.dumps(value)
-        params[names[key]] = _truncate(text, MAX_PARAM_VALUE)
-    return params
+    return {names[key]: str(value)[:MAX_PARAM_VALUE] for key, value in flat.items() if key in names}
 
 
 # Every integer up to this is exact as a float; past it, a float metric may round it.
@@ -85,6 +110,8 @@ def split_metrics(values: Mapping[str, Any], prefix: str = "") -> tuple[dict[str
     metrics: dict[str, float] = {}
     tags: dict[str, str] = {}
     for key, value in flat.items():
+        if key not in names:
+            continue
         number = metric_value(value)
         if number is not None:
             metrics[names[key]] = number

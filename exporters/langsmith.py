@@ -11,8 +11,13 @@ Exactly once: dataset and experiment are found by name before any is created; ex
 feedback ids are uuid5 of the dataset's and experiment's ids and the run's identity (and task,
 row, verdict), so a retry sends the same ids, and another destination on the same server (another
 dataset) its own and LangSmith keeps the first copy (it answers a repeated id with 409, which the client and
-this exporter treat as "already there"). Post-run only: the rollouts of a live eval are
-exported once the run is finished.
+this exporter treat as "already there").
+
+Live (as NeMo Gym main's LangSmith exporter, opened from its ``langsmith_*`` keys by
+``gym_artifacts.nemo_gym``): setup finds or creates the dataset and creates (upserts) the
+experiment; each ``export_rollouts`` batch becomes examples, runs and feedback at once, with ids
+from the experiment and the rollout's row, so the export that completes the live run
+(``_certify``) sends only what is missing; teardown sets the experiment's end time.
 """
 
 from __future__ import annotations
@@ -26,18 +31,19 @@ from typing import Any
 from pydantic import Field, SecretStr
 
 from gym_artifacts.plugin import (
-    Exporter,
     ExporterConfig,
     ExportPlan,
     GymArtifactsError,
+    LiveExporter,
     RunArtifacts,
     RunPayload,
+    RunStatus,
     Sent,
     dataset_service_destination,
     json_safe,
 )
 
-from ._rollouts import Rollout, as_object, masked, payload_rollouts
+from ._rollouts import Rollout, as_object, masked, payload_rollouts, rollout_from_record
 
 BATCH = 100
 
@@ -62,7 +68,12 @@ def _default_name(run: RunArtifacts, plan: ExportPlan) -> str:
     return f"{run.name}-{plan.run_identity.split(':')[-1][:12]}"
 
 
-class LangsmithExporter(Exporter):
+def _live_namespace(dataset_id: Any, project_id: Any) -> uuid.UUID:
+    """Where the ids of a live experiment's examples, runs and feedback come from."""
+    return uuid.uuid5(uuid.NAMESPACE_URL, f"gym-artifacts/langsmith/live/{dataset_id}/{project_id}")
+
+
+class LangsmithExporter(LiveExporter):
     """LangSmith datasets, experiments, runs and feedback through the ``langsmith`` client."""
 
     name = "langsmith"
@@ -101,7 +112,85 @@ class LangsmithExporter(Exporter):
             tracing_error_callback=errors.append,
         )
 
-    def _export(self, run: RunArtifacts, plan: ExportPlan) -> Sent:
+    # -- live ----------------------------------------------------------------------------------
+    def _setup(self) -> str:
+        assert self.run is not None
+        self._errors: list[BaseException] = []
+        self._ls = client = self._client(self._errors)
+        suffix = f"{self.run.name}-live-{uuid.uuid4().hex[:12]}"
+        dataset_name = self.settings.dataset_name or suffix
+        if client.has_dataset(dataset_name=dataset_name):
+            dataset = client.read_dataset(dataset_name=dataset_name)
+        else:
+            description = f"Tasks of the eval run {self.run.name}"
+            dataset = client.create_dataset(dataset_name, description=description)
+        self._project_name = self.settings.experiment_name or f"{suffix}-rollouts"
+        project = client.create_project(self._project_name, reference_dataset_id=dataset.id, upsert=True)
+        self._dataset_id, self._project_id = dataset.id, project.id
+        self._live_rows = 0
+        return str(project.id)
+
+    def _log_config(self, config: dict[str, Any]) -> None:
+        self._ls.update_project(self._project_id, metadata={"config": json_safe(config)})
+
+    def _log_metrics(self, metrics: dict[str, Any], step: int, timestamp: float) -> None:
+        return None  # as NeMo Gym's: LangSmith holds rollouts and their verdicts, not step metrics
+
+    def _log_rollouts(self, rollouts: list[Any]) -> None:
+        first = self._live_rows
+        self._live_rows += len(rollouts)
+        self._errors.clear()  # a batch refused earlier was counted then; this one starts clean
+        batch = (rollout_from_record(first + i, record) for i, record in enumerate(rollouts))
+        namespace = _live_namespace(self._dataset_id, self._project_id)
+        self._send_rollouts(
+            self._ls, batch, self._dataset_id, self._project_id, self._project_name, namespace,
+            self.secrets, self._errors,
+        )  # fmt: skip
+
+    def _teardown(self, status: RunStatus) -> None:
+        import datetime as dt
+
+        client, self._ls = self._ls, None
+        try:
+            client.update_project(self._project_id, end_time=dt.datetime.now(dt.timezone.utc))
+        finally:
+            client.close()
+
+    def _certify(self, run: RunArtifacts, plan: ExportPlan, live_run_id: str) -> Sent:
+        """Send into the live experiment what it lacks: rows it never got (same ids: LangSmith
+        keeps the first copy) and the run's metadata (aggregate metrics, coverage)."""
+        from langsmith.utils import LangSmithNotFoundError
+
+        from gym_artifacts.plugin import CannotCertify
+
+        errors: list[BaseException] = []
+        client = self._client(errors)
+        try:
+            project = client.read_project(project_id=live_run_id)
+        except LangSmithNotFoundError as exc:
+            raise CannotCertify(f"live experiment {live_run_id} is gone") from exc
+        if project.reference_dataset_id is None:
+            raise CannotCertify(f"live experiment {live_run_id} has no dataset")
+        rows = 0
+        payload = RunPayload.of(run, plan)
+        if payload.sends_rollouts:
+            namespace = _live_namespace(project.reference_dataset_id, project.id)
+            rows = self._send_rollouts(
+                client, payload_rollouts(payload), project.reference_dataset_id, project.id,
+                project.name, namespace, plan.secrets, errors,
+            )  # fmt: skip
+        metadata = {**(project.metadata or {}), **self._experiment_metadata(run, plan), "certified": True}
+        client.update_project(project.id, metadata=metadata)
+        return Sent(backend_run_id=str(project.id), rows=rows)
+
+    def _mark_superseded(self, live_run_id: str, new_run_id: str) -> None:
+        client = self._client([])
+        project = client.read_project(project_id=live_run_id)
+        metadata = {**(project.metadata or {}), "gym_artifacts.superseded_by": new_run_id}
+        client.update_project(project.id, metadata=metadata)
+
+    # -- post-run --------------------------------------------------------------------------------
+    def _export_post_run(self, run: RunArtifacts, plan: ExportPlan) -> Sent:
         from langsmith.utils import LangSmithNotFoundError
 
         errors: list[BaseException] = []
@@ -138,7 +227,7 @@ class LangsmithExporter(Exporter):
         if payload.sends_rollouts:
             rollouts = payload_rollouts(payload)
             rows = self._send_rollouts(
-                client, rollouts, dataset.id, project.id, project_name, namespace, plan, errors
+                client, rollouts, dataset.id, project.id, project_name, namespace, plan.secrets, errors
             )
         return Sent(backend_run_id=str(project.id), rows=rows)
 
@@ -159,7 +248,7 @@ class LangsmithExporter(Exporter):
         session_id: Any,
         project_name: str,
         namespace: uuid.UUID,
-        plan: ExportPlan,
+        secrets: frozenset[str],
         errors: list[BaseException],
     ) -> int:
         seen_tasks: set[str] = set()
@@ -193,12 +282,12 @@ class LangsmithExporter(Exporter):
                 examples.append(
                     {
                         "id": example_id,
-                        "inputs": masked(as_object(r.request, "responses_create_params"), plan.secrets),
+                        "inputs": masked(as_object(r.request, "responses_create_params"), secrets),
                         "metadata": {"task": r.task},
                     }
                 )
             run_id = str(uuid.uuid5(namespace, f"run/{r.row}"))
-            runs.append(self._run_dict(r, run_id, example_id, project_name, plan))
+            runs.append(self._run_dict(r, run_id, example_id, project_name, secrets))
             verdicts.append((run_id, r))
             if len(runs) == BATCH:
                 flush()
@@ -207,7 +296,7 @@ class LangsmithExporter(Exporter):
 
     @staticmethod
     def _run_dict(
-        r: Rollout, run_id: str, example_id: str, project_name: str, plan: ExportPlan
+        r: Rollout, run_id: str, example_id: str, project_name: str, secrets: frozenset[str]
     ) -> dict[str, Any]:
         start, end = r.times(0.0)
         metadata = {
@@ -224,13 +313,13 @@ class LangsmithExporter(Exporter):
             "dotted_order": f"{start.strftime('%Y%m%dT%H%M%S%fZ')}{run_id}",
             "name": r.agent,
             "run_type": "chain",
-            "inputs": masked(as_object(r.request, "responses_create_params"), plan.secrets),
-            "outputs": masked(as_object(r.response, "response"), plan.secrets),
+            "inputs": masked(as_object(r.request, "responses_create_params"), secrets),
+            "outputs": masked(as_object(r.response, "response"), secrets),
             "start_time": start,
             "end_time": end,
             "reference_example_id": example_id,
             "session_name": project_name,
-            "extra": {"metadata": masked(json_safe(metadata), plan.secrets)},
+            "extra": {"metadata": masked(json_safe(metadata), secrets)},
         }
 
     @staticmethod

@@ -56,6 +56,7 @@ from ._mlflow_client import (
 )
 from ._mlflow_mapping import config_params, split_metrics, tag_value
 from ._mlflow_traces import log_rollout_traces
+from ._nemo_gym_shapes import MLFLOW_TABLE_FILE, file_documents, write_split_table
 from ._rollouts import payload_rollouts
 
 logger = logging.getLogger(__name__)
@@ -70,6 +71,11 @@ COMPLETE_TAG = "gym_artifacts.complete"
 # One export attempt's id: the runs it created, so that it deletes only its own orphans.
 ATTEMPT_TAG = "gym_artifacts.export_attempt"
 LOGGED_ARTIFACTS_TAG = "mlflow.loggedArtifacts"
+
+
+def logged_artifacts(table_paths: list[str]) -> str:
+    """The ``mlflow.loggedArtifacts`` tag: the level tables and NeMo Gym's rollouts table."""
+    return json.dumps([{"path": p, "type": "table"} for p in [*table_paths, MLFLOW_TABLE_FILE]])
 
 
 class MlflowSettings(ExporterConfig):
@@ -239,6 +245,8 @@ class MlflowExporter(LiveExporter):
             spooled = self._rollouts.finish() if self._rollouts is not None else None
             if spooled is not None:
                 self._ml.log_artifact(self.run_id, spooled, "rollouts")
+                if self._upload_nemo_gym_table(self._ml, self.run_id, spooled):
+                    self._ml.set_tags(self.run_id, {LOGGED_ARTIFACTS_TAG: logged_artifacts([])})
         finally:
             self._close_spool()
             self._ml.terminate(self.run_id, status.value)
@@ -397,10 +405,7 @@ class MlflowExporter(LiveExporter):
         tables = payload.tables
         for table in tables:
             sent += self._upload_bytes(ml, run_id, f"{table.name}.json", table_split_json(table), "tables")
-        if tables:  # MLflow's UI shows these artifacts as tables (what mlflow.log_table records)
-            tags[LOGGED_ARTIFACTS_TAG] = json.dumps(
-                [{"path": f"tables/{t.name}.json", "type": "table"} for t in tables]
-            )
+        table_paths = [f"tables/{t.name}.json" for t in tables]
         if payload.coverage is not None:
             tags["gym_artifacts.coverage"] = tag_value(payload.coverage.text())
             tags["gym_artifacts.partial"] = "true" if payload.coverage.partial else "false"
@@ -419,6 +424,7 @@ class MlflowExporter(LiveExporter):
             if complete is not None:
                 assert rollouts is not None
                 sent += self._upload_file(ml, run_id, complete, "rollouts.jsonl", "rollouts")
+                sent += self._upload_nemo_gym_table(ml, run_id, complete)
                 if self.settings.log_traces:
                     self._log_traces(ml, run_id, payload, file_mtime_ms(rollouts))
         omitted = payload.omitted_partial_line
@@ -430,9 +436,26 @@ class MlflowExporter(LiveExporter):
             parts = item.name.rsplit("/", 1)
             artifact_dir = "runtime" if len(parts) == 1 else f"runtime/{parts[0]}"
             sent += self._upload_artifact(ml, run_id, item, artifact_dir)
+        if table_paths or payload.rollout_rows:
+            # MLflow's UI shows these artifacts as tables (what mlflow.log_table records)
+            tags[LOGGED_ARTIFACTS_TAG] = logged_artifacts(table_paths)
         if tags:
             ml.set_tags(run_id, tags)
         return payload.rollout_rows, sent
+
+    @staticmethod
+    def _upload_nemo_gym_table(ml: ScopedMlflow, run_id: str, rollouts: Path) -> int:
+        """The rollouts as NeMo Gym's exporter logs them: table artifact ``rollouts.json``, one
+        JSON document per row in column ``Rollout``; returns the bytes sent (0: no rows)."""
+        with tempfile.TemporaryDirectory(prefix="gym-artifacts-mlflow-") as tmp:
+            staged = Path(tmp) / MLFLOW_TABLE_FILE
+            try:
+                if write_split_table(file_documents(rollouts), staged) == 0:
+                    return 0
+                return ml.log_artifact(run_id, staged, None)
+            except (OSError, ValueError) as exc:  # rollouts/rollouts.jsonl holds every row anyway
+                logger.warning("mlflow: NeMo Gym's %s table not logged: %s", MLFLOW_TABLE_FILE, exc)
+                return 0
 
     @staticmethod
     def _log_traces(ml: ScopedMlflow, run_id: str, payload: RunPayload, fallback_ms: int) -> int:

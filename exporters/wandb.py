@@ -46,6 +46,8 @@ from gym_artifacts.plugin import (
     table_jsonl,
 )
 
+from ._nemo_gym_shapes import ROLLOUT_COLUMN, WANDB_TABLE_KEY, file_documents, rollout_documents
+
 logger = logging.getLogger(__name__)
 _SCALARS = (str, int, float, bool, type(None))
 
@@ -227,6 +229,23 @@ class WandbExporter(LiveExporter):
 
     def _log_rollouts(self, rollouts: list[Any]) -> None:
         self._rollouts.append(rollouts)  # on disk until teardown sends them as one table artifact
+        self._log_nemo_gym_table(self._wb_run, rollout_documents(rollouts))
+
+    @staticmethod
+    def _log_nemo_gym_table(wb_run: Any, documents: Iterator[str]) -> int:
+        """Rollouts as NeMo Gym's exporter logs them: a ``Rollouts`` table, one JSON document
+        per row in column ``Rollout``, logged at the current step (``commit=False``: W&B's step
+        does not move, so the eval's metric steps still grow)."""
+        import wandb
+
+        rows = [[doc] for doc in documents]
+        if rows:
+            try:
+                wb_run.log({WANDB_TABLE_KEY: wandb.Table(columns=[ROLLOUT_COLUMN], data=rows)}, commit=False)
+            except Exception as exc:  # the rollouts artifact holds every row anyway
+                logger.warning("wandb: NeMo Gym's %r table not logged: %s", WANDB_TABLE_KEY, exc)
+                return 0
+        return len(rows)
 
     def _teardown(self, status: RunStatus) -> None:
         wb_run, self._wb_run = self._wb_run, None
@@ -333,6 +352,9 @@ class WandbExporter(LiveExporter):
                 records = payload.rollout_records()
                 rows = self._send_rollouts(wb_run, records, f"rollouts-{wb_run.id}", raw=complete)
                 sent += complete.stat().st_size
+                if first_new_step is not None and rows <= self.settings.table_max_rows:
+                    # post-run only: a certified live run logged these itself
+                    self._log_nemo_gym_table(wb_run, file_documents(complete))
         for key, value in payload.omitted_partial_line.items():
             wb_run.summary[f"rollouts/{key}"] = value
         artifacts = {item.name: item for item in payload.runtime_artifacts}

@@ -126,6 +126,12 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="export aggregate metrics that neither content nor times tie to the rollouts",
     )
+    exp.add_argument(
+        "--run-config",
+        type=Path,
+        metavar="FILE",
+        help="NeMo Gym's resolved global config (YAML/JSON): logged, masked, as the run's params",
+    )
     exp.add_argument("--jobs", type=int, default=1, metavar="N", help="runs exported in parallel")
     exp.add_argument(
         "--executor",
@@ -205,6 +211,7 @@ def cmd_export(ns: argparse.Namespace) -> int:
             ray_address=ns.ray_address,
             progress=not (ns.json or ns.quiet),
             on_result=lambda _done, out: finished.append(out),
+            nemo_gym_config=ns.run_config,
         )
     except GymArtifactsError as exc:  # an unusable request, or no Ray cluster at the address
         print(f"gym-artifacts: error: {exc}", file=sys.stderr)

@@ -52,6 +52,7 @@ class ExportJob:
     accept_partial_line: bool = False
     accept_stale_aggregates: bool = False
     progress: bool = False  # a byte progress line on this process's terminal
+    nemo_gym_config: str | None = None  # --run-config FILE: NeMo Gym's resolved global config
 
 
 @dataclass(frozen=True)
@@ -132,6 +133,7 @@ def export_job(job: ExportJob) -> RunResults:
                 accept_partial_line=job.accept_partial_line,
                 accept_stale_aggregates=job.accept_stale_aggregates,
                 progress=progress.update if progress.enabled else None,
+                nemo_gym_config=job.nemo_gym_config,
             )
         finally:
             progress.close()
@@ -411,6 +413,7 @@ def export_runs(
     ray_runtime_env: dict[str, Any] | None = None,
     progress: bool = False,
     on_result: Callable[[int, RunResults], None] | None = None,
+    nemo_gym_config: str | os.PathLike[str] | None = None,
 ) -> list[RunResults]:
     """Export many runs, each exactly once per backend; one RunResults per run, in ``runs`` order.
 
@@ -422,6 +425,8 @@ def export_runs(
     ``ray`` (one task per run on the cluster at ``ray_address``; ``auto`` joins the running one;
     None starts a local cluster for this call and stops it). ``progress``: progress lines on a
     terminal's stderr. ``on_result(done, results)`` is called as each run finishes.
+    ``nemo_gym_config``: NeMo Gym's resolved global config file, logged as each run's params
+    (``export_run``); refused up front when it cannot be read.
 
     Raises ConfigError (nothing read, nothing sent) for an unusable request, see
     :func:`check_export_request`; a run's own problems become its RunResults.
@@ -451,6 +456,11 @@ def export_runs(
         from omegaconf import OmegaConf
 
         config_file, mapping = None, raw_container(OmegaConf.create(dict(config)))
+    if nemo_gym_config is not None:
+        from gym_artifacts.nemo_gym_params import load_nemo_gym_run_config
+
+        load_nemo_gym_run_config(nemo_gym_config)  # ConfigError now, not a failure per run
+        nemo_gym_config = os.fspath(nemo_gym_config)
     parallel = executor == "ray" or (jobs > 1 and len(runs) > 1)
     job_list = [
         ExportJob(
@@ -467,6 +477,7 @@ def export_runs(
             accept_stale_aggregates=accept_stale_aggregates,
             # bytes progress for one run at a time in this process
             progress=progress and not parallel,
+            nemo_gym_config=nemo_gym_config,
         )
         for run in runs
     ]

@@ -41,6 +41,7 @@ from gym_artifacts.identity import content_identities, run_identity
 from gym_artifacts.live_certify import certify_or_export
 from gym_artifacts.live_exporter import LiveExporter
 from gym_artifacts.locking import LockBusy, exclusive_lock
+from gym_artifacts.nemo_gym_params import load_nemo_gym_run_config, params_from_files
 from gym_artifacts.payload import backend_config, load_run_config, run_config_of_export
 from gym_artifacts.receipts import (
     Receipt,
@@ -402,6 +403,7 @@ def export_run(
     accept_partial_line: bool = False,
     accept_stale_aggregates: bool = False,
     verify: bool = False,
+    nemo_gym_config: str | os.PathLike[str] | None = None,
 ) -> list[ExportResult]:
     """Export one finished run to the selected (else every enabled) backend; a result each.
 
@@ -413,6 +415,9 @@ def export_run(
     rollouts. ``certify``: None completes a live run when it may be (completed, lossless,
     unchanged), True also one whose marker predates the loss record, False never. ``verify``
     asks the backend whether a receipted run still exists (re-exporting when it is gone).
+    ``nemo_gym_config``: NeMo Gym's resolved global config file, logged (masked, whole) as the run's
+    params; without it a run with no saved config logs what its files tell (agent, environment
+    server, model, repeats; ``nemo_gym_params``).
     Raises ConfigError only for an unusable config or exporter name, MissingRunError when
     nothing of the run exists.
     """
@@ -429,6 +434,7 @@ def export_run(
         accept_partial_line=accept_partial_line,
         accept_stale_aggregates=accept_stale_aggregates,
         verify=verify,
+        nemo_gym_config=nemo_gym_config,
     )
 
 
@@ -443,6 +449,7 @@ def export_resolved(
     accept_partial_line: bool = False,
     accept_stale_aggregates: bool = False,
     verify: bool = False,
+    nemo_gym_config: str | os.PathLike[str] | None = None,
 ) -> list[ExportResult]:
     """``export_run`` once its config, exporters, settings and run config are resolved
     (``resolve_export``): nothing of these is read or validated again here."""
@@ -476,6 +483,11 @@ def export_resolved(
         record_counts: dict[str, int] = {}
         identities = content_identities(run, progress=progress, record_counts=record_counts)
         config_for_backends, secrets = backend_config(run_config)
+        if nemo_gym_config is not None:
+            config_for_backends, given = load_nemo_gym_run_config(nemo_gym_config)
+            secrets = secrets | given
+        elif not config_for_backends:  # none saved, or only where to export it
+            config_for_backends = params_from_files(run) or config_for_backends
         coverage = coverage_of(run, record_counts)
     except (GymArtifactsError, OSError) as exc:
         return finish([_failed(n, str(exc), start) for n in names])

@@ -30,6 +30,7 @@ from gym_artifacts.live_channel import (
     LiveReport,
     teardown_limits,
 )
+from gym_artifacts.live_content import LoggedRollouts, logged_content
 from gym_artifacts.live_exporter import LiveExporter
 from gym_artifacts.locking import try_lock
 from gym_artifacts.metric_records import MetricRecord, encode_record
@@ -138,6 +139,7 @@ class LiveRun:
         self._last_step: int | None = None
         self._closed = False
         self.refused = RefusedCalls()
+        self.logged_rollouts = LoggedRollouts()  # what was sent, to match OUT.jsonl at export
         install_log_redaction()
         masked, self._secrets = backend_config(config) if config is not None else ({}, frozenset())
         self._masked_config: dict[str, Any] = masked or {}
@@ -245,6 +247,7 @@ class LiveRun:
         except Exception as exc:  # never into the eval
             self.refused.add("export_rollouts", exc)
             return
+        self.logged_rollouts.add(batch)
         for channel in self.channels:
             channel.export_rollouts(batch)
 
@@ -320,6 +323,11 @@ class LiveRun:
             self.reports.append(report)
             if report.lost or report.setup_error or not report.teardown_finished:
                 logger.warning("live logging: %s", report.describe())
+        if status == RunStatus.FINISHED and journal_closed and not self.journal_lost:
+            logged = logged_content(self.journal.fpath, self.logged_rollouts)
+            if logged is not None:
+                for channel in self.channels:
+                    channel.record_logged(logged, RunStatus.FINISHED)
         _unregister_atexit(self)
         return self.reports
 

@@ -26,15 +26,30 @@ logger = logging.getLogger(__name__)
 def certify_refusal(marker: RunIdMarker, plan: ExportPlan, destination_key: str) -> str | None:
     """Why the live run of ``marker`` may not be completed by this export (None: it may).
 
-    Only a run the eval ``complete()``d, whose teardown delivered every call (recorded in the
-    marker), whose files did not change since, and that lives at this destination.
-    ``plan.certify`` False never certifies; True also accepts a marker from before the loss
-    record (``lossless`` unknown), never one that lost calls.
+    ``plan.certify`` False never certifies, nor does a run that lives at another destination.
+    Otherwise a live run is this run's when either rule holds:
+
+    * completed: the eval ``complete()``d it, its teardown delivered every call (recorded in the
+      marker), and the run's files did not change since (``completed_refusal``);
+    * content: it ended FINISHED having delivered every call, and the journal and the rollouts it
+      logged are the journal and ``OUT.jsonl`` being exported (``content_refusal``), whatever
+      was written beside them since (an aggregate written after teardown).
     """
     if plan.certify is False:
         return "--no-certify"
     if marker.destination_key not in (None, destination_key):
         return "it lives at another destination"
+    completed = completed_refusal(marker, plan)
+    if completed is None:
+        return None
+    if content_refusal(marker, plan) is None:
+        return None
+    return completed
+
+
+def completed_refusal(marker: RunIdMarker, plan: ExportPlan) -> str | None:
+    """The ``complete()`` rule: True ``plan.certify`` also accepts a marker from before the loss
+    record (``lossless`` unknown), never one that lost calls."""
     if marker.state != "completed":
         return "the eval never called complete()"
     if marker.lossless is False:
@@ -43,6 +58,18 @@ def certify_refusal(marker: RunIdMarker, plan: ExportPlan, destination_key: str)
         return "its delivery was not recorded (pass --certify to complete it anyway)"
     if marker.identities != plan.identities:
         return "the run changed since it completed"
+    return None
+
+
+def content_refusal(marker: RunIdMarker, plan: ExportPlan) -> str | None:
+    """The content rule: why the files being exported are not what this live run logged."""
+    if marker.logged is None or marker.ended != "FINISHED":
+        return "its teardown recorded no content to compare"
+    if marker.lossless is not True:
+        return "it did not deliver every call"
+    for name, identity in marker.logged.items():
+        if plan.identities.get(name) != identity:
+            return f"its {name} differs from the run's"
     return None
 
 

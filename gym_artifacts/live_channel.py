@@ -215,6 +215,11 @@ class LiveChannel:
         )
 
     @property
+    def setup_failed(self) -> bool:
+        """Whether the backend's setup ran and failed (its calls are then skipped)."""
+        return self._setup_error is not None
+
+    @property
     def stats(self) -> WorkerStats | None:
         return self.worker.stats if self.worker is not None else None
 
@@ -314,6 +319,22 @@ class LiveChannel:
             return
         self._torn_down = True
         self.backend._teardown(status)
+
+    def record_logged(self, logged: Mapping[str, str | None], status: RunStatus) -> None:
+        """Write into the marker what the live run logged (after teardown recorded the delivery)."""
+        run, run_id = self.backend.run, self.backend.run_id
+        if run is None or run_id is None or self._setup_error is not None:
+            return
+        marker_fpath = run.run_id_marker_fpath(self.name)
+        with self._marker_lock:
+            try:
+                marker = read_marker(marker_fpath)
+                if marker is None or marker.run_id != run_id:
+                    return
+                update = {"logged": dict(logged), "ended": status.value}
+                write_marker(marker_fpath, marker.model_copy(update=update))
+            except (ReceiptError, OSError) as exc:
+                logger.warning("%s: logged content not recorded in %s: %s", self.name, marker_fpath, exc)
 
     # -- the marker ----------------------------------------------------------------------------------
     def _new_marker(self) -> RunIdMarker:

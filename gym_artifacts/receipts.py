@@ -75,6 +75,11 @@ class RunIdMarker(BaseModel):
     # The teardown report: True when every call reached the backend; None when not recorded.
     lossless: bool | None = None
     lost_calls: int = 0
+    # What the live run logged, recorded at a FINISHED teardown: the identity of the journal and
+    # of the rollouts it sent (``{artifact name: identity or None}``), so that an export can tell
+    # from content that the run's files are this live run's (``live_certify``).
+    ended: str | None = None
+    logged: dict[str, str | None] | None = None
 
 
 def _first_error(exc: ValidationError) -> str:

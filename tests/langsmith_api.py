@@ -123,6 +123,14 @@ class Handler(BaseHTTPRequestHandler):
         if len(parts) == 2 and parts[0] == "sessions" and method == "GET":
             sess = s.sessions.get(parts[1])
             return (200, sess) if sess else (404, {"detail": "not found"})
+        if len(parts) == 2 and parts[0] == "sessions" and method == "PATCH":
+            sess = s.sessions.get(parts[1])
+            if sess is None:
+                return 404, {"detail": "not found"}
+            update = {k: v for k, v in json.loads(body).items() if v is not None}
+            sess["extra"] = {**(sess.get("extra") or {}), **(update.pop("extra", None) or {})}
+            sess.update(update)
+            return 200, sess
         if parts == ["runs", "batch"] and method == "POST" and s.refuse_runs:
             return 500, {"detail": "internal error"}
         if parts == ["runs", "batch"] and method == "POST":

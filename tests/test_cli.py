@@ -33,7 +33,7 @@ def test_exporters_lists_without_importing_any_sdk() -> None:
     # the LLM-eval backends are listed, with whether their SDK is installed and what they can do
     expected = (
         ("tensorboard", "tensorboard", "live, post-run"),
-        ("langsmith", "langsmith", "post-run only"),
+        ("langsmith", "langsmith", "live, post-run"),
         ("phoenix", "phoenix", "post-run only"),
     )
     for name, sdk, modes in expected:

@@ -74,6 +74,7 @@ def test_post_run_export_reads_back(quickstart_run: Path, tracking_uri: str, tmp
     assert json.loads(run.data.tags["mlflow.loggedArtifacts"]) == [
         {"path": "tables/group_level_metrics.json", "type": "table"},
         {"path": "tables/repeat_level_metrics.json", "type": "table"},
+        {"path": "rollouts.json", "type": "table"},  # NeMo Gym's rollouts table (test_nemo_gym_dropin)
     ]
     groups = json.loads(
         download(client, run.info.run_id, "tables/group_level_metrics.json", tmp_path / "t").read_text()
@@ -308,18 +309,19 @@ def test_secrets_appear_nowhere_in_the_server(
 
 def test_key_sanitising() -> None:
     assert sanitize_key("pass@1") == "pass_at_1"
-    assert sanitize_key("a.b[0].c") == "a.b.0.c"
+    assert sanitize_key("a.b[0].c") == "a.b_0_.c"  # NeMo Gym's names (tests/test_nemo_gym_dropin.py)
     assert sanitize_key("weird key!*?") == "weird key___"
     assert sanitize_key("/a//b/") == "a/b"
-    assert sanitize_key("../up") == "_../up"
+    assert sanitize_key("../up") == "__/up"
+    assert sanitize_key("//") is None
     long = sanitize_key("k" * 400)
-    assert len(long) <= 250 and long != sanitize_key("k" * 401)
-    names = unique_names(["a!b", "a?b", "a_b"])
-    assert len(set(names.values())) == 3
+    assert long is not None and len(long) == 250
+    names = unique_names(["a!b", "a?b", "a_b", "/"])
+    assert len(set(names.values())) == 3 and "/" not in names
     assert config_params({"x": {"y": [1, {"z": "s"}]}, "flag": True}) == {
-        "x.y.0": "1",
-        "x.y.1.z": "s",
-        "flag": "true",
+        "x.y_0_": "1",
+        "x.y_1_.z": "s",
+        "flag": "True",
     }
     import numpy as np
 

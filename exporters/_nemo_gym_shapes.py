@@ -1,0 +1,45 @@
+"""Rollouts in the shapes NeMo Gym's own exporters log them, beside this project's richer forms.
+
+NeMo Gym logs each rollout as one JSON document in a one-column table: column ``Rollout``, a
+W&B table under the key ``Rollouts`` and an MLflow table artifact ``rollouts.json`` (pandas'
+``split`` layout, what ``mlflow.log_table`` writes and ``mlflow.load_table`` reads). Dashboards
+and scripts built on those keep working after the import swap.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import Any
+
+ROLLOUT_COLUMN = "Rollout"
+WANDB_TABLE_KEY = "Rollouts"
+MLFLOW_TABLE_FILE = "rollouts.json"
+
+
+def rollout_documents(rollouts: Iterable[Any]) -> Iterator[str]:
+    """Each rollout as one compact JSON document (NeMo Gym: ``orjson.dumps(rollout)``)."""
+    for rollout in rollouts:
+        yield json.dumps(rollout, ensure_ascii=False, separators=(",", ":"), default=str)
+
+
+def file_documents(fpath: Path) -> Iterator[str]:
+    """The JSON documents of a JSONL file's complete lines (as written, blank lines skipped)."""
+    with open(fpath, encoding="utf-8") as fh:
+        for line in fh:
+            if line.endswith("\n") and line.strip():
+                yield line.strip()
+
+
+def write_split_table(documents: Iterable[str], dest: Path) -> int:
+    """Stream ``documents`` into ``dest`` as a one-column table in pandas' split layout; returns
+    the row count (memory stays flat in the number of rows)."""
+    rows = 0
+    with open(dest, "w", encoding="utf-8") as fh:
+        fh.write(json.dumps({"columns": [ROLLOUT_COLUMN]})[:-1] + ',"data":[')
+        for doc in documents:
+            fh.write(("," if rows else "") + json.dumps([doc], ensure_ascii=False))
+            rows += 1
+        fh.write("]}")
+    return rows
