@@ -322,6 +322,10 @@ def _send(
         )
     except (OSError, RunError) as exc:
         return _failed(name, f"sent, but the receipt could not be written: {exc}", start)
+    try:  # the data and its receipt are published: nothing here can fail the export
+        exporter._after_receipt(run, plan, result.backend_run_id)
+    except Exception as exc:
+        logger.warning("%s: exported; the work after the receipt failed: %s", name, exc)
     return result
 
 
