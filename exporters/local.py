@@ -28,7 +28,7 @@ from typing import IO, Any, Literal
 from pydantic import field_validator
 
 from gym_artifacts.aggregate import table_jsonl
-from gym_artifacts.atomic import atomic_write_bytes, atomic_write_json, atomic_writer
+from gym_artifacts.atomic import atomic_write_bytes, atomic_write_json, atomic_writer, sync_barrier
 from gym_artifacts.backend import CannotCertify
 from gym_artifacts.config import ExporterConfig
 from gym_artifacts.destination import resolved_path
@@ -205,7 +205,14 @@ class LocalExporter(LiveExporter):
         }
 
     def _write_run_content(self, run: RunArtifacts, plan: ExportPlan, dpath: Path) -> tuple[int, int]:
-        """Config, journal, aggregate metrics, rollouts and artifacts; returns (rows, bytes)."""
+        """Config, journal, aggregate metrics, rollouts and artifacts; returns (rows, bytes).
+
+        Durable when it returns, by one barrier for all the files (``sync_barrier``) rather than
+        a wait per file: ``run.json`` says FINISHED only after it."""
+        with sync_barrier():
+            return self._write_files(run, plan, dpath)
+
+    def _write_files(self, run: RunArtifacts, plan: ExportPlan, dpath: Path) -> tuple[int, int]:
         payload = RunPayload.of(run, plan)
         sent_bytes = 0
         if payload.config is not None:
