@@ -73,6 +73,14 @@ class LocalSettings(ExporterConfig):
             raise ValueError("must not be empty (a folder path, e.g. ./gym-artifacts-runs)")
         return value
 
+    @field_validator("report", mode="before")
+    @classmethod
+    def _report_switch(cls, value: Any) -> Any:
+        """YAML reads ``off`` (and ``no``, ``false``) as False: that is ``off``; True is the default."""
+        if isinstance(value, bool):
+            return "after" if value else "off"
+        return value
+
     @field_validator("experiment")
     @classmethod
     def _plain_experiment(cls, value: str) -> str:

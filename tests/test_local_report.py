@@ -19,7 +19,7 @@ from gym_artifacts.run import RunArtifacts
 from tests.reliability.test_crash import check_receipt, killed
 
 
-def _cfg(store: Path, report: str) -> object:
+def _cfg(store: Path, report: object) -> object:
     return OmegaConf.create({"exporters": {"local": {"enabled": True, "root": str(store), "report": report}}})
 
 
@@ -132,9 +132,17 @@ def test_background_report_is_written_after_the_export_returns(quickstart_run: P
     assert json.loads((folder / "run.json").read_text())["report_built"] == "background"
 
 
-def test_report_off_writes_none(quickstart_run: Path, tmp_path: Path) -> None:
-    [result] = export_run(quickstart_run, _cfg(tmp_path / "store", "off"))
+@pytest.mark.parametrize("off", ["off", False])  # YAML and the CLI read a bare `off` as False
+def test_report_off_writes_none(quickstart_run: Path, tmp_path: Path, off: object) -> None:
+    [result] = export_run(quickstart_run, _cfg(tmp_path / "store", off))
     folder = tmp_path / "store" / "default" / result.backend_run_id
     assert result.status is ExportStatus.EXPORTED
     assert not (folder / "report.html").exists()
     assert json.loads((folder / "run.json").read_text())["report"] is None
+
+
+def test_unknown_report_mode_is_refused_naming_the_key(quickstart_run: Path, tmp_path: Path) -> None:
+    [result] = export_run(quickstart_run, _cfg(tmp_path / "store", "sometimes"))
+    assert result.status is ExportStatus.FAILED
+    assert "exporters.local.report" in (result.reason or "")
+    assert not (tmp_path / "store").exists()
