@@ -11,8 +11,9 @@ export rewrites the same folder. ``report.html`` is built off the export's criti
 the data, ``run.json`` and the receipt are published (``report: after``, the default), in a
 detached process the export does not wait for (``background``), or not at all (``off``; then
 ``gym-artifacts report`` builds it); a report that fails leaves ``report.html.error``, and one
-that fails or is killed never fails the export. Live runs append one complete line per call and flush, so a
-killed process leaves every line it wrote readable; a resumed run appends to the same files.
+that fails or is killed never fails the export. Live runs append one complete line per call and
+flush, so a killed process leaves every line it wrote readable; a resumed run appends to the
+same files.
 """
 
 from __future__ import annotations
