@@ -47,7 +47,7 @@ from gym_artifacts.receipts import (
     receipt_for,
     utc_now_iso,
 )
-from gym_artifacts.registry import discover, get_entry
+from gym_artifacts.registry import ExporterEntry, discover, get_entry
 from gym_artifacts.run import ROLLOUTS, RunArtifacts
 from gym_artifacts.secrets import collect_secret_values, install_log_redaction, redact_text, remember_secrets
 
@@ -57,9 +57,12 @@ LOCK_WAIT_SECONDS = float(os.environ.get("GYM_ARTIFACTS_LOCK_WAIT", "600"))
 Signatures = dict[str, tuple[int, int, int]]
 
 
-def select_exporters(cfg: Any, names: Sequence[str] | None) -> list[str]:
-    """The backends to export to: the enabled ones, or exactly ``names`` when given."""
-    entries = discover()
+def select_exporters(
+    cfg: Any, names: Sequence[str] | None, entries: dict[str, ExporterEntry] | None = None
+) -> list[str]:
+    """The backends to export to: the enabled ones, or exactly ``names`` when given (``entries``:
+    a registry scan already made, else one is made)."""
+    entries = discover() if entries is None else entries
     if names:
         selected = list(dict.fromkeys(names))
         for name in selected:
@@ -125,11 +128,13 @@ class Target:
         return self.cls(self.settings)
 
 
-def build_target(name: str, cfg: Any, legacy_cfg: Any | None) -> Target:
+def build_target(
+    name: str, cfg: Any, legacy_cfg: Any | None, entries: dict[str, ExporterEntry] | None = None
+) -> Target:
     """The exporter's settings from ``cfg`` and both destinations; nothing built or contacted."""
     target = Target(name)
     try:
-        target.cls = cls = get_entry(name).load()
+        target.cls = cls = get_entry(name, entries).load()
         target.settings = cls.settings_from(cfg)
         target.destination = cls.destination_for(target.settings)
         target.key = destination_key(target.destination)
@@ -359,7 +364,8 @@ def export_run(
     install_log_redaction()
     cfg = normalize(config)
     remember_secrets(collect_secret_values(resolve_tolerant(cfg)))
-    names = select_exporters(cfg, exporters)
+    entries = discover()  # one registry scan per export: it is most of a SKIPPED check's time
+    names = select_exporters(cfg, exporters, entries)
     start = time.monotonic()
 
     def finish(results: list[ExportResult]) -> list[ExportResult]:
@@ -415,10 +421,9 @@ def export_run(
         if progress is not None:
             progress(f"exporting to {name}", i, len(names))
         logger.info("%s: checking the receipt, then sending what the backend lacks", name)
-        result = _export_one(run, build_target(name, cfg, legacy_cfg), plan, signatures, verify)
+        result = _export_one(run, build_target(name, cfg, legacy_cfg, entries), plan, signatures, verify)
         logger.info("%s: %s %s", name, result.status.value, result.backend_run_id or result.reason or "")
         results.append(result)
         if on_result is not None:
             on_result(result)
     return results
-
