@@ -187,11 +187,11 @@ def level_markdown(table: LevelTable, limit: int, attached: str) -> str:
 
     def cell(value: Any) -> str:
         text = f"{value:.4g}" if isinstance(value, float) else ("" if value is None else str(value))
-        return text.replace("|", "\\|").replace("\n", " ")[:200]
+        return " ".join(text.split()).replace("|", "\\|")[:200]  # every line break (\r, U+2028...) too
 
     shown = level_columns(table)
     where = [table.columns.index(c) for c in shown]
-    head = "| " + " | ".join(shown) + " |\n|" + "---|" * len(shown) + "\n"
+    head = "| " + " | ".join(cell(c) for c in shown) + " |\n|" + "---|" * len(shown) + "\n"
     body = "".join("| " + " | ".join(cell(row[i]) for i in where) + " |\n" for row in table.rows[:limit])
     more = len(table.rows) - limit
     note = f"\n{more} more rows. " if more > 0 else "\n"

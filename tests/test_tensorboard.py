@@ -290,3 +290,36 @@ def test_histogram_buckets_hold_exactly_the_finite_values(values: list[float]) -
     for limit, count in zip(limits, counts, strict=True):
         assert count == sum(1 for v in finite if lower <= v < limit or (limit == LIMITS[-1] and v == limit))
         lower = limit
+
+
+cell_text = st.text(st.characters(codec="utf-8", exclude_categories=["Cs"]), max_size=30)
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    extra=st.lists(cell_text, max_size=40, unique=True),
+    rows=st.lists(st.tuples(st.integers(0, 10**6), cell_text, st.floats(allow_nan=False)), max_size=20),
+)
+def test_level_table_stays_a_few_columns_whatever_the_level_holds(
+    extra: list[str], rows: list[tuple[int, str, float]]
+) -> None:
+    """Any column names and cells (pipes, newlines, 40 extra columns): one Markdown row per
+    level row, the same number of cells in each, never more than the chosen columns."""
+    from gym_artifacts._builtin_exporters.tensorboard import LEVEL_COLUMNS, level_markdown
+    from gym_artifacts.aggregate import LevelTable
+
+    names = [n for n in extra if n not in ("agent", "_ng_task_index", "mean/reward")]
+    columns = ["agent", "_ng_task_index", "mean/reward", *names]
+    table = LevelTable(
+        "group_level_metrics", "_ng_task_index", columns,
+        [[agent, index, reward, *([agent] * len(names))] for index, agent, reward in rows],
+    )  # fmt: skip
+    text = level_markdown(table, 1000, "tables/group_level_metrics.jsonl")
+    lines = text.splitlines()
+    header_cells = len(lines[0].split(" | "))
+    assert header_cells <= 2 + len(LEVEL_COLUMNS)
+    body = lines[2 : 2 + len(rows)]
+    assert len(body) == len(rows)
+    for line in body:
+        unescaped = line.replace("\\|", "")
+        assert unescaped.count("|") == header_cells + 1, line
