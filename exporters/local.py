@@ -343,4 +343,3 @@ class LocalExporter(LiveExporter):
     def _release_reopened(self) -> None:
         self._close_live_files()
         self._set_status(self._status_before_reopen)
-
