@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import resource
 import sys
 import time
 from pathlib import Path
@@ -39,6 +40,13 @@ def format_rows(rows: list[Row]) -> str:
     return "\n".join(lines)
 
 
+def cpu_seconds() -> float:
+    """User + system CPU of this process and its waited-for children: the cost of a benchmark
+    on a loaded machine, where wall time mostly measures the neighbours."""
+    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description="gym-artifacts benchmarks")
     parser.add_argument("--tiny", action="store_true", help="small sizes: checks the harness runs")
@@ -46,14 +54,17 @@ def main() -> int:
     args = parser.parse_args()
     rows: list[Row] = []
     for name in args.only or BENCHMARKS:
-        started = time.monotonic()
+        started, cpu = time.monotonic(), cpu_seconds()
         module = importlib.import_module(f"benchmarks.{name}")
         print(f"running {name} ...", file=sys.stderr, flush=True)
         rows.extend(module.run(args.tiny))
-        print(f"  {name} took {time.monotonic() - started:.1f} s", file=sys.stderr, flush=True)
+        took, used = time.monotonic() - started, cpu_seconds() - cpu
+        print(f"  {name} took {took:.1f} s ({used:.1f} s of CPU)", file=sys.stderr, flush=True)
     print(format_rows(rows))
     peak = peak_rss_mb()
     print(f"\nharness peak RSS: {peak:.0f} MB; sizes: {'tiny' if args.tiny else 'full (see BENCHMARKS.md)'}")
+    with open("/proc/loadavg") as fh:  # the figures' conditions: other work on the machine skews them
+        print(f"load average at the end: {fh.read().strip()}; CPU used: {cpu_seconds():.1f} s")
     return 0
 
 

@@ -2,16 +2,21 @@
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import json
 import os
 import random
 import resource
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -205,3 +210,28 @@ def sha256sum_seconds(*files: Path) -> float:
 
 def mb(n: float) -> str:
     return f"{n / 1e6:.0f} MB"
+
+
+_SHARED_SERVER: list[Any] = []
+
+
+@contextlib.contextmanager
+def mlflow_server(dpath: Path, tiny: bool) -> Iterator[Any]:
+    """A real ``mlflow server`` for one benchmark: its own at full sizes (no neighbour's runs in
+    its database); at ``--tiny`` one for the whole harness process, started on first use and
+    stopped at exit (each start costs seconds of CPU, and --tiny only checks the harness runs)."""
+    from tests.mlflow_server import MlflowServer, free_port
+
+    if not tiny:
+        server = MlflowServer(dpath, free_port()).start(timeout=300)
+        try:
+            yield server
+        finally:
+            server.stop()
+        return
+    if not _SHARED_SERVER:
+        folder = Path(tempfile.mkdtemp(prefix="gymart-bench-mlflow-"))
+        server = MlflowServer(folder, free_port()).start(timeout=300)
+        _SHARED_SERVER.append(server)
+        atexit.register(lambda: (server.stop(), shutil.rmtree(folder, ignore_errors=True)))
+    yield _SHARED_SERVER[0]

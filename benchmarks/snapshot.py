@@ -9,7 +9,8 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from benchmarks.common import REPO, Row, mb, timed, write_random
+from benchmarks.common import REPO, Row, mb, median, timed, write_random
+from benchmarks.large_export import IMPORTS, _timed
 
 
 def _fsynced_copy(src: Path, dst: Path) -> None:
@@ -64,14 +65,19 @@ def run(tiny: bool) -> list[Row]:
         run = RunArtifacts.from_path(out)
         files = list(run.artifact_files().values())
         total = sum(p.stat().st_size for p in files)
-        cfg = {"exporters": {"local": {"enabled": True, "root": str(tmp / "store")}}}
+        # The export until its receipt: the report is built after it (see large_export's row).
+        cfg = {"exporters": {"local": {"enabled": True, "root": str(tmp / "store"), "report": "off"}}}
         export_run(run, cfg)  # warms the identity cache: the figure is the copy, not the hashing
 
-        def export_once() -> None:
+        def export_once() -> dict:
+            """One export in a fresh process (its wall time and peak memory)."""
             run.export_done_fpath("local").unlink(missing_ok=True)
             shutil.rmtree(tmp / "store", ignore_errors=True)
-            [result] = export_run(run, cfg)
-            assert result.status.value == "EXPORTED", result.reason
+            return _timed(
+                f"cfg = OmegaConf.create({cfg!r})\n",
+                f"[r] = export_run({str(out)!r}, cfg)\nassert r.status.value == 'EXPORTED', r.reason\n",
+                IMPORTS["local"],
+            )
 
         def kernel_copy() -> None:
             dest = tmp / "kcopy"
@@ -80,12 +86,14 @@ def run(tiny: bool) -> list[Row]:
             for i, p in enumerate(files):
                 _fsynced_copy(p, dest / f"{i}-{p.name}")
 
-        export_times, copy_times = [], []
-        for _ in range(3):
-            export_times.append(timed(export_once))
+        exports, copy_times = [], []
+        for _ in range(3):  # interleaved
+            exports.append(export_once())
             copy_times.append(timed(kernel_copy))
     ours, plain = min(times["ours"]), min(times["plain"])
-    exp, kcp = min(export_times), min(copy_times)
+    walls = [e["wall"] for e in exports]
+    exp, kcp = median(walls), median(copy_times)
+    peak = max(e["above_mb"] + e["base_rss_mb"] for e in exports)
     return [
         Row(
             f"snapshot copy of {mb(size)} ({used})",
@@ -96,11 +104,12 @@ def run(tiny: bool) -> list[Row]:
             plain / ours >= 1.0,
         ),
         Row(
-            f"local export, {rows:,} rows + {mb(recording)} recording ({mb(total)})",
-            f"{exp:.2f} s",
-            f"kernel copy (sendfile+fsync) {kcp:.2f} s",
+            f"local export, {rows:,} rows + {mb(recording)} recording ({mb(total)}), until the receipt",
+            f"{exp:.2f} s ({min(walls):.2f}-{max(walls):.2f}, 3 runs)",
+            f"kernel copy (sendfile+fsync) {kcp:.2f} s ({min(copy_times):.2f}-{max(copy_times):.2f})",
             kcp / exp,
-            ">= 0.5x kernel copy",
-            kcp / exp >= 0.5,
+            ">= 0.67x kernel copy (<= 1.5x its time)",
+            kcp / exp >= 0.67,
+            peak,
         ),
     ]

@@ -7,8 +7,13 @@ per-repeat levels), ``nemo_gym/`` (NeMo Gym's sidecars: failures, materialized i
 summary, verdicts), ``rollouts.jsonl`` and ``artifacts/``. Post-run files are published
 atomically as snapshot copies (never hard links: the run can never change the export, nor the
 export the run); a post-run export's run id derives from the run's identity, so a retried
-export rewrites the same folder. Live runs append one complete line per call and flush, so a
-killed process leaves every line it wrote readable; a resumed run appends to the same files.
+export rewrites the same folder. ``report.html`` is built off the export's critical path: after
+the data, ``run.json`` and the receipt are published (``report: after``, the default), in a
+detached process the export does not wait for (``background``), or not at all (``off``; then
+``gym-artifacts report`` builds it); a report that fails leaves ``report.html.error``, and one
+that fails or is killed never fails the export. Live runs append one complete line per call and
+flush, so a killed process leaves every line it wrote readable; a resumed run appends to the
+same files.
 """
 
 from __future__ import annotations
@@ -19,7 +24,7 @@ import os
 import re
 import uuid
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, Literal
 
 from pydantic import field_validator
 
@@ -46,12 +51,14 @@ from gym_artifacts.plugin import (
     resolved_path,
     saved_config_run_name,
     snapshot_copy,
+    sync_barrier,
     table_jsonl,
     utc_now_iso,
 )
 
 logger = logging.getLogger(__name__)
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
+REPORT = "report.html"
 
 
 def safe_name(text: str) -> str:
@@ -65,6 +72,9 @@ class LocalSettings(ExporterConfig):
 
     root: Path = Path("./gym-artifacts-runs")
     experiment: str = "default"
+    # When report.html is built: after the receipt in the exporting process, in a detached
+    # process the export does not wait for, or never (``gym-artifacts report`` builds it).
+    report: Literal["after", "background", "off"] = "after"
 
     @field_validator("root", mode="before")
     @classmethod
@@ -72,6 +82,14 @@ class LocalSettings(ExporterConfig):
         """``Path("")`` is ``.``: an empty root would scatter runs in the working directory."""
         if value is None or (isinstance(value, (str, os.PathLike)) and not os.fspath(value).strip()):
             raise ValueError("must not be empty (a folder path, e.g. ./gym-artifacts-runs)")
+        return value
+
+    @field_validator("report", mode="before")
+    @classmethod
+    def _report_switch(cls, value: Any) -> Any:
+        """YAML reads ``off`` (and ``no``, ``false``) as False: that is ``off``; True is the default."""
+        if isinstance(value, bool):
+            return "after" if value else "off"
         return value
 
     @field_validator("experiment")
@@ -146,30 +164,30 @@ class LocalExporter(LiveExporter):
         atomic_write_json(dpath / "run.json", run_json)
         rows, sent_bytes = self._write_run_content(run, plan, dpath)
         run_json.update(self._finished_fields(run, plan, rows))
-        run_json.update(self._write_report(run, plan, dpath))
+        run_json.update(self._report_fields())
         atomic_write_json(dpath / "run.json", run_json)
         return Sent(backend_run_id=run_id, rows=rows, bytes=sent_bytes)
 
-    @staticmethod
-    def _write_report(run: RunArtifacts, plan: ExportPlan, dpath: Path) -> dict[str, Any]:
-        """``report.html`` in the run folder (from the export's identities and coverage: the run
-        is not hashed again); a report that fails never fails the export."""
-        from gym_artifacts.plugin import build_report
+    def _report_fields(self) -> dict[str, Any]:
+        """What ``run.json`` says of the report, written before the report exists."""
+        if self.settings.report == "off":
+            return {"report": None}
+        return {"report": REPORT, "report_built": self.settings.report}
 
-        try:
-            href = f"artifacts/{RECORDING}" if (dpath / "artifacts" / RECORDING).is_file() else None
-            build_report(
-                run,
-                dpath / "report.html",
-                recording_href=href,
-                identities=plan.identities or None,
-                coverage=plan.coverage,
-                secrets=plan.secrets,
-            )
-        except Exception as exc:
-            logger.warning("local: report not written: %s", exc)
-            return {"report_error": f"{type(exc).__name__}: {exc}"}
-        return {"report": "report.html"}
+    def _after_receipt(self, run: RunArtifacts, plan: ExportPlan, backend_run_id: str | None) -> None:
+        """``report.html`` in the run folder, once the data and the receipt are published (from
+        the export's identities and coverage: the run is not hashed again)."""
+        from gym_artifacts.plugin import ReportJob, build_report_job, start_report_in_background
+
+        if self.settings.report == "off" or backend_run_id is None:
+            return
+        dpath = self.run_dpath(backend_run_id)
+        href = f"artifacts/{RECORDING}" if (dpath / "artifacts" / RECORDING).is_file() else None
+        job = ReportJob(run, dpath / REPORT, href, plan.identities, plan.coverage, plan.secrets)
+        if self.settings.report == "background":
+            start_report_in_background(job)
+        else:
+            build_report_job(job)
 
     def _certify(self, run: RunArtifacts, plan: ExportPlan, live_run_id: str) -> Sent:
         dpath = self.run_dpath(live_run_id)
@@ -179,7 +197,7 @@ class LocalExporter(LiveExporter):
         rows, sent_bytes = self._write_run_content(run, plan, dpath)
         run_json = read_json(run_json_fpath)
         run_json.update(self._finished_fields(run, plan, rows), certified=True)
-        run_json.update(self._write_report(run, plan, dpath))
+        run_json.update(self._report_fields())
         atomic_write_json(run_json_fpath, run_json)
         return Sent(backend_run_id=live_run_id, rows=rows, bytes=sent_bytes)
 
@@ -206,7 +224,14 @@ class LocalExporter(LiveExporter):
         }
 
     def _write_run_content(self, run: RunArtifacts, plan: ExportPlan, dpath: Path) -> tuple[int, int]:
-        """Config, journal, aggregate metrics, rollouts and artifacts; returns (rows, bytes)."""
+        """Config, journal, aggregate metrics, rollouts and artifacts; returns (rows, bytes).
+
+        Durable when it returns, by one barrier for all the files (``sync_barrier``) rather than
+        a wait per file: ``run.json`` says FINISHED only after it."""
+        with sync_barrier():
+            return self._write_files(run, plan, dpath)
+
+    def _write_files(self, run: RunArtifacts, plan: ExportPlan, dpath: Path) -> tuple[int, int]:
         payload = RunPayload.of(run, plan)
         sent_bytes = 0
         if payload.config is not None:
@@ -328,4 +353,3 @@ class LocalExporter(LiveExporter):
     def _release_reopened(self) -> None:
         self._close_live_files()
         self._set_status(self._status_before_reopen)
-

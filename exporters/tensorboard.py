@@ -2,12 +2,16 @@
 
 Mapping: step metrics as scalars at their original steps and wall times; aggregate metrics as
 scalars under NeMo Gym's own exporter's names with ``coverage/*`` (``gym_artifacts.aggregate``;
-text leaves as text), the per-task and per-repeat levels as Markdown texts ``tables/<level>``;
-the NVML summary and series as ``system/...`` scalars; the masked config as the ``config``
-text; every rollout's numeric verdicts (``reward`` first) as ``rollouts/<verdict>`` scalars at
-step = row number; the first ``table_rows`` rollouts as a Markdown text table
-(``rollouts/table``, 50 rows a step). Runtime artifacts (recording, profiler trace) have no
-TensorBoard form and are not sent.
+text leaves as text), the per-task and per-repeat levels as Markdown texts ``tables/<level>`` of
+a chosen few readable columns (index, counts, reward and token means), every column in
+``tables/<level>.jsonl`` beside the event files; the NVML summary and series as ``system/...``
+scalars; the masked config as the ``config`` text; the rollouts' numeric verdicts (``reward``
+first) and token counts (``input_tokens``, ``output_tokens``, ``total_tokens`` from each
+Response's ``usage``) as histograms ``rollouts/<name>`` (TensorBoard's Histograms and
+Distributions tabs), one per step where the step is the number of rollouts covered so far (a
+post-run export: one, over the whole run); the first ``table_rows`` rollouts as a Markdown
+text table (``rollouts/table``, 50 rows a step). Runtime artifacts (recording, profiler trace)
+have no TensorBoard form and are not sent.
 
 Exactly once: a post-run export writes ``<logdir>/<run name>-<identity>/`` into a hidden
 partial folder renamed into place at the end, so the folder exists whole or not at all; an export
@@ -46,8 +50,10 @@ from gym_artifacts.plugin import (
     redact_text,
     resolved_path,
     saved_config_run_name,
+    table_jsonl,
 )
 
+from ._histogram import Histogram
 from ._rollouts import Rollout, payload_rollouts, request_text, response_text
 
 TABLE_CHUNK = 50
@@ -101,6 +107,21 @@ class EventWriter:
         summary = Summary(value=[Summary.Value(tag=k, simple_value=v) for k, v in values.items()])
         self._write(self._event_pb2.Event(wall_time=wall_time, step=step, summary=summary))
 
+    def histograms(self, histograms: dict[str, Histogram], step: int, wall_time: float) -> None:
+        """One event holding a histogram per tag (the empty ones left out)."""
+        from tensorboard.compat.proto.summary_pb2 import HistogramProto, Summary
+
+        values = []
+        for tag, h in histograms.items():
+            if not h.num:
+                continue
+            limits, counts = h.buckets()
+            proto = HistogramProto(min=h.min, max=h.max, num=h.num, sum=h.sum,
+                                   sum_squares=h.sum_squares, bucket_limit=limits, bucket=counts)  # fmt: skip
+            values.append(Summary.Value(tag=tag, histo=proto))
+        if values:
+            self._write(self._event_pb2.Event(wall_time=wall_time, step=step, summary=Summary(value=values)))
+
     def text(self, tag: str, text: str, step: int, wall_time: float) -> None:
         from tensorboard.compat.proto.summary_pb2 import Summary, SummaryMetadata
         from tensorboard.compat.proto.tensor_pb2 import TensorProto
@@ -151,17 +172,42 @@ TABLE_HEADER = (
 )
 
 
-def level_markdown(table: LevelTable, limit: int) -> str:
-    """A per-task or per-repeat level as a Markdown table of its first ``limit`` rows."""
+# The columns a per-task or per-repeat table shows, in this order, when the level has them; the
+# rest (min/max/median/std of every figure, samples, rollout details) is in the attached file.
+LEVEL_COLUMNS = (
+    "num_rollouts", "sample_count", "expected_num_rollouts", "missing_num_rollouts", "missing_count",
+    "mean/reward", "std/reward", "ci_low_95/reward", "ci_high_95/reward", "mean/input_tokens",
+    "mean/output_tokens",
+)  # fmt: skip
+
+
+def level_columns(table: LevelTable) -> list[str]:
+    """The index, the agent when the level has more than one, then ``LEVEL_COLUMNS`` present."""
+    agents = {row[table.columns.index("agent")] for row in table.rows} if "agent" in table.columns else set()
+    shown = [table.index] + (["agent"] if len(agents) > 1 else [])
+    return shown + [c for c in LEVEL_COLUMNS if c in table.columns]
+
+
+def level_markdown(table: LevelTable, limit: int, attached: str) -> str:
+    """A per-task or per-repeat level as a Markdown table of a few readable columns and its first
+    ``limit`` rows; ``attached`` names the file that holds every column and row."""
 
     def cell(value: Any) -> str:
-        text = f"{value:.6g}" if isinstance(value, float) else str(value)
-        return text.replace("|", "\\|").replace("\n", " ")[:200]
+        text = f"{value:.4g}" if isinstance(value, float) else ("" if value is None else str(value))
+        return " ".join(text.split()).replace("|", "\\|")[:200]  # every line break (\r, U+2028...) too
 
-    head = "| " + " | ".join(table.columns) + " |\n|" + "---|" * len(table.columns) + "\n"
-    body = "".join("| " + " | ".join(cell(v) for v in row) + " |\n" for row in table.rows[:limit])
+    shown = level_columns(table)
+    where = [table.columns.index(c) for c in shown]
+    head = "| " + " | ".join(cell(c) for c in shown) + " |\n|" + "---|" * len(shown) + "\n"
+    body = "".join("| " + " | ".join(cell(row[i]) for i in where) + " |\n" for row in table.rows[:limit])
     more = len(table.rows) - limit
-    return head + body + (f"\n{more} more rows in the aggregate metrics file.\n" if more > 0 else "")
+    note = f"\n{more} more rows. " if more > 0 else "\n"
+    return (
+        head
+        + body
+        + note
+        + f"Every column ({len(table.columns)}) and row: `{attached}` beside the event files.\n"
+    )
 
 
 def table_row(r: Rollout) -> str:
@@ -236,11 +282,11 @@ class TensorboardExporter(LiveExporter):
         from ._rollouts import rollout_from_record
 
         assert self._writer is not None
-        now = time.time()
+        histograms = RolloutHistograms()
         for record in rollouts:
-            r = rollout_from_record(self._rollout_row, record)
-            self._writer.scalars(_verdict_scalars(r), r.row, r.time or now)
+            histograms.add(rollout_from_record(self._rollout_row, record))
             self._rollout_row += 1
+        self._writer.histograms(histograms.by_tag, self._rollout_row, time.time())
         self._writer.flush()
 
     def _teardown(self, status: RunStatus) -> None:
@@ -285,7 +331,11 @@ class TensorboardExporter(LiveExporter):
         if payload.coverage is not None:
             texts["coverage/text"] = payload.coverage.text()
         for table in payload.tables:  # TensorBoard has no table artifacts: a Markdown text per level
-            texts[f"tables/{table.name}"] = level_markdown(table, self.settings.table_rows)
+            attached = f"tables/{table.name}.jsonl"
+            (w.fpath.parent / "tables").mkdir(exist_ok=True)
+            every_column = redact_text(table_jsonl(table).decode(), payload.secrets)
+            (w.fpath.parent / attached).write_text(every_column, encoding="utf-8")
+            texts[f"tables/{table.name}"] = level_markdown(table, self.settings.table_rows, attached)
         for tag, text in texts.items():
             w.text(tag, redact_text(text, payload.secrets), 0, finished)
         self._write_system(w, payload, finished)
@@ -318,22 +368,64 @@ class TensorboardExporter(LiveExporter):
             w.text("rollouts/table", table, min(rows, limit) - len(chunk), finished)
             chunk.clear()
 
+        histograms = RolloutHistograms()
         for r in rollouts:
             rows += 1
-            w.scalars(_verdict_scalars(r), r.row, r.time or finished)
+            histograms.add(r)
             if r.row < limit:
                 chunk.append(table_row(r))
                 if len(chunk) == TABLE_CHUNK:
                     write_chunk()
         if chunk:
             write_chunk()
+        w.histograms(histograms.by_tag, rows, finished)
         if rows > limit:
             w.text("rollouts/table_note", f"table shows the first {limit} of {rows} rollouts", 0, finished)
         return rows
 
 
-def _verdict_scalars(r: Rollout) -> dict[str, float]:
-    return {f"rollouts/{k}": v for k, v in r.verdicts.items()}
+TOKEN_KEYS = ("input_tokens", "output_tokens", "total_tokens")
+
+
+def token_counts(response: Any) -> dict[str, float]:
+    """A Responses API response's ``usage`` token counts (the numeric ones present)."""
+    usage = response.get("usage") if isinstance(response, dict) else None
+    if not isinstance(usage, dict):
+        return {}
+    counts = {k: usage.get(k) for k in TOKEN_KEYS}
+    return {k: float(v) for k, v in counts.items() if isinstance(v, int | float) and not isinstance(v, bool)}
+
+
+class RolloutHistograms:
+    """One histogram per verdict (``reward`` first) and per token count, over the rollouts added.
+
+    Values wait in a bounded buffer per name and go into their histogram a batch at a time
+    (``Histogram.extend``: the per-value work in C); memory stays constant in rollouts."""
+
+    BATCH = 4096
+
+    def __init__(self) -> None:
+        self._histograms: dict[str, Histogram] = {}
+        self._pending: dict[str, list[float]] = {}
+
+    def add(self, r: Rollout) -> None:
+        for name, value in (*r.verdicts.items(), *token_counts(r.response).items()):
+            pending = self._pending.get(name)
+            if pending is None:
+                pending = self._pending[name] = []
+                self._histograms[name] = Histogram()
+            pending.append(value)
+            if len(pending) >= self.BATCH:
+                self._histograms[name].extend(pending)
+                pending.clear()
+
+    @property
+    def by_tag(self) -> dict[str, Histogram]:
+        """Every histogram under its tag ``rollouts/<name>``, with all values added so far."""
+        for name, pending in self._pending.items():
+            self._histograms[name].extend(pending)
+            pending.clear()
+        return {f"rollouts/{name}": h for name, h in self._histograms.items()}
 
 
 def config_markdown(config: dict[str, Any]) -> str:

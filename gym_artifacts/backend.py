@@ -127,6 +127,11 @@ class PostRunHooks(ABC):
         """Settings under which everything this backend stores lands inside ``folder`` (the suite's)."""
         return {}
 
+    def _after_receipt(self, run: RunArtifacts, plan: ExportPlan, backend_run_id: str | None) -> None:
+        """Optional work once the export's receipt is published (the local backend's report):
+        off the export's critical path. It may raise or be killed: the export stays EXPORTED."""
+        return None
+
 
 class LiveHooks(ABC):
     """What a live backend implements; all run on its worker thread and may raise.

@@ -51,7 +51,7 @@ from gym_artifacts.receipts import (
     receipt_for,
     utc_now_iso,
 )
-from gym_artifacts.registry import discover, get_entry
+from gym_artifacts.registry import ExporterEntry, discover, get_entry
 from gym_artifacts.run import ROLLOUTS, RunArtifacts
 from gym_artifacts.secrets import collect_secret_values, install_log_redaction, redact_text, remember_secrets
 
@@ -61,9 +61,12 @@ LOCK_WAIT_SECONDS = float(os.environ.get("GYM_ARTIFACTS_LOCK_WAIT", "600"))
 Signatures = dict[str, tuple[int, int, int]]
 
 
-def select_exporters(cfg: Any, names: Sequence[str] | None) -> list[str]:
-    """The backends to export to: the enabled ones, or exactly ``names`` when given."""
-    entries = discover()
+def select_exporters(
+    cfg: Any, names: Sequence[str] | None, entries: dict[str, ExporterEntry] | None = None
+) -> list[str]:
+    """The backends to export to: the enabled ones, or exactly ``names`` when given (``entries``:
+    a registry scan already made, else one is made)."""
+    entries = discover() if entries is None else entries
     if names:
         selected = list(dict.fromkeys(names))
         for name in selected:
@@ -389,6 +392,10 @@ def _send(
         )
     except (OSError, RunError) as exc:
         return _failed(name, f"sent, but the receipt could not be written: {exc}", start)
+    try:  # the data and its receipt are published: nothing here can fail the export
+        exporter._after_receipt(run, plan, result.backend_run_id)
+    except Exception as exc:
+        logger.warning("%s: exported; the work after the receipt failed: %s", name, exc)
     return result
 
 
@@ -518,4 +525,3 @@ def export_resolved(
             if on_result is not None:
                 on_result(result)
     return results
-

@@ -19,7 +19,7 @@ from gym_artifacts.aggregate import (
     table_jsonl,
     table_split_json,
 )
-from gym_artifacts.atomic import atomic_write_bytes, atomic_write_json, atomic_writer
+from gym_artifacts.atomic import atomic_write_bytes, atomic_write_json, atomic_writer, sync_barrier
 from gym_artifacts.backend import CannotCertify, ExportPlan, RunStatus, Sent
 from gym_artifacts.config import ExporterConfig
 from gym_artifacts.destination import (
@@ -48,15 +48,27 @@ from gym_artifacts.worker import PartialBatch
 
 if TYPE_CHECKING:
     from gym_artifacts.report import build_report
+    from gym_artifacts.report.deferred import ReportJob
+    from gym_artifacts.report.deferred import build as build_report_job
+    from gym_artifacts.report.deferred import start_background as start_report_in_background
+
+# The report's names, imported on first use: the report (and its charts) is loaded only by a
+# backend that writes one, never by importing this module. Name -> (module, attribute).
+_LAZY = {
+    "build_report": ("gym_artifacts.report", "build_report"),
+    "ReportJob": ("gym_artifacts.report.deferred", "ReportJob"),
+    "build_report_job": ("gym_artifacts.report.deferred", "build"),
+    "start_report_in_background": ("gym_artifacts.report.deferred", "start_background"),
+}
 
 
 def __getattr__(name: str) -> Any:
-    """``build_report`` on first use: the report (and its charts) is imported only by a backend
-    that writes one, never by importing this module."""
-    if name == "build_report":
-        from gym_artifacts.report import build_report
+    """The report's names (``_LAZY``) on first use."""
+    if name in _LAZY:
+        import importlib
 
-        return build_report
+        module, attribute = _LAZY[name]
+        return getattr(importlib.import_module(module), attribute)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
@@ -74,6 +86,7 @@ __all__ = [
     "LiveExporter",
     "PartialBatch",
     "PayloadArtifact",
+    "ReportJob",
     "RolloutSpool",
     "RunArtifacts",
     "RunPayload",
@@ -86,6 +99,7 @@ __all__ = [
     "atomic_write_json",
     "atomic_writer",
     "build_report",
+    "build_report_job",
     "canonical_json",
     "count_lines",
     "credential_free_uri",
@@ -110,6 +124,8 @@ __all__ = [
     "run_values",
     "saved_config_run_name",
     "snapshot_copy",
+    "start_report_in_background",
+    "sync_barrier",
     "table_jsonl",
     "table_split_json",
     "utc_now_iso",

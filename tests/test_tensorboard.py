@@ -11,11 +11,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from omegaconf import OmegaConf
 
 pytest.importorskip("tensorboard")
 
 from tensorboard.backend.event_processing.event_accumulator import (
+    HISTOGRAMS,
     SCALARS,
     TENSORS,
     EventAccumulator,
@@ -37,7 +40,7 @@ def tb_cfg(logdir: Path, **extra: Any) -> Any:
 
 
 def read_run(dpath: Path) -> EventAccumulator:
-    acc = EventAccumulator(str(dpath), size_guidance={SCALARS: 0, TENSORS: 0})
+    acc = EventAccumulator(str(dpath), size_guidance={SCALARS: 0, TENSORS: 0, HISTOGRAMS: 0})
     acc.Reload()
     return acc
 
@@ -54,11 +57,27 @@ def rollouts(fpath: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in fpath.read_text().splitlines()]
 
 
+def assert_histogram_of(histogram: Any, values: list[float]) -> None:
+    """TensorBoard's histogram holds exactly ``values``: count, sum, range, and each bucket
+    ``[previous limit, limit)`` the number of values in it."""
+    assert histogram.num == len(values)
+    assert histogram.sum == pytest.approx(sum(values))
+    assert histogram.sum_squares == pytest.approx(sum(v * v for v in values))
+    assert (histogram.min, histogram.max) == (min(values), max(values))
+    lower = float("-inf")
+    for limit, count in zip(histogram.bucket_limit, histogram.bucket, strict=True):
+        assert count == sum(1 for v in values if lower <= v < limit), (lower, limit)
+        lower = limit
+    assert sum(histogram.bucket) == len(values)
+
+
 def assert_quickstart_once(run_dir: Path, quickstart_run: Path) -> None:
     acc = read_run(run_dir)
     records = rollouts(quickstart_run)
-    rewards = acc.Scalars("rollouts/reward")
-    assert [(e.step, e.value) for e in rewards] == [(i, r["reward"]) for i, r in enumerate(records)]
+    assert "rollouts/reward" not in acc.Tags()["scalars"]  # no scalar per row: a distribution
+    [rewards] = acc.Histograms("rollouts/reward")  # one step: the whole run
+    assert rewards.step == len(records)
+    assert_histogram_of(rewards.histogram_value, [r["reward"] for r in records])
     table = texts(acc, "rollouts/table")
     rows = [line for _, chunk in table for line in chunk.splitlines()[2:]]
     assert [int(line.split("|")[1]) for line in rows] == list(range(len(records)))
@@ -90,7 +109,11 @@ def test_post_run_export_reads_back(
     # levels are texts (tables), never per-task scalars; indexes are no rollout verdicts
     assert not [t for t in acc.Tags()["scalars"] if "level_metrics" in t or "_ng_" in t or "mask_sample" in t]
     [(_, groups)] = texts(acc, "tables/group_level_metrics")
-    assert groups.startswith("| agent | _ng_task_index |")
+    header = groups.splitlines()[0].strip("| ").split(" | ")
+    assert header[:2] == ["_ng_task_index", "agent"] and "mean/reward" in header and len(header) <= 12
+    assert "`tables/group_level_metrics.jsonl` beside the event files" in groups
+    attached = [json.loads(x) for x in (run_dir / "tables" / "group_level_metrics.jsonl").read_text().splitlines()]
+    assert len(attached[0]) > len(header) and "rollout_infos" in attached[0]  # every column, there
     # the config, masked
     [(_, config)] = texts(acc, "config")
     assert json.loads(config.strip("`\njson"))["policy_api_key"] == "***"
@@ -172,26 +195,29 @@ def test_live_logging_appends_on_resume(tmp_path: Path) -> None:
     assert run_dir.name == first_id
     acc = read_run(run_dir)
     assert [e.step for e in acc.Scalars("loss")] == [0, 1, 2, 3]
-    assert [(e.step, e.value) for e in acc.Scalars("rollouts/reward")] == [
-        (0, 0.0), (1, 1.0), (2, 0.0), (3, 1.0), (4, 1.0)
-    ]  # fmt: skip
+    batches = acc.Histograms("rollouts/reward")  # a histogram per batch, at the rollouts covered
+    assert [e.step for e in batches] == [4, 5]
+    assert_histogram_of(batches[0].histogram_value, [0.0, 1.0, 0.0, 1.0])
+    assert_histogram_of(batches[1].histogram_value, [1.0])
     assert texts(acc, "phase") == [(0, "warmup"), (1, "warmup"), (2, "warmup")]
     config_texts = [t for _, t in texts(acc, "config")]
     assert config_texts and all("***" in t and CANARY not in t for t in config_texts)
     assert sorted({t for _, t in texts(acc, "status")}) == ["FAILED", "FINISHED"]
 
 
-def test_table_is_bounded_while_every_reward_is_a_scalar(quickstart_run: Path, tmp_path: Path) -> None:
+def test_table_is_bounded_while_every_reward_is_in_the_histogram(quickstart_run: Path, tmp_path: Path) -> None:
     logdir = tmp_path / "tb"
     [result] = export_run(quickstart_run, tb_cfg(logdir, table_rows=120))
     assert result.status is ExportStatus.EXPORTED, result.reason
     acc = read_run(logdir / result.backend_run_id)
-    assert len(acc.Scalars("rollouts/reward")) == 300
+    [rewards] = acc.Histograms("rollouts/reward")
+    assert rewards.histogram_value.num == 300
     rows = [line for _, chunk in texts(acc, "rollouts/table") for line in chunk.splitlines()[2:]]
     assert len(rows) == 120
     [(_, note)] = texts(acc, "rollouts/table_note")
     assert "first 120 of 300" in note
-    assert os.path.getsize(next((logdir / result.backend_run_id).iterdir())) < 400_000
+    [events] = (logdir / result.backend_run_id).glob("events.out.tfevents.*")
+    assert os.path.getsize(events) < 400_000
 
 
 def test_two_log_folders_get_one_run_each_and_skip_without_writing(
@@ -228,3 +254,72 @@ def test_destination_is_the_resolved_log_folder(tmp_path: Path, monkeypatch: pyt
 
     assert destination("runs/../tb") == {"logdir": str(tmp_path / "tb")}
     assert destination("~/tb") == {"logdir": str(tmp_path / "home" / "tb")}
+
+
+def test_token_distributions_from_the_responses_usage(tmp_path: Path) -> None:
+    """A real NeMo Gym run: input, output and total tokens of every Response as histograms."""
+    import shutil
+
+    from tests.fixture_paths import NEMO_GYM_FIXTURES
+
+    run = tmp_path / "run"
+    shutil.copytree(NEMO_GYM_FIXTURES / "with-failures", run)
+    [result] = export_run(run / "rollouts.jsonl", tb_cfg(tmp_path / "tb"))
+    assert result.status is ExportStatus.EXPORTED, result.reason
+    acc = read_run(tmp_path / "tb" / result.backend_run_id)
+    records = rollouts(run / "rollouts.jsonl")
+    for key in ("input_tokens", "output_tokens", "total_tokens"):
+        [h] = acc.Histograms(f"rollouts/{key}")
+        assert h.step == len(records)
+        assert_histogram_of(h.histogram_value, [float(r["response"]["usage"][key]) for r in records])
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.floats(allow_nan=True, allow_infinity=True, width=64), max_size=200))
+def test_histogram_buckets_hold_exactly_the_finite_values(values: list[float]) -> None:
+    import math
+
+    from gym_artifacts._builtin_exporters._histogram import LIMITS, Histogram
+
+    h = Histogram().extend(values)
+    finite = [v for v in values if math.isfinite(v)]
+    assert h.num == len(finite) and len(h.counts) <= len(LIMITS)
+    limits, counts = h.buckets()
+    assert limits == sorted(limits) and len(set(limits)) == len(limits)
+    lower = float("-inf")
+    for limit, count in zip(limits, counts, strict=True):
+        assert count == sum(1 for v in finite if lower <= v < limit or (limit == LIMITS[-1] and v == limit))
+        lower = limit
+
+
+cell_text = st.text(st.characters(codec="utf-8", exclude_categories=["Cs"]), max_size=30)
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    extra=st.lists(cell_text, max_size=40, unique=True),
+    rows=st.lists(st.tuples(st.integers(0, 10**6), cell_text, st.floats(allow_nan=False)), max_size=20),
+)
+def test_level_table_stays_a_few_columns_whatever_the_level_holds(
+    extra: list[str], rows: list[tuple[int, str, float]]
+) -> None:
+    """Any column names and cells (pipes, newlines, 40 extra columns): one Markdown row per
+    level row, the same number of cells in each, never more than the chosen columns."""
+    from gym_artifacts._builtin_exporters.tensorboard import LEVEL_COLUMNS, level_markdown
+    from gym_artifacts.aggregate import LevelTable
+
+    names = [n for n in extra if n not in ("agent", "_ng_task_index", "mean/reward")]
+    columns = ["agent", "_ng_task_index", "mean/reward", *names]
+    table = LevelTable(
+        "group_level_metrics", "_ng_task_index", columns,
+        [[agent, index, reward, *([agent] * len(names))] for index, agent, reward in rows],
+    )  # fmt: skip
+    text = level_markdown(table, 1000, "tables/group_level_metrics.jsonl")
+    lines = text.splitlines()
+    header_cells = len(lines[0].split(" | "))
+    assert header_cells <= 2 + len(LEVEL_COLUMNS)
+    body = lines[2 : 2 + len(rows)]
+    assert len(body) == len(rows)
+    for line in body:
+        unescaped = line.replace("\\|", "")
+        assert unescaped.count("|") == header_cells + 1, line
