@@ -67,6 +67,16 @@ class Exporter(PostRunHooks):
         """
         return default_destination(settings)
 
+    @classmethod
+    def prepare_destination(cls, settings: Any) -> None:
+        """Make the destination ready for many exports at once (the hook a backend overrides).
+
+        Called once per destination by the driver of a parallel export (``--jobs``, Ray) before
+        any run is sent, so that a one-time setup (MLflow creating a new SQLite store's schema)
+        never races in every task. May raise; the exports then report the problem per run.
+        """
+        return None
+
     def destination(self) -> Destination:
         """This exporter's destination (``destination_for`` of its settings)."""
         return type(self).destination_for(self.settings)
