@@ -134,6 +134,11 @@ class MlflowExporter(LiveExporter):
             raise
         return bool(found.info.lifecycle_stage == "active")
 
+    def export_deadline_s(self) -> float | None:
+        """``export_deadline`` for a tracking server; a database or file store has no server."""
+        uri = self.settings.tracking_uri
+        return self.settings.export_deadline if uri.startswith(("http://", "https://")) else None
+
     @classmethod
     def prepare_destination(cls, settings: MlflowSettings) -> None:
         """A fresh ``sqlite:///`` store gets its schema here, once, before parallel exports."""

@@ -55,6 +55,9 @@ class WandbSettings(ExporterConfig):
     base_url: str | None = None
     init_timeout: float = Field(default=60.0, gt=0, le=600)
     finish_timeout: float = Field(default=60.0, gt=0, le=3600)
+    # Online: the whole post-run export ends FAILED after this many seconds, even against a
+    # server that never answers or drips a byte at a time (gym_artifacts.watchdog).
+    export_deadline: float = Field(default=600.0, gt=0, le=24 * 3600)
     table_max_rows: int = Field(default=10_000, ge=1, le=200_000)
     artifact_part_rows: int = Field(default=100_000, ge=1, le=200_000)
 
@@ -132,6 +135,10 @@ class WandbExporter(LiveExporter):
         if s.mode == "offline":
             where["dir"] = resolved_path(s.dir or os.environ.get("WANDB_DIR") or os.getcwd())
         return where
+
+    def export_deadline_s(self) -> float | None:
+        """``export_deadline`` online; an offline run is written to a local folder."""
+        return self.settings.export_deadline if self.settings.mode == "online" else None
 
     def expected_errors(self) -> tuple[type[BaseException], ...]:
         import wandb

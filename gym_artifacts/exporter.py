@@ -96,11 +96,25 @@ class Exporter(PostRunHooks):
         """Exceptions that mean the backend refused or is unreachable, not a bug of ours."""
         return (GymArtifactsError, OSError)
 
+    def export_deadline_s(self) -> float | None:
+        """Seconds the whole send may take (every request and retry), enforced by a watchdog that
+        abandons it (``gym_artifacts.watchdog``); None: no deadline (a backend without a server).
+
+        The hook a backend that talks to a server overrides (its ``export_deadline`` setting).
+        """
+        return None
+
     def export(self, run: RunArtifacts, plan: ExportPlan) -> ExportResult:
         """Send the run; an expected failure is a FAILED result naming its cause."""
+        from gym_artifacts.watchdog import run_watched
+
         start = time.monotonic()
+        deadline = self.export_deadline_s()
         try:
-            sent = self._export(run, plan)
+            if deadline is None:
+                sent = self._export(run, plan)
+            else:
+                sent = run_watched(lambda: self._export(run, plan), deadline, f"{self.name}-export")
         except self.expected_errors() as exc:
             reason = redact_text(f"{type(exc).__name__}: {exc}".splitlines()[0], plan.secrets)
             logger.warning("export of %s to %s failed: %s", run.source, self.name, reason)
