@@ -140,6 +140,24 @@ class WandbExporter(LiveExporter):
         """``export_deadline`` online; an offline run is written to a local folder."""
         return self.settings.export_deadline if self.settings.mode == "online" else None
 
+    def _abandon(self) -> None:
+        """W&B sends from its service process (wandb-core), which keeps trying a server that
+        does not answer for minutes (and the interpreter's exit waits for it): tear this
+        process's W&B session down, and stop the service if it still has not ended after a
+        moment. W&B runs still open in this process end with it."""
+        import wandb
+
+        setup = getattr(getattr(wandb, "sdk", None), "wandb_setup", None)
+        connection = getattr(getattr(setup, "_singleton", None), "_connection", None)
+        process = getattr(getattr(connection, "_proc", None), "_process", None)
+        ending = threading.Thread(target=wandb.teardown, kwargs={"exit_code": 1}, daemon=True)
+        ending.start()
+        ending.join(1.0)
+        if ending.is_alive() and process is not None:
+            logger.info("wandb: stopping its service process (pid %s): export abandoned", process.pid)
+            process.kill()
+            ending.join(5.0)
+
     def expected_errors(self) -> tuple[type[BaseException], ...]:
         import wandb
 

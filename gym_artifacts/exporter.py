@@ -104,6 +104,11 @@ class Exporter(PostRunHooks):
         """
         return None
 
+    def _abandon(self) -> None:
+        """Stop what still sends for an export the deadline abandoned, beyond this process's own
+        sockets (which the watchdog shuts down itself); must return within seconds."""
+        return None
+
     def export(self, run: RunArtifacts, plan: ExportPlan) -> ExportResult:
         """Send the run; an expected failure is a FAILED result naming its cause."""
         from gym_artifacts.watchdog import run_watched
@@ -114,7 +119,9 @@ class Exporter(PostRunHooks):
             if deadline is None:
                 sent = self._export(run, plan)
             else:
-                sent = run_watched(lambda: self._export(run, plan), deadline, f"{self.name}-export")
+                sent = run_watched(
+                    lambda: self._export(run, plan), deadline, f"{self.name}-export", on_abandon=self._abandon
+                )
         except self.expected_errors() as exc:
             reason = redact_text(f"{type(exc).__name__}: {exc}".splitlines()[0], plan.secrets)
             logger.warning("export of %s to %s failed: %s", run.source, self.name, reason)

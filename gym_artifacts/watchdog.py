@@ -120,8 +120,12 @@ def adopted(fn: Callable[[], T]) -> Callable[[], T]:
     return run
 
 
-def run_watched(fn: Callable[[], T], seconds: float, what: str) -> T:
-    """``fn()``, or DeadlinePassed once ``seconds`` pass while it still runs (then abandoned)."""
+def run_watched(
+    fn: Callable[[], T], seconds: float, what: str, on_abandon: Callable[[], None] | None = None
+) -> T:
+    """``fn()``, or DeadlinePassed once ``seconds`` pass while it still runs (then abandoned:
+    its sockets shut down, then ``on_abandon()`` for what sockets of this process cannot stop,
+    such as a helper process sending on its behalf)."""
     _install_hook()
     watch = Watch(seconds, what)
     outcome: dict[str, Any] = {}
@@ -140,6 +144,8 @@ def run_watched(fn: Callable[[], T], seconds: float, what: str) -> T:
     thread.join(seconds)
     if thread.is_alive():
         watch.abandon()
+        if on_abandon is not None:
+            on_abandon()
         thread.join(ABANDON_GRACE_S)  # usually ends at once on its closed socket
         raise watch.failure()
     if "error" in outcome:
