@@ -83,6 +83,9 @@ class LangsmithExporter(Exporter):
     def export_deadline_s(self) -> float | None:
         return self.settings.export_deadline
 
+    def server_url(self) -> str | None:
+        return self.settings.api_url
+
     def expected_errors(self) -> tuple[type[BaseException], ...]:
         import requests
         from langsmith.utils import LangSmithError

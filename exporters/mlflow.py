@@ -139,6 +139,9 @@ class MlflowExporter(LiveExporter):
         uri = self.settings.tracking_uri
         return self.settings.export_deadline if uri.startswith(("http://", "https://")) else None
 
+    def server_url(self) -> str | None:
+        return self.settings.tracking_uri if self.export_deadline_s() is not None else None
+
     @classmethod
     def prepare_destination(cls, settings: MlflowSettings) -> None:
         """A fresh ``sqlite:///`` store gets its schema here, once, before parallel exports."""

@@ -68,6 +68,9 @@ class PhoenixExporter(Exporter):
     def export_deadline_s(self) -> float | None:
         return self.settings.export_deadline
 
+    def server_url(self) -> str | None:
+        return self.settings.base_url
+
     def expected_errors(self) -> tuple[type[BaseException], ...]:
         import httpx
 

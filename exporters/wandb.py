@@ -12,6 +12,7 @@ none is silently truncated. The SDK is imported only when a run is opened or exp
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -140,6 +141,10 @@ class WandbExporter(LiveExporter):
         """``export_deadline`` online; an offline run is written to a local folder."""
         return self.settings.export_deadline if self.settings.mode == "online" else None
 
+    def server_url(self) -> str | None:
+        """The W&B server, as the SDK picks it (its own telemetry thread also talks to it)."""
+        return self.settings.base_url or os.environ.get("WANDB_BASE_URL") or WANDB_CLOUD
+
     def _abandon(self) -> None:
         """W&B sends from its service process (wandb-core), which keeps trying a server that
         does not answer for minutes (and the interpreter's exit waits for it): tear this
@@ -147,6 +152,13 @@ class WandbExporter(LiveExporter):
         moment. W&B runs still open in this process end with it."""
         import wandb
 
+        with contextlib.suppress(Exception):  # W&B's telemetry would probe that server at exit
+            from wandb.analytics.opentelemetry import opentelemetry_proxy as telemetry
+
+            telemetry.disable()
+            proxy = telemetry._singleton_telemetry_proxy
+            if proxy is not None and proxy._server_supports_proxy is None:
+                proxy._server_supports_proxy = False  # never probed: send it nothing
         setup = getattr(getattr(wandb, "sdk", None), "wandb_setup", None)
         connection = getattr(getattr(setup, "_singleton", None), "_connection", None)
         process = getattr(getattr(connection, "_proc", None), "_process", None)

@@ -104,6 +104,11 @@ class Exporter(PostRunHooks):
         """
         return None
 
+    def server_url(self) -> str | None:
+        """The server this backend talks to (``http(s)://host:port``), if any: while a send runs
+        under its deadline, every connection to it belongs to the send (see ``watchdog``)."""
+        return None
+
     def _abandon(self) -> None:
         """Stop what still sends for an export the deadline abandoned, beyond this process's own
         sockets (which the watchdog shuts down itself); must return within seconds."""
@@ -120,8 +125,9 @@ class Exporter(PostRunHooks):
                 sent = self._export(run, plan)
             else:
                 sent = run_watched(
-                    lambda: self._export(run, plan), deadline, f"{self.name}-export", on_abandon=self._abandon
-                )
+                    lambda: self._export(run, plan), deadline, f"{self.name}-export",
+                    on_abandon=self._abandon, server=self.server_url(),
+                )  # fmt: skip
         except self.expected_errors() as exc:
             reason = redact_text(f"{type(exc).__name__}: {exc}".splitlines()[0], plan.secrets)
             logger.warning("export of %s to %s failed: %s", run.source, self.name, reason)

@@ -9,9 +9,12 @@ line, reported as the backend's FAILED result. The abandoned thread ends on the 
 closed socket gives; it can send nothing more.
 
 Sockets are attributed to a send by thread: the thread ``run_watched`` starts, and any thread
-a backend starts for it that calls ``adopt`` (MLflow runs each request on one). Attribution
-uses Python's ``socket.connect`` audit event (one process-wide hook, installed on first use,
-that returns at once for every other event and every unwatched thread).
+a backend starts for it that calls ``adopt`` (MLflow runs each request on one); and by address:
+any thread's connection to the backend's server while the send runs (an SDK's own background
+threads, such as W&B's telemetry, which would otherwise keep the interpreter's exit waiting on
+a dripping server). Attribution uses Python's ``socket.connect`` audit event (one process-wide
+hook, installed on first use, that returns at once for every other event when nothing is
+watched).
 """
 
 from __future__ import annotations
@@ -37,9 +40,10 @@ class DeadlinePassed(GymArtifactsError):
 class Watch:
     """One watched send: its threads, the sockets they connected, and whether it was abandoned."""
 
-    def __init__(self, seconds: float, what: str) -> None:
+    def __init__(self, seconds: float, what: str, addresses: frozenset[tuple[str, int]] = frozenset()):
         self.seconds = seconds
         self.what = what
+        self.addresses = addresses
         self.abandoned = False
         self._sockets: weakref.WeakSet[socket.socket] = weakref.WeakSet()
         self._lock = threading.Lock()
@@ -78,17 +82,44 @@ class Watch:
         )
 
 
-_WATCHED: dict[int, Watch] = {}
+_WATCHED: dict[int, Watch] = {}  # thread ident -> the send it works for
+_BY_ADDRESS: list[Watch] = []  # sends whose server's connections from any thread are theirs
 _HOOK_LOCK = threading.Lock()
 _hook_installed = False
 
 
 def _audit(event: str, args: tuple[Any, ...]) -> None:
-    if event != "socket.connect" or not _WATCHED:
+    if event != "socket.connect" or not (_WATCHED or _BY_ADDRESS):
+        return
+    if len(args) < 2 or not isinstance(args[0], socket.socket):
         return
     watch = _WATCHED.get(threading.get_ident())
-    if watch is not None and args and isinstance(args[0], socket.socket):
+    if watch is not None:
         watch.connecting(args[0])
+        return
+    address = args[1]
+    if isinstance(address, tuple) and len(address) >= 2:
+        for watch in list(_BY_ADDRESS):
+            if (address[0], address[1]) in watch.addresses and not watch.abandoned:
+                watch.connecting(args[0])
+                return
+
+
+def server_addresses(url: str | None) -> frozenset[tuple[str, int]]:
+    """The (ip, port) pairs an ``http(s)://host:port`` URL connects to (empty when unknown)."""
+    from urllib.parse import urlsplit
+
+    if not url:
+        return frozenset()
+    try:
+        parts = urlsplit(url)
+        port = parts.port or (443 if parts.scheme == "https" else 80)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            return frozenset()
+        infos = socket.getaddrinfo(parts.hostname, port, type=socket.SOCK_STREAM)
+    except (OSError, ValueError):
+        return frozenset()
+    return frozenset((info[4][0], port) for info in infos)
 
 
 def _install_hook() -> None:
@@ -121,13 +152,18 @@ def adopted(fn: Callable[[], T]) -> Callable[[], T]:
 
 
 def run_watched(
-    fn: Callable[[], T], seconds: float, what: str, on_abandon: Callable[[], None] | None = None
+    fn: Callable[[], T],
+    seconds: float,
+    what: str,
+    on_abandon: Callable[[], None] | None = None,
+    server: str | None = None,
 ) -> T:
     """``fn()``, or DeadlinePassed once ``seconds`` pass while it still runs (then abandoned:
     its sockets shut down, then ``on_abandon()`` for what sockets of this process cannot stop,
-    such as a helper process sending on its behalf)."""
+    such as a helper process sending on its behalf). ``server``: the backend's URL, whose
+    connections from any thread belong to the send while it runs."""
     _install_hook()
-    watch = Watch(seconds, what)
+    watch = Watch(seconds, what, server_addresses(server))
     outcome: dict[str, Any] = {}
 
     def target() -> None:
@@ -140,14 +176,20 @@ def run_watched(
             watch.release()
 
     thread = threading.Thread(target=target, name=f"gym-artifacts-{what}", daemon=True)
-    thread.start()
-    thread.join(seconds)
-    if thread.is_alive():
-        watch.abandon()
-        if on_abandon is not None:
-            on_abandon()
-        thread.join(ABANDON_GRACE_S)  # usually ends at once on its closed socket
-        raise watch.failure()
+    if watch.addresses:
+        _BY_ADDRESS.append(watch)
+    try:
+        thread.start()
+        thread.join(seconds)
+        if thread.is_alive():
+            watch.abandon()
+            if on_abandon is not None:
+                on_abandon()
+            thread.join(ABANDON_GRACE_S)  # usually ends at once on its closed socket
+            raise watch.failure()
+    finally:
+        if watch in _BY_ADDRESS:
+            _BY_ADDRESS.remove(watch)
     if "error" in outcome:
         raise outcome["error"]
     return outcome["value"]  # type: ignore[no-any-return]
