@@ -226,7 +226,13 @@ def ensure_sqlite_schema(tracking_uri: str, wait_s: float = LOCK_WAIT_S) -> None
     with _store_lock(path, wait_s):
         problem = schema_problem(path)  # another process may have created it while we waited
         if problem == "absent":
-            _create(path)
+            try:
+                _create(path)
+            except Exception as exc:  # the SDK's own error (a full disk, a read-only folder ...)
+                first = next((line for line in str(exc).splitlines() if line.strip()), "")
+                raise StoreUnusable(
+                    f"cannot create MLflow's schema in {path}: {type(exc).__name__}: {first}"
+                ) from exc
             problem = schema_problem(path)
     if problem is not None:
         raise StoreUnusable(problem)
