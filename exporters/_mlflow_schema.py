@@ -26,6 +26,7 @@ import os
 import sqlite3
 import stat
 import time
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from urllib.parse import quote
@@ -189,7 +190,11 @@ def _create(path: Path) -> None:
             os.unlink(leftover)  # a creator killed before us: we hold the lock, it is dead
     engine = sqlalchemy.create_engine(f"sqlite:///{scratch}", poolclass=sqlalchemy.pool.NullPool)
     try:
-        with _quiet_sdk_logs():
+        # The SDK's own deprecation warnings (SQLAlchemy's, raised while the migrations configure
+        # MLflow's ORM mappers) are not the user's; under ``-W error`` one would leave the mappers
+        # broken for the whole process.
+        with _quiet_sdk_logs(), warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)
             _initialize_tables(engine)
     finally:
         engine.dispose()
