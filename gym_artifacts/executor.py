@@ -82,7 +82,7 @@ def failed_run(job: ExportJob, reason: str) -> RunResults:
     return RunResults(job.run, tuple(ExportResult(n, ExportStatus.FAILED, reason=reason) for n in names))
 
 
-def _job_config(job: ExportJob, run: Any) -> Any:
+def _job_config(job: ExportJob, run: Any, *, warn: bool = True) -> Any:
     from gym_artifacts.config import build_export_config, merge_configs, normalize, parse_overrides
     from gym_artifacts.errors import RunError
     from gym_artifacts.payload import load_run_config
@@ -98,7 +98,8 @@ def _job_config(job: ExportJob, run: Any) -> Any:
     except RunError as exc:
         if job.config_file is None and not job.exporters:
             raise
-        logger.warning("%s", exc)
+        if warn:  # once, by the job itself
+            logger.warning("%s", exc)
         run_config = None
     cfg, _ = build_export_config(job.config_file, run_config, job.overrides)
     return cfg
@@ -155,7 +156,7 @@ def prepare_destinations(jobs: Sequence[ExportJob]) -> None:
     done: set[tuple[str, str]] = set()
     for job in jobs:
         try:
-            cfg = _job_config(job, RunArtifacts.from_path(job.run))
+            cfg = _job_config(job, RunArtifacts.from_path(job.run), warn=False)
             names = select_exporters(cfg, job.exporters or None)
         except Exception as exc:  # the task reports it
             logger.debug("not preparing the destinations of %s: %s", job.run, exc)
