@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote, unquote
 
-from gym_artifacts.plugin import mask_secrets
+from gym_artifacts.plugin import adopted, current_watch, mask_secrets
 
 IDENTITY_TAG = "gym_artifacts.identity"
 logger = logging.getLogger(__name__)
@@ -89,10 +89,14 @@ class Deadline:
             except BaseException as exc:  # handed to the caller's thread below
                 outcome["error"] = exc
 
-        thread = threading.Thread(target=target, name="gym-artifacts-mlflow-request", daemon=True)
+        # its connections belong to the export's watch (gym_artifacts.watchdog): cut off with it
+        thread = threading.Thread(target=adopted(target), name="gym-artifacts-mlflow-request", daemon=True)
         thread.start()
         thread.join(left)
         if thread.is_alive():
+            watch = current_watch()
+            if watch is not None:
+                watch.abandon()  # the request's socket shut down: it sends nothing more
             raise DeadlinePassed(f"export deadline of {self.seconds:g} s passed (server not answering)")
         if "error" in outcome:
             raise outcome["error"]

@@ -58,7 +58,8 @@ class Rollout:
         return self.verdicts.get("reward")
 
     def times(self, fallback_s: float) -> tuple[dt.datetime, dt.datetime]:
-        """Start and end (UTC): the rollout's own time, else ``fallback_s`` plus its row in
+        """Start and end (UTC): the rollout's own time (its ``timestamp`` or ``time``, else its
+        response's ``created_at``), else ``fallback_s`` (the run's start) plus its row in
         milliseconds (keeps rows in order); the end adds ``latency_s`` when the record has one."""
         start_s = self.time if self.time is not None else fallback_s + self.row / 1000
         start = dt.datetime.fromtimestamp(start_s, dt.timezone.utc)
@@ -96,6 +97,8 @@ def rollout_from_record(row: int, record: Any) -> Rollout:
     task = record.get("_ng_task_index", record.get("task_index", row))
     repeat = record.get("_ng_rollout_index", record.get("repeat"))
     when = metric_value(record.get("timestamp", record.get("time")))
+    if when is None and isinstance(response, dict):  # a Responses API response: when it was made
+        when = metric_value(response.get("created_at"))
     return Rollout(
         row=row,
         task=str(task),

@@ -58,6 +58,9 @@ class LangsmithSettings(ExporterConfig):
     dataset_name: str | None = None
     experiment_name: str | None = None
     request_timeout: float = Field(default=60.0, gt=0, le=3600)
+    # The whole export (every request and retry) ends FAILED after this many seconds, even
+    # against a server that never answers or drips a byte at a time (gym_artifacts.watchdog).
+    export_deadline: float = Field(default=600.0, gt=0, le=24 * 3600)
 
 
 class IngestFailed(GymArtifactsError):
@@ -91,6 +94,12 @@ class LangsmithExporter(LiveExporter):
     def destination_for(cls, settings: Any) -> dict[str, Any]:
         """The api_url without credentials and the dataset and experiment names."""
         return dataset_service_destination(settings, "api_url")
+
+    def export_deadline_s(self) -> float | None:
+        return self.settings.export_deadline
+
+    def server_url(self) -> str | None:
+        return self.settings.api_url
 
     def expected_errors(self) -> tuple[type[BaseException], ...]:
         import requests

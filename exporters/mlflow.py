@@ -55,6 +55,7 @@ from ._mlflow_client import (
     file_mtime_ms,
 )
 from ._mlflow_mapping import config_params, split_metrics, tag_value
+from ._mlflow_schema import ensure_sqlite_schema
 from ._mlflow_traces import log_rollout_traces
 from ._nemo_gym_shapes import MLFLOW_TABLE_FILE, file_documents, write_split_table
 from ._rollouts import payload_rollouts
@@ -146,13 +147,30 @@ class MlflowExporter(LiveExporter):
             raise
         return bool(found.info.lifecycle_stage == "active")
 
+    def export_deadline_s(self) -> float | None:
+        """``export_deadline`` for a tracking server; a database or file store has no server."""
+        uri = self.settings.tracking_uri
+        return self.settings.export_deadline if uri.startswith(("http://", "https://")) else None
+
+    def server_url(self) -> str | None:
+        return self.settings.tracking_uri if self.export_deadline_s() is not None else None
+
+    @classmethod
+    def prepare_destination(cls, settings: MlflowSettings) -> None:
+        """A fresh ``sqlite:///`` store gets its schema here, once, before parallel exports."""
+        ensure_sqlite_schema(absolute_store_uri(settings.tracking_uri))
+
     def expected_errors(self) -> tuple[type[BaseException], ...]:
+        import sqlite3
+
         import requests
         from mlflow.exceptions import MlflowException
+        from sqlalchemy.exc import SQLAlchemyError
 
         return (
-            *super().expected_errors(), MlflowException, requests.RequestException, ValueError, DeadlinePassed
-        )
+            *super().expected_errors(), MlflowException, requests.RequestException, ValueError,
+            DeadlinePassed, SQLAlchemyError, sqlite3.Error,
+        )  # fmt: skip
 
     def _client(self, *, live: bool) -> ScopedMlflow:
         s = self.settings
@@ -164,7 +182,9 @@ class MlflowExporter(LiveExporter):
             )
         )
         token = s.tracking_token.get_secret_value() if s.tracking_token else None
-        return ScopedMlflow(absolute_store_uri(s.tracking_uri), token, limits)
+        uri = absolute_store_uri(s.tracking_uri)
+        ensure_sqlite_schema(uri)  # never MLflow's own creation, which races in parallel processes
+        return ScopedMlflow(uri, token, limits)
 
     def _base_tags(self, run: RunArtifacts, kind: str) -> dict[str, str]:
         """Our tags, plus MLflow's own Source and User columns: the run's files and who ran it."""

@@ -15,6 +15,7 @@ by (run, name) in Phoenix, so a retry rewrites them in place. Post-run only.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -29,6 +30,7 @@ from gym_artifacts.plugin import (
     RunPayload,
     Sent,
     dataset_service_destination,
+    run_times,
 )
 
 from ._rollouts import Rollout, as_object, masked, payload_rollouts
@@ -44,6 +46,9 @@ class PhoenixSettings(ExporterConfig):
     dataset_name: str | None = None  # default ``<run name>-<identity>``
     experiment_name: str | None = None  # default the run's name
     request_timeout: int = Field(default=60, gt=0, le=3600)
+    # The whole export (every request and retry) ends FAILED after this many seconds, even
+    # against a server that never answers or drips a byte at a time (gym_artifacts.watchdog).
+    export_deadline: float = Field(default=600.0, gt=0, le=24 * 3600)
 
 
 class PhoenixExporter(Exporter):
@@ -63,6 +68,12 @@ class PhoenixExporter(Exporter):
     def destination_for(cls, settings: Any) -> dict[str, Any]:
         """The base_url without credentials and the dataset and experiment names."""
         return dataset_service_destination(settings, "base_url")
+
+    def export_deadline_s(self) -> float | None:
+        return self.settings.export_deadline
+
+    def server_url(self) -> str | None:
+        return self.settings.base_url
 
     def expected_errors(self) -> tuple[type[BaseException], ...]:
         import httpx
@@ -87,7 +98,7 @@ class PhoenixExporter(Exporter):
         dataset = self._dataset(client, run, plan, tasks)
         example_of_task = {str(e["metadata"].get("task")): e["id"] for e in dataset.examples}
         experiment_id = self._experiment(client, run, plan, dataset.id, repetitions)
-        rows = self._send_runs(client, experiment_id, example_of_task, payload_rollouts(payload), plan)
+        rows = self._send_runs(client, run, experiment_id, example_of_task, payload_rollouts(payload), plan)
         return Sent(backend_run_id=experiment_id, rows=rows)
 
     @staticmethod
@@ -160,12 +171,16 @@ class PhoenixExporter(Exporter):
     def _send_runs(
         self,
         client: Any,
+        run: RunArtifacts,
         experiment_id: str,
         example_of_task: dict[str, str],
         rollouts: Iterable[Rollout],
         plan: ExportPlan,
     ) -> int:
         existing = self._existing_runs(client, experiment_id)
+        # a rollout without a time of its own: the eval's start (never the epoch, 1970)
+        times = run_times(run)
+        fallback_s = times.start if times is not None else time.time()
         occurrences: dict[str, int] = {}
         rows = 0
         for r in rollouts:
@@ -173,7 +188,7 @@ class PhoenixExporter(Exporter):
             occurrences[r.task] = occurrences.get(r.task, 0) + 1
             repetition = r.repeat + 1 if r.repeat is not None else occurrences[r.task]
             example_id = example_of_task[r.task]
-            start, end = r.times(0.0)
+            start, end = r.times(fallback_s)
             run_id = existing.get((example_id, repetition))
             if run_id is None:
                 logged = client.experiments.log_run(

@@ -12,6 +12,7 @@ none is silently truncated. The SDK is imported only when a run is opened or exp
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -66,6 +67,9 @@ class WandbSettings(ExporterConfig):
     base_url: str | None = None
     init_timeout: float = Field(default=60.0, gt=0, le=600)
     finish_timeout: float = Field(default=60.0, gt=0, le=3600)
+    # Online: the whole post-run export ends FAILED after this many seconds, even against a
+    # server that never answers or drips a byte at a time (gym_artifacts.watchdog).
+    export_deadline: float = Field(default=600.0, gt=0, le=24 * 3600)
     table_max_rows: int = Field(default=10_000, ge=1, le=200_000)
     artifact_part_rows: int = Field(default=100_000, ge=1, le=200_000)
 
@@ -143,6 +147,39 @@ class WandbExporter(LiveExporter):
         if s.mode == "offline":
             where["dir"] = resolved_path(s.dir or os.environ.get("WANDB_DIR") or os.getcwd())
         return where
+
+    def export_deadline_s(self) -> float | None:
+        """``export_deadline`` online; an offline run is written to a local folder."""
+        return self.settings.export_deadline if self.settings.mode == "online" else None
+
+    def server_url(self) -> str | None:
+        """The W&B server, as the SDK picks it (its own telemetry thread also talks to it)."""
+        return self.settings.base_url or os.environ.get("WANDB_BASE_URL") or WANDB_CLOUD
+
+    def _abandon(self) -> None:
+        """W&B sends from its service process (wandb-core), which keeps trying a server that
+        does not answer for minutes (and the interpreter's exit waits for it): tear this
+        process's W&B session down, and stop the service if it still has not ended after a
+        moment. W&B runs still open in this process end with it."""
+        import wandb
+
+        with contextlib.suppress(Exception):  # W&B's telemetry would probe that server at exit
+            from wandb.analytics.opentelemetry import opentelemetry_proxy as telemetry
+
+            telemetry.disable()
+            proxy = telemetry._singleton_telemetry_proxy
+            if proxy is not None and proxy._server_supports_proxy is None:
+                proxy._server_supports_proxy = False  # never probed: send it nothing
+        setup = getattr(getattr(wandb, "sdk", None), "wandb_setup", None)
+        connection = getattr(getattr(setup, "_singleton", None), "_connection", None)
+        process = getattr(getattr(connection, "_proc", None), "_process", None)
+        ending = threading.Thread(target=wandb.teardown, kwargs={"exit_code": 1}, daemon=True)
+        ending.start()
+        ending.join(1.0)
+        if ending.is_alive() and process is not None:
+            logger.info("wandb: stopping its service process (pid %s): export abandoned", process.pid)
+            process.kill()
+            ending.join(5.0)
 
     def expected_errors(self) -> tuple[type[BaseException], ...]:
         import wandb

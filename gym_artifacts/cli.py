@@ -144,6 +144,13 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="ADDRESS",
         help="the Ray cluster to join ('auto': the running one); default: a local one for this export",
     )
+    exp.add_argument(
+        "--ray-connect-timeout",
+        type=float,
+        metavar="SECONDS",
+        help="give up joining the Ray cluster after this long (default: "
+        "$GYM_ARTIFACTS_RAY_CONNECT_TIMEOUT, else 30)",
+    )
     exp.add_argument("--json", action="store_true", help="print one JSON array of results")
     exp.add_argument("-q", "--quiet", action="store_true", help="print nothing on success")
 
@@ -190,7 +197,7 @@ def _split_items(items: Sequence[str]) -> tuple[list[str], list[str]]:
 
 def cmd_export(ns: argparse.Namespace) -> int:
     """``export_runs`` with the parsed arguments; the results printed, the exit code chosen."""
-    from gym_artifacts.errors import GymArtifactsError
+    from gym_artifacts.errors import ClusterError, GymArtifactsError
     from gym_artifacts.executor import export_runs
 
     runs, overrides = _split_items(ns.items)  # no run at all: export_runs refuses it
@@ -209,11 +216,15 @@ def cmd_export(ns: argparse.Namespace) -> int:
             executor=ns.executor,
             jobs=ns.jobs,
             ray_address=ns.ray_address,
+            ray_connect_timeout=ns.ray_connect_timeout,
             progress=not (ns.json or ns.quiet),
             on_result=lambda _done, out: finished.append(out),
             nemo_gym_config=ns.run_config,
         )
-    except GymArtifactsError as exc:  # an unusable request, or no Ray cluster at the address
+    except ClusterError as exc:  # no Ray cluster could be started or joined
+        print(f"gym-artifacts: error: {exc}", file=sys.stderr)
+        return EXIT_FAILED
+    except GymArtifactsError as exc:  # an unusable request
         print(f"gym-artifacts: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt:

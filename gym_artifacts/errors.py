@@ -19,6 +19,10 @@ class ConfigError(GymArtifactsError):
     """Unusable configuration or arguments: the CLI exits with code 2."""
 
 
+class ClusterError(GymArtifactsError):
+    """The Ray cluster could not be started or joined (the request was fine): the CLI exits 1."""
+
+
 class RunError(GymArtifactsError):
     """A run's files cannot be read faithfully (malformed, unsafe path, not ours)."""
 

@@ -20,11 +20,13 @@ import contextlib
 import logging
 import os
 import socket
+import threading
+import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from gym_artifacts.errors import ConfigError
+from gym_artifacts.errors import ClusterError, ConfigError
 from gym_artifacts.exporter import ExportResult, ExportStatus
 
 logger = logging.getLogger(__name__)
@@ -33,6 +35,10 @@ EXECUTORS = ("local", "ray")
 # Environment a Ray task gets from the driver: the settings our backends and their SDKs read.
 FORWARDED_ENV_PREFIXES = ("GYM_ARTIFACTS_", "MLFLOW_", "WANDB_")
 DEFAULT_RAY_RETRIES = 2  # a task whose worker or node dies is run again this many times
+# Joining a cluster: Ray itself retries an address that does not answer for about 14 minutes.
+DEFAULT_RAY_CONNECT_TIMEOUT_S = 30.0
+RAY_CONNECT_TIMEOUT_ENV = "GYM_ARTIFACTS_RAY_CONNECT_TIMEOUT"
+RAY_CONNECT_NOTICE_S = 5.0  # a join slower than this is announced on stderr
 LOCAL_RAY_OBJECT_STORE_BYTES = 100 * 1024 * 1024  # jobs and results are a few KB each
 
 
@@ -78,9 +84,10 @@ def failed_run(job: ExportJob, reason: str) -> RunResults:
     return RunResults(job.run, tuple(ExportResult(n, ExportStatus.FAILED, reason=reason) for n in names))
 
 
-def _job_config(job: ExportJob, run: Any) -> tuple[Any, Any]:
+def _job_config(job: ExportJob, run: Any, *, warn: bool = True) -> tuple[Any, Any]:
     """The job's export config, and the run's config when this read it (else ``UNREAD``: the
-    export reads it and reports what is wrong with it)."""
+    export reads it and reports what is wrong with it). ``warn``: say once (by the job itself)
+    that the run's config could not be read."""
     from omegaconf import OmegaConf
 
     from gym_artifacts.config import build_export_config, merge_configs, normalize, parse_overrides
@@ -98,7 +105,8 @@ def _job_config(job: ExportJob, run: Any) -> tuple[Any, Any]:
     except RunError as exc:
         if job.config_file is None and not job.exporters:
             raise
-        logger.warning("%s", exc)
+        if warn:  # once, by the job itself
+            logger.warning("%s", exc)
         run_config = UNREAD
     content = job.config_file_content
     cfg, _ = build_export_config(
@@ -147,6 +155,36 @@ def export_job(job: ExportJob) -> RunResults:
         logger.exception("exporting %s crashed", job.run)
         return failed_run(job, f"internal error: {type(exc).__name__}: {exc}".splitlines()[0])
     return RunResults(job.run, tuple(results))
+
+
+def prepare_destinations(jobs: Sequence[ExportJob]) -> None:
+    """Each destination the jobs send to, prepared once in this process before they fan out
+    (``Exporter.prepare_destination``): a fresh MLflow SQLite store gets its schema here, not
+    in every task at once. A job whose config cannot be read, or a preparation that fails, is
+    left to its task, which reports it as that run's result."""
+    from gym_artifacts.destination import destination_key
+    from gym_artifacts.export import select_exporters
+    from gym_artifacts.registry import get_entry
+    from gym_artifacts.run import RunArtifacts
+
+    done: set[tuple[str, str]] = set()
+    for job in jobs:
+        try:
+            cfg, _ = _job_config(job, RunArtifacts.from_path(job.run), warn=False)
+            names = select_exporters(cfg, job.exporters or None)
+        except Exception as exc:  # the task reports it
+            logger.debug("not preparing the destinations of %s: %s", job.run, exc)
+            continue
+        for name in names:
+            try:
+                cls = get_entry(name).load()
+                settings = cls.settings_from(cfg)
+                key = (name, destination_key(cls.destination_for(settings)))
+                if key not in done:
+                    done.add(key)
+                    cls.prepare_destination(settings)
+            except Exception as exc:  # the task reports it
+                logger.debug("preparing %s for %s failed: %s", name, job.run, exc)
 
 
 # -- executors: each yields (job index, RunResults) as runs finish ------------------------------------
@@ -209,6 +247,97 @@ def ray_export_job(job: ExportJob, cwd: str, env: dict[str, str]) -> RunResults:
         return failed_run(job, str(exc))
 
 
+def ray_connect_timeout(given: float | None = None) -> float:
+    """Seconds allowed to join a Ray cluster: ``given``, else $GYM_ARTIFACTS_RAY_CONNECT_TIMEOUT,
+    else DEFAULT_RAY_CONNECT_TIMEOUT_S (ConfigError for a value that is not a positive number)."""
+    raw: Any = given if given is not None else os.environ.get(RAY_CONNECT_TIMEOUT_ENV)
+    if raw is None or raw == "":
+        return DEFAULT_RAY_CONNECT_TIMEOUT_S
+    try:
+        seconds = float(raw)
+    except (TypeError, ValueError):
+        seconds = float("nan")
+    if isinstance(raw, bool) or not (0 < seconds < float("inf")):
+        where = RAY_CONNECT_TIMEOUT_ENV if given is None else "ray_connect_timeout (--ray-connect-timeout)"
+        shown = f"{seconds:g}" if seconds == seconds else repr(raw)  # 0 and 0.0 alike
+        raise ConfigError(f"{where}: {shown} is not a positive number of seconds")
+    return seconds
+
+
+def _refused(address: str, timeout: float) -> str | None:
+    """Why nothing accepts a TCP connection at a ``host:port`` address (None: something does, or
+    the address is not of that form, e.g. ``auto``): an unreachable cluster fails in a moment."""
+    host, sep, port = address.split("://", 1)[-1].rpartition(":")
+    if not sep or not port.isdigit() or not host:
+        return None
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=min(timeout, 10.0)).close()
+    except TimeoutError:
+        return None  # a black hole: left to the bounded join below
+    except OSError as exc:
+        return exc.strerror or str(exc)
+    return None
+
+
+def _ray_init(
+    ray: Any, address: str | None, *, runtime_env: Any, local_cpus: int | None, timeout: float | None
+) -> None:
+    """``ray.init``: a local cluster for this export (address None), or join the one at
+    ``address`` within the connect timeout; ClusterError with one line when it fails."""
+    options: dict[str, Any] = {
+        "include_dashboard": False,
+        # Ray's own warnings with -v only: a failure is our one line
+        "logging_level": logging.WARNING if logger.isEnabledFor(logging.INFO) else logging.ERROR,
+        "runtime_env": runtime_env,
+    }
+    if address is None:  # a cluster of this machine for this export only
+        options.update(num_cpus=local_cpus, object_store_memory=LOCAL_RAY_OBJECT_STORE_BYTES)
+        try:  # on this thread: Ray ties the processes it starts to the thread that starts them
+            ray.init(address="local", **options)
+        except Exception as exc:  # Ray raises plain Exception ("node timed out during startup") too
+            logger.info("ray.init failed", exc_info=True)  # the traceback with -v
+            raise ClusterError(f"cannot start a local Ray cluster: {_first_line(exc)}") from None
+        return
+    seconds = ray_connect_timeout(timeout)
+    refused = _refused(address, seconds)
+    if refused is not None:
+        raise ClusterError(f"cannot join the Ray cluster at {address}: {refused}")
+    outcome: dict[str, BaseException] = {}
+
+    def join() -> None:
+        try:
+            ray.init(address=address, **options)
+        except BaseException as exc:  # handed to the waiting thread
+            outcome["error"] = exc
+
+    # Joining starts no process: it may run on a thread that the timeout leaves behind (Ray
+    # retries an unanswered address for many minutes).
+    joiner = threading.Thread(target=join, name="gym-artifacts-ray-join", daemon=True)
+    started = time.monotonic()
+    joiner.start()
+    told = False
+    while joiner.is_alive():
+        waited = time.monotonic() - started
+        if waited >= seconds:
+            raise ClusterError(
+                f"cannot join the Ray cluster at {address}: no answer within {seconds:g} s "
+                f"(--ray-connect-timeout or ${RAY_CONNECT_TIMEOUT_ENV} allow longer)"
+            )
+        if not told and waited >= RAY_CONNECT_NOTICE_S:
+            told = True
+            logger.warning("joining the Ray cluster at %s (giving up after %g s) ...", address, seconds)
+        joiner.join(min(0.25, seconds - waited))
+    if "error" in outcome:
+        exc = outcome["error"]
+        logger.info("ray.init failed", exc_info=exc)
+        raise ClusterError(f"cannot join the Ray cluster at {address}: {_first_line(exc)}") from None
+
+
+def _first_line(exc: BaseException) -> str:
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    return f"{type(exc).__name__}: {lines[0]}" if lines else type(exc).__name__
+
+
 def _ray_window(ray: Any) -> int:
     """Tasks kept in flight: enough to keep every CPU busy, few enough to cancel fast."""
     cpus = int(ray.cluster_resources().get("CPU", 1))
@@ -222,23 +351,13 @@ def _on_ray(
     retries: int,
     runtime_env: dict[str, Any] | None,
     local_cpus: int | None,
+    connect_timeout: float | None = None,
 ) -> Iterator[tuple[int, RunResults]]:
     import ray
 
     started = False
     if not ray.is_initialized():
-        options: dict[str, Any] = {
-            "include_dashboard": False,
-            "logging_level": logging.WARNING,
-            "runtime_env": runtime_env,
-        }
-        if address is None:  # a cluster of this machine for this export only
-            options.update(num_cpus=local_cpus, object_store_memory=LOCAL_RAY_OBJECT_STORE_BYTES)
-        try:
-            ray.init(address="local" if address is None else address, **options)
-        except (ConnectionError, RuntimeError, ValueError) as exc:
-            where = "start a local Ray cluster" if address is None else f"join the Ray cluster at {address}"
-            raise ConfigError(f"cannot {where}: {str(exc).strip().splitlines()[0]}") from exc
+        _ray_init(ray, address, runtime_env=runtime_env, local_cpus=local_cpus, timeout=connect_timeout)
         started = True
     task = ray.remote(num_cpus=1, max_retries=retries, retry_exceptions=False)(ray_export_job)
     cwd, env = os.getcwd(), _forwarded_env()
@@ -279,6 +398,7 @@ def run_jobs(
     ray_address: str | None = None,
     ray_retries: int = DEFAULT_RAY_RETRIES,
     ray_runtime_env: dict[str, Any] | None = None,
+    ray_connect_timeout: float | None = None,
 ) -> Iterator[tuple[int, RunResults]]:
     """``(index in jobs, RunResults)`` for each job, as each finishes (the request checked by
     :func:`check_export_request`)."""
@@ -289,6 +409,7 @@ def run_jobs(
             retries=ray_retries,
             runtime_env=ray_runtime_env,
             local_cpus=jobs_in_parallel if jobs_in_parallel > 1 else None,
+            connect_timeout=ray_connect_timeout,
         )
     if jobs_in_parallel > 1 and len(jobs) > 1:
         return _in_process_pool(jobs, jobs_in_parallel)
@@ -313,6 +434,7 @@ def check_export_request(
     executor: str = "local",
     jobs: int = 1,
     ray_address: str | None = None,
+    ray_connect_timeout_s: float | None = None,
 ) -> Any | None:
     """ConfigError for a request no run could be exported with, before any run is read.
 
@@ -335,6 +457,10 @@ def check_export_request(
         raise ConfigError(f"ray_address: expected a str, not {type(ray_address).__name__}")
     if ray_address is not None and executor != "ray":
         raise ConfigError("a Ray address (--ray-address) needs the ray executor (--executor ray)")
+    if ray_connect_timeout_s is not None and executor != "ray":
+        raise ConfigError("a Ray connect timeout (--ray-connect-timeout) needs --executor ray")
+    if executor == "ray":
+        ray_connect_timeout(ray_connect_timeout_s)
     layers: list[tuple[Any, str]] = []
     file_cfg = None
     if config is None:
@@ -411,6 +537,7 @@ def export_runs(
     ray_address: str | None = None,
     ray_retries: int = DEFAULT_RAY_RETRIES,
     ray_runtime_env: dict[str, Any] | None = None,
+    ray_connect_timeout: float | None = None,
     progress: bool = False,
     on_result: Callable[[int, RunResults], None] | None = None,
     nemo_gym_config: str | os.PathLike[str] | None = None,
@@ -423,7 +550,9 @@ def export_runs(
     file, a mapping, or None (each run's saved config, else the embedded default); the flags
     as in ``export_run``. ``executor``: ``local`` (this process, or ``jobs`` processes) or
     ``ray`` (one task per run on the cluster at ``ray_address``; ``auto`` joins the running one;
-    None starts a local cluster for this call and stops it). ``progress``: progress lines on a
+    None starts a local cluster for this call and stops it; joining gives up after
+    ``ray_connect_timeout`` seconds, default $GYM_ARTIFACTS_RAY_CONNECT_TIMEOUT else 30, with
+    ClusterError). ``progress``: progress lines on a
     terminal's stderr. ``on_result(done, results)`` is called as each run finishes.
     ``nemo_gym_config``: NeMo Gym's resolved global config file, logged as each run's params
     (``export_run``); refused up front when it cannot be read.
@@ -445,7 +574,7 @@ def export_runs(
     )  # fmt: skip
     file_cfg = check_export_request(
         config, overrides=overrides, exporters=exporters, executor=executor, jobs=jobs,
-        ray_address=ray_address,
+        ray_address=ray_address, ray_connect_timeout_s=ray_connect_timeout,
     )  # fmt: skip
     from gym_artifacts.config import raw_container
 
@@ -485,6 +614,8 @@ def export_runs(
     runs_progress = Progress(enabled=None if progress and parallel and len(job_list) > 1 else False)
     out: list[RunResults | None] = [None] * len(job_list)
     failed = 0
+    if parallel:
+        prepare_destinations(job_list)
     try:
         finished = run_jobs(
             job_list,
@@ -493,6 +624,7 @@ def export_runs(
             ray_address=ray_address,
             ray_retries=ray_retries,
             ray_runtime_env=ray_runtime_env,
+            ray_connect_timeout=ray_connect_timeout,
         )
         for done, (i, results) in enumerate(finished, start=1):
             out[i] = results

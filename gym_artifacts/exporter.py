@@ -68,6 +68,16 @@ class Exporter(PostRunHooks):
         """
         return default_destination(settings)
 
+    @classmethod
+    def prepare_destination(cls, settings: Any) -> None:
+        """Make the destination ready for many exports at once (the hook a backend overrides).
+
+        Called once per destination by the driver of a parallel export (``--jobs``, Ray) before
+        any run is sent, so that a one-time setup (MLflow creating a new SQLite store's schema)
+        never races in every task. May raise; the exports then report the problem per run.
+        """
+        return None
+
     def destination(self) -> Destination:
         """This exporter's destination (``destination_for`` of its settings)."""
         return type(self).destination_for(self.settings)
@@ -87,6 +97,24 @@ class Exporter(PostRunHooks):
         """Exceptions that mean the backend refused or is unreachable, not a bug of ours."""
         return (GymArtifactsError, OSError)
 
+    def export_deadline_s(self) -> float | None:
+        """Seconds the whole send may take (every request and retry), enforced by a watchdog that
+        abandons it (``gym_artifacts.watchdog``); None: no deadline (a backend without a server).
+
+        The hook a backend that talks to a server overrides (its ``export_deadline`` setting).
+        """
+        return None
+
+    def server_url(self) -> str | None:
+        """The server this backend talks to (``http(s)://host:port``), if any: while a send runs
+        under its deadline, every connection to it belongs to the send (see ``watchdog``)."""
+        return None
+
+    def _abandon(self) -> None:
+        """Stop what still sends for an export the deadline abandoned, beyond this process's own
+        sockets (which the watchdog shuts down itself); must return within seconds."""
+        return None
+
     def export(
         self,
         run: RunArtifacts,
@@ -96,11 +124,22 @@ class Exporter(PostRunHooks):
         """Send the run; an expected failure is a FAILED result naming its cause.
 
         ``send`` is how: the ``_export`` hook by default; the export engine passes its certify
-        policy for a live backend (``live_certify.certify_or_export``).
+        policy for a live backend (``live_certify.certify_or_export``). The send runs under the
+        backend's deadline (``export_deadline_s``) when it has one.
         """
+        from gym_artifacts.watchdog import run_watched
+
         start = time.monotonic()
+        deadline = self.export_deadline_s()
         try:
-            sent = (send or self._export)(run, plan)
+            do_send = send or self._export
+            if deadline is None:
+                sent = do_send(run, plan)
+            else:
+                sent = run_watched(
+                    lambda: do_send(run, plan), deadline, f"{self.name}-export",
+                    on_abandon=self._abandon, server=self.server_url(),
+                )  # fmt: skip
         except self.expected_errors() as exc:
             reason = redact_text(f"{type(exc).__name__}: {exc}".splitlines()[0], plan.secrets)
             logger.warning("export of %s to %s failed: %s", run.source, self.name, reason)

@@ -44,6 +44,7 @@ from gym_artifacts.run_times import eval_times, run_times
 from gym_artifacts.secrets import mask_secrets, redact_text
 from gym_artifacts.snapshot import snapshot_copy
 from gym_artifacts.spool import RolloutSpool
+from gym_artifacts.watchdog import adopted, current_watch
 from gym_artifacts.worker import PartialBatch
 
 if TYPE_CHECKING:
@@ -93,6 +94,7 @@ __all__ = [
     "RunStatus",
     "Sent",
     "absolute_store_uri",
+    "adopted",
     "agent_label",
     "aggregate_metrics",
     "atomic_write_bytes",
@@ -103,6 +105,7 @@ __all__ = [
     "canonical_json",
     "count_lines",
     "credential_free_uri",
+    "current_watch",
     "dataset_service_destination",
     "eval_times",
     "flatten",

@@ -37,7 +37,7 @@ QUICKSTART_FILES = (
 # use it, by node id (a test module, or a parametrized id such as the contract suite's
 # ``[phoenix]``, whose service fixture is asked for by name at run time).
 SESSION_SERVICES = {
-    "ray_cluster": ("tests/test_ray.py::",),
+    "ray_cluster": ("tests/test_ray.py::", "tests/test_parallel_sqlite_store.py::"),
     "phoenix_server": ("tests/test_phoenix.py::", "[phoenix]"),
 }
 

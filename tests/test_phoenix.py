@@ -129,3 +129,33 @@ def test_two_destinations_get_one_experiment_each_and_skip_without_contact(
         [again] = export_run(quickstart_run, px_cfg(phoenix.url, dataset))
         assert again.status is ExportStatus.SKIPPED, again.reason
         assert again.backend_run_id == experiment_id
+
+
+def _utc(value: Any) -> Any:
+    import datetime as dt
+
+    when = value if isinstance(value, dt.datetime) else dt.datetime.fromisoformat(str(value).replace("Z", "+00:00"))
+    return when if when.tzinfo is not None else when.replace(tzinfo=dt.timezone.utc)
+
+
+def test_runs_and_evaluations_carry_the_rollouts_own_times(quickstart_run: Path, phoenix: PhoenixServer) -> None:
+    """Each experiment run starts and ends at its rollout's own time (the response's
+    ``created_at``), and its evaluations are dated at the rollout's end: never 1970."""
+    import datetime as dt
+
+    [result] = export_run(quickstart_run, px_cfg(phoenix.url, "quickstart-times"))
+    assert result.status is ExportStatus.EXPORTED, result.reason
+    client = Client(base_url=phoenix.url)
+    example_task = {e["id"]: e["metadata"]["task"] for e in client.datasets.get_dataset(dataset="quickstart-times").examples}
+    experiment = client.experiments.get_experiment(experiment_id=result.backend_run_id)
+    runs = {(example_task[r["dataset_example_id"]], r["repetition_number"]): r for r in experiment["task_runs"]}
+    evaluations = {e.experiment_run_id: e for e in experiment["evaluation_runs"] if e.name == "reward"}
+    records = [json.loads(line) for line in quickstart_run.read_text().splitlines()]
+    assert len(runs) == len(evaluations) == len(records)
+    for record in records:
+        own = dt.datetime.fromtimestamp(record["response"]["created_at"], dt.timezone.utc)
+        run = runs[(str(record["_ng_task_index"]), record["_ng_rollout_index"] + 1)]
+        assert _utc(run["start_time"]) == own, (run["start_time"], own)
+        assert _utc(run["end_time"]) == own, (run["end_time"], own)
+        evaluation = evaluations[run["id"]]
+        assert _utc(evaluation.start_time) == _utc(evaluation.end_time) == own, evaluation

@@ -232,6 +232,9 @@ REFUSED: dict[str, tuple[list[str], dict[str, Any]]] = {
                                  {"overrides": ["upload_rollouts=maybe"], "exporters": ["local"]}),
     "jobs 0": (["--jobs", "0"], {"jobs": 0}),
     "ray address without ray": (["--ray-address", "auto"], {"ray_address": "auto"}),
+    "ray connect timeout without ray": (["--ray-connect-timeout", "5"], {"ray_connect_timeout": 5}),
+    "ray connect timeout 0": (["--executor", "ray", "--ray-connect-timeout", "0"],
+                              {"executor": "ray", "ray_connect_timeout": 0}),
 }  # fmt: skip
 
 
