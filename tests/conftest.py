@@ -13,7 +13,7 @@ from hypothesis import settings
 
 from tests.fixture_paths import REACTOR_FIXTURES
 
-# Hypothesis explores new examples on every run; CI (`.ci/run` sets HYPOTHESIS_PROFILE=ci) draws the
+# Hypothesis explores new examples on every run; CI (`scripts/test.sh` sets HYPOTHESIS_PROFILE=ci) draws the
 # same ones each time, so a landing is decided by the change, not by the draw. A case a local run
 # finds is added to its test with @example.
 settings.register_profile("ci", derandomize=True, print_blob=True)
@@ -174,7 +174,7 @@ def phoenix_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]
     binary = phoenix_bin()
     if binary is None:
         pytest.skip(
-            "no phoenix server binary: .ci/run builds .venv-phoenix (or set GYM_ARTIFACTS_PHOENIX_BIN)"
+            "no phoenix server binary: scripts/test.sh builds .venv-phoenix (or set GYM_ARTIFACTS_PHOENIX_BIN)"
         )
     server = PhoenixServer(tmp_path_factory.mktemp("phoenix"), binary).start()
     yield server
