@@ -3,7 +3,8 @@
 matplotlib (a maintained plotting library) chooses the axis limits from the data, so every
 line and bar lies inside its axes frame whatever the range (negative, constant, a single point,
 1e-9 or 1e9 wide); lines are also clipped to the frame. Text stays text (``svg.fonttype:
-none``), so the page needs no font files. Long series are reduced to their per-bucket minimum
+none``), so the page needs no font files; names are never read as mathtext (a metric name may
+hold any ``$``). Long series are reduced to their per-bucket minimum
 and maximum (the envelope a reader sees) before drawing. Each chart's SVG is wrapped in
 ``<div class="chart" data-points=N>``; its frame, lines and bars carry ids ``<chart>-frame``,
 ``<chart>-series-<i>`` and ``<chart>-bar-<i>`` (what the browser tests measure).
@@ -47,9 +48,11 @@ def _figure(title: str, x_label: str, y_label: str) -> tuple[Any, Any]:
 
     fig = Figure(figsize=(6.4, 2.6), dpi=100, layout="constrained")
     ax = fig.add_subplot()
-    ax.set_title(title, fontsize=10, loc="left")
-    ax.set_xlabel(x_label, fontsize=9)
-    ax.set_ylabel(y_label, fontsize=9)
+    # parse_math=False: a name is text, never mathtext ("loss $_$" would not parse, "$a$" would
+    # lose its dollars).
+    ax.set_title(title, fontsize=10, loc="left", parse_math=False)
+    ax.set_xlabel(x_label, fontsize=9, parse_math=False)
+    ax.set_ylabel(y_label, fontsize=9, parse_math=False)
     ax.tick_params(labelsize=8)
     ax.grid(True, color="#e5e7eb", linewidth=0.6)
     ax.set_axisbelow(True)
@@ -92,7 +95,8 @@ def line_chart(
         )  # fmt: skip
         line.set_gid(f"{chart_id}-series-{i}")
     if len(finite) > 1:
-        ax.legend(fontsize=7, loc="best")
+        for text in ax.legend(fontsize=7, loc="best").get_texts():
+            text.set_parse_math(False)
     ax.margins(x=0.02, y=0.08)
     return _svg(fig, chart_id, ax, sum(len(p) for p in finite.values()), "line", title)
 

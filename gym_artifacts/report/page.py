@@ -155,7 +155,10 @@ def rollout_data_element(columns: list[str], rows: Iterable[list[Any]], secrets:
 
     def emit(text: str) -> None:
         nonlocal size, packer
-        text = redact_secret_values(text, secrets).replace("</", "<\\/")
+        # No "<" at all inside the element (JSON's own escape, valid only in strings, where any
+        # "<" is): "</script", "<!--" and "<script" alike can never end the element or move the
+        # HTML parser into its escaped script states.
+        text = redact_secret_values(text, secrets).replace("<", "\\u003c")
         if packer is None:
             plain.append(text)
             size += len(text)
