@@ -21,8 +21,8 @@ from gym_artifacts.cli import main
 from gym_artifacts.export import export_run
 from gym_artifacts.exporter import ExportStatus
 from gym_artifacts.report import build_report
-from tests.nemo_gym_runs import write_run
 from tests.fixture_paths import NEMO_GYM_FIXTURES
+from tests.nemo_gym_runs import write_run
 
 REPO = Path(__file__).resolve().parent.parent
 NEMO_GYM = NEMO_GYM_FIXTURES

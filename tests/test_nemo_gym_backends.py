@@ -16,7 +16,7 @@ from omegaconf import OmegaConf
 
 from gym_artifacts.export import export_run
 from gym_artifacts.exporter import ExportStatus
-from tests.test_nemo_gym import COVERAGE, NEMO_GYM, copy_fixture
+from tests.test_nemo_gym import COVERAGE, copy_fixture
 
 FIXTURES = ["clean", "with-failures"]
 COVERAGE_TEXT = {

@@ -58,12 +58,15 @@ def _copy(name: str, tmp_path: Path) -> Path:
 def _level_headers(page: Any, level: str, visible: bool = True) -> list[str]:
     selector = f"table.level.{level} thead th"
     return page.eval_on_selector_all(
-        selector, f"ths => ths.filter(t => {'t.offsetParent !== null' if visible else 'true'}).map(t => t.innerText.trim())"
+        selector,
+        f"ths => ths.filter(t => {'t.offsetParent !== null' if visible else 'true'}).map(t => t.innerText.trim())",
     )
 
 
 @pytest.mark.parametrize("name", ["clean", "with-failures"])
-def test_level_tables_show_reward_name_hidden_columns_and_every_digit(browser: Any, name: str, tmp_path: Path) -> None:  # noqa: F811
+def test_level_tables_show_reward_name_hidden_columns_and_every_digit(
+    browser: Any, name: str, tmp_path: Path
+) -> None:  # noqa: F811
     rollouts = _copy(name, tmp_path)
     entries = json.loads(rollouts.with_name("rollouts_aggregate_metrics.json").read_text())
     opened = open_report(browser, build_report(rollouts, tmp_path / "r.html"))
@@ -100,7 +103,11 @@ def test_level_tables_show_reward_name_hidden_columns_and_every_digit(browser: A
 def test_a_value_like_102_25_is_not_rounded(quickstart_run: Path, tmp_path: Path) -> None:
     aggregate = quickstart_run.with_name("eval_aggregate_metrics.json")
     entries = json.loads(aggregate.read_text())
-    entries[0]["group_level_metrics"] = [{"_ng_task_index": 0, "mean/reward": 0.123456789, "mean/input_tokens": 102.25}]
+    for entry in entries:
+        entry.pop("group_level_metrics", None)
+    entries[0]["group_level_metrics"] = [
+        {"_ng_task_index": 0, "mean/reward": 0.123456789, "mean/input_tokens": 102.25}
+    ]
     aggregate.write_text(json.dumps(entries))
     text = build_report(quickstart_run, tmp_path / "r.html").read_text()
     assert "<td>102.25</td>" in text and "<td>0.123456789</td>" in text
@@ -123,14 +130,20 @@ def test_no_element_is_wider_than_the_page_at_1280_px(browser: Any, name: str, t
 def test_a_wrong_layout_would_be_caught(browser: Any, tmp_path: Path) -> None:  # noqa: F811
     """The width check finds a table that does not scroll inside its card."""
     page_file = tmp_path / "wide.html"
-    page_file.write_text("<html><body><section><table><tr>" + "<td>wide-cell-text</td>" * 200 + "</tr></table></section></body></html>")
+    page_file.write_text(
+        "<html><body><section><table><tr>"
+        + "<td>wide-cell-text</td>" * 200
+        + "</tr></table></section></body></html>"
+    )
     page = browser.new_page(viewport={"width": 1280, "height": 900})
     page.goto(page_file.as_uri())
     assert page.evaluate(WIDER_THAN_PAGE)["out"]
     page.close()
 
 
-NAME = st.lists(st.sampled_from([*"$\\^_{}%#&<>'\" ab1/", "$$", "\\frac", "\\mathrm"]), min_size=1, max_size=15).map("".join)
+NAME = st.lists(
+    st.sampled_from([*"$\\^_{}%#&<>'\" ab1/", "$$", "\\frac", "\\mathrm"]), min_size=1, max_size=15
+).map("".join)
 
 
 @given(name=NAME)
@@ -139,16 +152,29 @@ NAME = st.lists(st.sampled_from([*"$\\^_{}%#&<>'\" ab1/", "$$", "\\frac", "\\mat
 @settings(max_examples=30, deadline=None)
 def test_any_metric_name_is_drawn_as_plain_text(name: str) -> None:
     """Title, axis label and legend hold the name as written, character for character."""
-    svg = charts.line_chart({name: [(0, 1.0), (1, 2.0)], "other": [(0, 0.0)]}, title=name, x_label="step", y_label=name)
+    svg = charts.line_chart(
+        {name: [(0, 1.0), (1, 2.0)], "other": [(0, 0.0)]}, title=name, x_label="step", y_label=name
+    )
     texts = [html.unescape(t) for t in re.findall(r"<text[^>]*>([^<]*)</text>", svg)]
     assert texts.count(name) == 3, (name, texts)
 
 
-def test_a_dollar_metric_name_leaves_the_report_and_the_local_export_whole(quickstart_run: Path, tmp_path: Path) -> None:
+def test_a_dollar_metric_name_leaves_the_report_and_the_local_export_whole(
+    quickstart_run: Path, tmp_path: Path
+) -> None:
     journal = quickstart_run.with_name("eval_metrics.jsonl")
     with open(journal, "a") as fh:
         for step in range(3):
-            fh.write(json.dumps({"step": 100 + step, "time": 1764526000.0 + step, "metrics": {"cost $_$ per $$": step * 1.5}}) + "\n")
+            fh.write(
+                json.dumps(
+                    {
+                        "step": 100 + step,
+                        "time": 1764526000.0 + step,
+                        "metrics": {"cost $_$ per $$": step * 1.5},
+                    }
+                )
+                + "\n"
+            )
     assert main(["report", str(quickstart_run), "-o", str(tmp_path / "r.html")]) == 0
     assert "cost $_$ per $$" in (tmp_path / "r.html").read_text()
     store = tmp_path / "store"
@@ -158,7 +184,9 @@ def test_a_dollar_metric_name_leaves_the_report_and_the_local_export_whole(quick
 
 
 HOSTILE = st.lists(
-    st.sampled_from(["<!--", "<script", "<SCRIPT>", "</script>", "</", "-->", "<", ">", "&lt;", "x", "\u2028", "\\", '"']),
+    st.sampled_from(
+        ["<!--", "<script", "<SCRIPT>", "</script>", "</", "-->", "<", ">", "&lt;", "x", "\u2028", "\\", '"']
+    ),
     max_size=12,
 ).map("".join)
 
@@ -177,13 +205,20 @@ def test_embedded_rows_cannot_leave_their_element(cells: list[str]) -> None:
 
 @pytest.mark.parametrize(
     "texts",
-    [["<!--<script>", "plain"], ["<!--<script>", "</script><b>bold</b>", "<!-- -->", "<SCRIPT>alert(1)</SCRIPT>", "plain"]],
+    [
+        ["<!--<script>", "plain"],
+        ["<!--<script>", "</script><b>bold</b>", "<!-- -->", "<SCRIPT>alert(1)</SCRIPT>", "plain"],
+    ],
 )
-def test_a_rollout_holding_markup_shows_in_the_table(browser: Any, texts: list[str], quickstart_run: Path, tmp_path: Path) -> None:  # noqa: F811
-    quickstart_run.write_text("".join(json.dumps({"task_index": i, "reward": 0.5, "note": t}) + "\n" for i, t in enumerate(texts)))
+def test_a_rollout_holding_markup_shows_in_the_table(
+    browser: Any, texts: list[str], quickstart_run: Path, tmp_path: Path
+) -> None:  # noqa: F811
+    quickstart_run.write_text(
+        "".join(json.dumps({"task_index": i, "reward": 0.5, "note": t}) + "\n" for i, t in enumerate(texts))
+    )
     quickstart_run.with_name("eval_aggregate_metrics.json").touch()
     opened = open_report(browser, build_report(quickstart_run, tmp_path / "r.html"))
     assert opened.errors == []
-    header, rows = table_cells(opened.page)
+    _, rows = table_cells(opened.page)
     assert [r["note"] for r in rows] == texts
     opened.page.close()
