@@ -16,6 +16,7 @@ import contextlib
 import json
 import logging
 import os
+import re
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -32,8 +33,20 @@ EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 EXIT_INTERRUPTED = 130  # Ctrl-C: what finished is printed, the rest cancelled
 
 
+_INVALID_CHOICE = re.compile(r"invalid choice: '(?P<word>[^']*)' \(choose from (?P<choices>.*)\)")
+
+
 class _Parser(argparse.ArgumentParser):
+    """Usage errors with exit code 2, the closest choice suggested for an invalid one."""
+
+    commands: dict[str, argparse.ArgumentParser]
+
     def error(self, message: str) -> None:  # type: ignore[override]
+        from gym_artifacts.suggest import did_you_mean
+
+        if match := _INVALID_CHOICE.search(message):
+            choices = [c.strip().strip("'\"") for c in match["choices"].split(",")]
+            message += did_you_mean(match["word"], choices)
         self.print_usage(sys.stderr)
         self.exit(EXIT_USAGE, f"{self.prog}: error: {message}\n")
 
@@ -157,7 +170,19 @@ def build_parser() -> argparse.ArgumentParser:
     )
     ls.add_argument("-c", "--config", type=Path, help="config whose enabled flags to show")
     ls.add_argument("--json", action="store_true")
+    parser.commands = {"export": exp, "status": st, "report": rp, "exporters": ls}
     return parser
+
+
+def _refuse_unknown(parser: _Parser, command: str, unknown: Sequence[str]) -> None:
+    """Exit 2 with the command's own usage, suggesting the option closest to the first unknown one."""
+    from gym_artifacts.suggest import did_you_mean
+
+    command_parser = parser.commands[command]
+    options = [opt for p in (parser, command_parser) for action in p._actions for opt in action.option_strings]
+    first = next((u for u in unknown if u.startswith("-")), None)
+    hint = did_you_mean(first.split("=", 1)[0], options) if first is not None else ""
+    command_parser.error(f"unrecognized arguments: {' '.join(unknown)}{hint}")
 
 
 def _looks_like_path(text: str) -> bool:
@@ -348,11 +373,12 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
+    assert isinstance(parser, _Parser)
     # Runs and key=value overrides may come before or after options: collect both.
     ns, extra = parser.parse_known_args(argv)
     unknown = [e for e in extra if e.startswith("-") or ns.command != "export"]
     if unknown:
-        parser.error(f"unrecognized arguments: {' '.join(unknown)}")
+        _refuse_unknown(parser, ns.command, unknown)
     if ns.command == "export":
         ns.items += extra
     install_log_redaction()
@@ -361,9 +387,32 @@ def _main(argv: Sequence[str] | None = None) -> int:
         format="gym-artifacts: %(levelname)s: %(name)s: %(message)s",
         stream=sys.stderr,
     )
+    if not ns.verbose and not os.environ.get("MLFLOW_LOGGING_LEVEL"):
+        # MLflow configures its own INFO handler at import ("Creating initial MLflow database
+        # tables..."): backends' own logs only with -v. Set before any import, so worker
+        # processes inherit it.
+        os.environ["MLFLOW_LOGGING_LEVEL"] = "WARNING"
     logger.info("gym-artifacts %s: %s", _version(), ns.command)
     handlers = {"export": cmd_export, "status": cmd_status, "exporters": cmd_exporters, "report": cmd_report}
-    return handlers[ns.command](ns)
+    try:
+        return handlers[ns.command](ns)
+    except BrokenPipeError:  # the reader went away: main() ends quietly
+        raise
+    except Exception as exc:  # from a dependency or the system: one line; -v adds the traceback
+        return _unexpected(exc, ns.verbose)
+
+
+def _unexpected(exc: Exception, verbose: bool) -> int:
+    """Print an error no command handles as one line (secrets masked); exit code 1."""
+    from gym_artifacts.secrets import redact_text
+
+    if verbose:
+        logger.error("traceback:", exc_info=exc)
+    text = " ".join(str(exc).split()) or "(no message)"
+    text = text if len(text) <= 500 else text[:499] + "…"
+    hint = "" if verbose else " (run with -v for the traceback)"
+    print(redact_text(f"gym-artifacts: error: {type(exc).__name__}: {text}{hint}"), file=sys.stderr)
+    return EXIT_FAILED
 
 
 if __name__ == "__main__":
