@@ -179,7 +179,8 @@ def _refuse_unknown(parser: _Parser, command: str, unknown: Sequence[str]) -> No
     from gym_artifacts.suggest import did_you_mean
 
     command_parser = parser.commands[command]
-    options = [opt for p in (parser, command_parser) for action in p._actions for opt in action.option_strings]
+    actions = [*parser._actions, *command_parser._actions]
+    options = [opt for action in actions for opt in action.option_strings]
     first = next((u for u in unknown if u.startswith("-")), None)
     hint = did_you_mean(first.split("=", 1)[0], options) if first is not None else ""
     command_parser.error(f"unrecognized arguments: {' '.join(unknown)}{hint}")

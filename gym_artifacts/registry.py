@@ -147,7 +147,8 @@ def get_entry(name: str, entries: dict[str, ExporterEntry] | None = None) -> Exp
         from gym_artifacts.suggest import did_you_mean
 
         known = ", ".join(sorted(entries)) or "none"
-        raise ConfigError(f"unknown exporter {name!r}{did_you_mean(name, entries)} (known: {known})") from None
+        hint = did_you_mean(name, entries)
+        raise ConfigError(f"unknown exporter {name!r}{hint} (known: {known})") from None
 
 
 def list_exporters(config: str | os.PathLike[str] | None = None) -> list[dict[str, Any]]:

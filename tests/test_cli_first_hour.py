@@ -20,12 +20,22 @@ def _cli(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str
     """The command in a fresh interpreter, with no logging setting of the user's."""
     env = {k: v for k, v in os.environ.items() if k not in ("MLFLOW_LOGGING_LEVEL", "WANDB_SILENT")}
     return subprocess.run(
-        [sys.executable, "-m", "gym_artifacts", *args], capture_output=True, text=True, cwd=cwd, timeout=180, env=env
+        [sys.executable, "-m", "gym_artifacts", *args],
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        timeout=180,
+        env=env,
     )
 
 
-@pytest.mark.parametrize(("typo", "meant"), [("exprot", "export"), ("stauts", "status"), ("reprot", "report"), ("exporter", "exporters")])
-def test_an_unknown_command_gets_did_you_mean(typo: str, meant: str, capsys: pytest.CaptureFixture[str]) -> None:
+@pytest.mark.parametrize(
+    ("typo", "meant"),
+    [("exprot", "export"), ("stauts", "status"), ("reprot", "report"), ("exporter", "exporters")],
+)
+def test_an_unknown_command_gets_did_you_mean(
+    typo: str, meant: str, capsys: pytest.CaptureFixture[str]
+) -> None:
     with pytest.raises(SystemExit) as exited:
         main([typo, "run.jsonl"])
     assert exited.value.code == 2
@@ -40,7 +50,9 @@ def _subcommand_options() -> list[tuple[str, str]]:
     out = []
     for command in SUBCOMMANDS:
         for action in sub.choices[command]._actions:
-            out += [(command, opt) for opt in action.option_strings if opt.startswith("--") and opt != "--help"]
+            out += [
+                (command, opt) for opt in action.option_strings if opt.startswith("--") and opt != "--help"
+            ]
     return out
 
 
@@ -66,21 +78,28 @@ def test_a_mistyped_option_gets_did_you_mean_and_its_commands_usage(
     assert f"did you mean '{option}'?" in err, err
 
 
-def test_an_option_with_nothing_close_names_no_guess(quickstart_run: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_an_option_with_nothing_close_names_no_guess(
+    quickstart_run: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     with pytest.raises(SystemExit):
         main(["export", str(quickstart_run), "--zzzzzzzz"])
     err = capsys.readouterr().err
     assert "unrecognized arguments: --zzzzzzzz" in err and "did you mean" not in err
 
 
-def test_an_invalid_choice_gets_did_you_mean(quickstart_run: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_an_invalid_choice_gets_did_you_mean(
+    quickstart_run: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     with pytest.raises(SystemExit):
         main(["export", str(quickstart_run), "--executor", "rey"])
     err = capsys.readouterr().err
     assert err.startswith("usage: gym-artifacts export ") and "did you mean 'ray'?" in err, err
 
 
-@pytest.mark.parametrize(("typo", "meant"), [("mlfow", "mlflow"), ("wandbb", "wandb"), ("locl", "local"), ("tensorbord", "tensorboard")])
+@pytest.mark.parametrize(
+    ("typo", "meant"),
+    [("mlfow", "mlflow"), ("wandbb", "wandb"), ("locl", "local"), ("tensorbord", "tensorboard")],
+)
 def test_an_unknown_exporter_gets_did_you_mean(
     typo: str, meant: str, quickstart_run: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

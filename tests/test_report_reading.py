@@ -65,8 +65,8 @@ def _level_headers(page: Any, level: str, visible: bool = True) -> list[str]:
 
 @pytest.mark.parametrize("name", ["clean", "with-failures"])
 def test_level_tables_show_reward_name_hidden_columns_and_every_digit(
-    browser: Any, name: str, tmp_path: Path
-) -> None:  # noqa: F811
+    browser: Any, name: str, tmp_path: Path  # noqa: F811
+) -> None:
     rollouts = _copy(name, tmp_path)
     entries = json.loads(rollouts.with_name("rollouts_aggregate_metrics.json").read_text())
     opened = open_report(browser, build_report(rollouts, tmp_path / "r.html"))
@@ -211,8 +211,8 @@ def test_embedded_rows_cannot_leave_their_element(cells: list[str]) -> None:
     ],
 )
 def test_a_rollout_holding_markup_shows_in_the_table(
-    browser: Any, texts: list[str], quickstart_run: Path, tmp_path: Path
-) -> None:  # noqa: F811
+    browser: Any, texts: list[str], quickstart_run: Path, tmp_path: Path  # noqa: F811
+) -> None:
     quickstart_run.write_text(
         "".join(json.dumps({"task_index": i, "reward": 0.5, "note": t}) + "\n" for i, t in enumerate(texts))
     )
