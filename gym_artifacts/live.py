@@ -28,6 +28,7 @@ from gym_artifacts.live_channel import (
     TEARDOWN_TIMEOUT_ENV,
     LiveChannel,
     LiveReport,
+    summary_line,
     teardown_limits,
 )
 from gym_artifacts.live_exporter import LiveExporter
@@ -73,6 +74,10 @@ class NoOpLiveRun:
 
     def __init__(self, writer_refused: str | None = None) -> None:
         self.writer_refused = writer_refused
+
+    def __repr__(self) -> str:
+        why = f"writer refused: {self.writer_refused}" if self.writer_refused else "not rank 0"
+        return f"NoOpLiveRun({why})"
 
     def export_config(self, config: Mapping[str, Any] | None = None) -> None: ...
     def export_metrics(self, metrics: Mapping[str, Any], step: int | None = None) -> None: ...
@@ -152,6 +157,11 @@ class LiveRun:
                 run, resume=resume, secrets=self._secrets, previous_last_step=self.journal.previous_last_step
             )
         _register_atexit(self)
+
+    def __repr__(self) -> str:
+        backends = ", ".join(c.name for c in self.channels) or "no backend"
+        state = "closed" if self._closed else "open"
+        return f"LiveRun({self.run.source}: {backends}; {state}; {self.refused.count} refused)"
 
     def export_config(self, config: Mapping[str, Any] | None = None) -> None:
         """Log the eval's config (masked) to every backend."""
@@ -320,6 +330,7 @@ class LiveRun:
             self.reports.append(report)
             if report.lost or report.setup_error or not report.teardown_finished:
                 logger.warning("live logging: %s", report.describe())
+        logger.info("live logging: teardown: %s", summary_line(self.reports))
         _unregister_atexit(self)
         return self.reports
 
