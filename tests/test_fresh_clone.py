@@ -1,0 +1,41 @@
+"""A fresh clone is the whole project: the repository cloned into an empty folder (no sibling
+folder of any kind, so no ``../shared``) runs the tests that read the NeMo Gym fixtures, and they
+pass there, none skipped."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+SLICE = ["tests/test_nemo_gym.py", "-m", "not slow"]  # reads tests/fixtures/nemo-gym-0.7.0
+
+
+@pytest.mark.slow
+def test_a_clone_without_siblings_runs_the_fixture_tests(tmp_path: Path) -> None:
+    if shutil.which("git") is None or not (REPO / ".git").exists():
+        pytest.skip("not a git checkout: nothing to clone")
+    alone = tmp_path / "alone"
+    alone.mkdir()
+    clone = alone / "gym-artifacts"
+    subprocess.run(["git", "clone", "-q", str(REPO), str(clone)], check=True, timeout=120, capture_output=True)
+    assert os.listdir(alone) == ["gym-artifacts"]  # nothing beside the clone
+    assert (clone / "tests" / "fixtures" / "nemo-gym-0.7.0").is_dir()
+    # The clone's own code and tests, not this checkout's: a path into this checkout would
+    # be a file the clone does not have.
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST_", "PYTHONPATH"))}
+    env["PYTHONPATH"] = str(clone)
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", *SLICE, "-n", "0", "-q", "-p", "no:cacheprovider", "-rs"],
+        cwd=clone, env=env, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    summary = proc.stdout.strip().splitlines()[-1] if proc.stdout.strip() else ""
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
+    assert re.search(r"\d+ passed", summary) and "skipped" not in summary, summary
+    assert str(REPO) not in proc.stdout  # no traceback or path pointed back into this checkout
