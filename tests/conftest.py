@@ -74,6 +74,53 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
     return SessionServiceScheduling(config, log)
 
 
+def _checkout_changes() -> set[str] | None:
+    """``git status`` lines of the checkout (untracked files listed one by one; ignored paths
+    left out); None outside a git checkout."""
+    import subprocess
+
+    try:
+        proc = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=all"],
+            cwd=REPO, capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return set(proc.stdout.splitlines()) if proc.returncode == 0 else None
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    if not hasattr(session.config, "workerinput"):  # the controller (or the one process)
+        session.config.stash[_CHANGES_BEFORE] = _checkout_changes()
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """Tests write only under their tmp folders or gitignored paths (test-artifacts/,
+    .hypothesis/): a file the session created or changed in the checkout fails the run."""
+    before = session.config.stash.get(_CHANGES_BEFORE, None)
+    after = _checkout_changes() if before is not None else None
+    if before is None or after is None:
+        return
+    written = sorted(after - before)
+    if written:
+        session.config.stash[_WRITTEN] = written
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    written = terminalreporter.config.stash.get(_WRITTEN, None)
+    if written:
+        terminalreporter.write_line(
+            "the tests wrote into the checkout (write under tmp_path, or a gitignored path):", red=True
+        )
+        for line in written:
+            terminalreporter.write_line(f"  {line}", red=True)
+
+
+_CHANGES_BEFORE = pytest.StashKey[set[str] | None]()
+_WRITTEN = pytest.StashKey[list[str]]()
+
+
 @pytest.fixture(autouse=True)
 def _isolated(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     """Each test runs in its own folder; nothing lands in $HOME or phones home."""
