@@ -1,5 +1,5 @@
 """A fresh clone is the whole project: the repository cloned into an empty folder (no sibling
-folder of any kind, so no ``../shared``) runs the tests that read the NeMo Gym fixtures, and they
+folder of any kind, so nothing beside the checkout) runs the tests that read the NeMo Gym fixtures, and they
 pass there, none skipped."""
 
 from __future__ import annotations
@@ -39,3 +39,22 @@ def test_a_clone_without_siblings_runs_the_fixture_tests(tmp_path: Path) -> None
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
     assert re.search(r"\d+ passed", summary) and "skipped" not in summary, summary
     assert str(REPO) not in proc.stdout  # no traceback or path pointed back into this checkout
+
+
+# Spellings of a path outside the checkout (written in pieces so this file does not hold them).
+OUTSIDE = re.compile("|".join([r"REPO\.parent\b", r"\.\./" + "shared", r"/" + r"work/", r"parent\.parent\.parent"]))
+SCANNED = ("tests", "examples", "benchmarks", "docs", "scripts", ".ci", "configs")
+
+
+def test_no_file_names_a_path_outside_the_checkout() -> None:
+    """Tests, examples, benchmarks, docs and scripts name no path beside or above the checkout."""
+    found = []
+    for top in SCANNED:
+        for fpath in sorted((REPO / top).rglob("*")):
+            if fpath.is_file() and fpath.suffix in {".py", ".md", ".sh", ".toml", ".yaml", ".yml", ".txt", ""}:
+                if "fixtures" in fpath.relative_to(REPO).parts[:2]:
+                    continue  # recorded output: its own READMEs say what was replaced
+                for lineno, line in enumerate(fpath.read_text(errors="replace").splitlines(), 1):
+                    if OUTSIDE.search(line):
+                        found.append(f"{fpath.relative_to(REPO)}:{lineno}: {line.strip()}")
+    assert found == [], "\n".join(found)
