@@ -87,6 +87,7 @@ def line_chart(
         return ""
     chart_id = f"chart{next(_ids)}"
     fig, ax = _figure(title, x_label, y_label)
+    lines = []
     for i, (name, pts) in enumerate(finite.items()):
         drawn = envelope(pts)
         (line,) = ax.plot(
@@ -94,8 +95,10 @@ def line_chart(
             linewidth=1.2, marker="o" if len(drawn) == 1 else None, markersize=3, label=name,
         )  # fmt: skip
         line.set_gid(f"{chart_id}-series-{i}")
+        lines.append(line)
     if len(finite) > 1:
-        for text in ax.legend(fontsize=7, loc="best").get_texts():
+        # Handles and labels given explicitly: matplotlib would drop a label starting with "_".
+        for text in ax.legend(lines, list(finite), fontsize=7, loc="best").get_texts():
             text.set_parse_math(False)
     ax.margins(x=0.02, y=0.08)
     return _svg(fig, chart_id, ax, sum(len(p) for p in finite.values()), "line", title)
