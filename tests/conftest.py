@@ -50,10 +50,20 @@ def session_service_of(nodeid: str) -> str | None:
     return None
 
 
+def slow_tests() -> frozenset[str]:
+    """The test functions listed in ``tests/slow_tests.txt`` (``path::name``, no parameters)."""
+    lines = (REPO / "tests" / "slow_tests.txt").read_text().splitlines()
+    return frozenset(line.strip() for line in lines if line.strip() and not line.startswith("#"))
+
+
+@pytest.hookimpl(tryfirst=True)  # before ``-m "not slow"`` deselects by mark
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """A test that uses a session service must be listed in SESSION_SERVICES, or the scheduler
-    below would start that service in a second worker."""
+    """Mark the listed slow tests; a test that uses a session service must be listed in
+    SESSION_SERVICES, or the scheduler below would start that service in a second worker."""
+    slow = slow_tests()
     for item in items:
+        if item.nodeid.split("[", 1)[0] in slow:
+            item.add_marker(pytest.mark.slow)
         for fixture in SESSION_SERVICES:
             if fixture in getattr(item, "fixturenames", ()) and session_service_of(item.nodeid) != fixture:
                 raise pytest.UsageError(f"{item.nodeid} uses {fixture}: add it to SESSION_SERVICES")

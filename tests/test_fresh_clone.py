@@ -58,3 +58,17 @@ def test_no_file_names_a_path_outside_the_checkout() -> None:
                     if OUTSIDE.search(line):
                         found.append(f"{fpath.relative_to(REPO)}:{lineno}: {line.strip()}")
     assert found == [], "\n".join(found)
+
+
+def test_every_listed_slow_test_exists() -> None:
+    """A renamed or deleted test cannot linger in tests/slow_tests.txt (it would mark nothing):
+    each listed name is defined, or imported, in its file."""
+    from tests.conftest import slow_tests
+
+    missing = []
+    for entry in sorted(slow_tests()):
+        path, _, name = entry.partition("::")
+        source = REPO / path
+        if not source.is_file() or not re.search(rf"\b{re.escape(name)}\b", source.read_text()):
+            missing.append(entry)
+    assert missing == []
