@@ -18,7 +18,7 @@ import logging
 import os
 import re
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -388,19 +388,30 @@ def _main(argv: Sequence[str] | None = None) -> int:
         format="gym-artifacts: %(levelname)s: %(name)s: %(message)s",
         stream=sys.stderr,
     )
-    if not ns.verbose and not os.environ.get("MLFLOW_LOGGING_LEVEL"):
-        # MLflow configures its own INFO handler at import ("Creating initial MLflow database
-        # tables..."): backends' own logs only with -v. Set before any import, so worker
-        # processes inherit it.
-        os.environ["MLFLOW_LOGGING_LEVEL"] = "WARNING"
     logger.info("gym-artifacts %s: %s", _version(), ns.command)
     handlers = {"export": cmd_export, "status": cmd_status, "exporters": cmd_exporters, "report": cmd_report}
     try:
-        return handlers[ns.command](ns)
+        with _backend_logs(ns.verbose):
+            return handlers[ns.command](ns)
     except BrokenPipeError:  # the reader went away: main() ends quietly
         raise
     except Exception as exc:  # from a dependency or the system: one line; -v adds the traceback
         return _unexpected(exc, ns.verbose)
+
+
+@contextlib.contextmanager
+def _backend_logs(verbose: bool) -> Iterator[None]:
+    """Backends' own INFO lines only with -v. MLflow configures its own INFO handler when it is
+    imported ("Creating initial MLflow database tables..."), from ``MLFLOW_LOGGING_LEVEL``: set
+    for the command (worker processes inherit it) unless the user chose a level; restored after."""
+    if verbose or os.environ.get("MLFLOW_LOGGING_LEVEL"):
+        yield
+        return
+    os.environ["MLFLOW_LOGGING_LEVEL"] = "WARNING"
+    try:
+        yield
+    finally:
+        os.environ.pop("MLFLOW_LOGGING_LEVEL", None)
 
 
 def _unexpected(exc: Exception, verbose: bool) -> int:

@@ -51,7 +51,8 @@ def session_service_of(nodeid: str) -> str | None:
 
 
 def slow_tests() -> frozenset[str]:
-    """The test functions listed in ``tests/slow_tests.txt`` (``path::name``, no parameters)."""
+    """The tests listed in ``tests/slow_tests.txt``: ``path::name`` (every parametrization) or
+    one parametrized id ``path::name[params]``."""
     lines = (REPO / "tests" / "slow_tests.txt").read_text().splitlines()
     return frozenset(line.strip() for line in lines if line.strip() and not line.startswith("#"))
 
@@ -62,7 +63,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     SESSION_SERVICES, or the scheduler below would start that service in a second worker."""
     slow = slow_tests()
     for item in items:
-        if item.nodeid.split("[", 1)[0] in slow:
+        # a session service starts in 50-100 s on a loaded machine: never in the quick subset
+        if item.nodeid in slow or item.nodeid.split("[", 1)[0] in slow or session_service_of(item.nodeid):
             item.add_marker(pytest.mark.slow)
         for fixture in SESSION_SERVICES:
             if fixture in getattr(item, "fixturenames", ()) and session_service_of(item.nodeid) != fixture:
