@@ -16,8 +16,9 @@ import contextlib
 import json
 import logging
 import os
+import re
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -33,8 +34,20 @@ EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 EXIT_INTERRUPTED = 130  # Ctrl-C: what finished is printed, the rest cancelled
 
 
+_INVALID_CHOICE = re.compile(r"invalid choice: '(?P<word>[^']*)' \(choose from (?P<choices>.*)\)")
+
+
 class _Parser(argparse.ArgumentParser):
+    """Usage errors with exit code 2, the closest choice suggested for an invalid one."""
+
+    commands: dict[str, argparse.ArgumentParser]
+
     def error(self, message: str) -> None:  # type: ignore[override]
+        from gym_artifacts.suggest import did_you_mean
+
+        if match := _INVALID_CHOICE.search(message):
+            choices = [c.strip().strip("'\"") for c in match["choices"].split(",")]
+            message += did_you_mean(match["word"], choices)
         self.print_usage(sys.stderr)
         self.exit(EXIT_USAGE, f"{self.prog}: error: {message}\n")
 
@@ -176,7 +189,20 @@ def build_parser() -> argparse.ArgumentParser:
     )
     ls.add_argument("-c", "--config", type=Path, help="config whose enabled flags to show")
     ls.add_argument("--json", action="store_true")
+    parser.commands = {"export": exp, "status": st, "report": rp, "exporters": ls}
     return parser
+
+
+def _refuse_unknown(parser: _Parser, command: str, unknown: Sequence[str]) -> None:
+    """Exit 2 with the command's own usage, suggesting the option closest to the first unknown one."""
+    from gym_artifacts.suggest import did_you_mean
+
+    command_parser = parser.commands[command]
+    actions = [*parser._actions, *command_parser._actions]
+    options = [opt for action in actions for opt in action.option_strings]
+    first = next((u for u in unknown if u.startswith("-")), None)
+    hint = did_you_mean(first.split("=", 1)[0], options) if first is not None else ""
+    command_parser.error(f"unrecognized arguments: {' '.join(unknown)}{hint}")
 
 
 def _looks_like_path(text: str) -> bool:
@@ -361,11 +387,12 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
+    assert isinstance(parser, _Parser)
     # Runs and key=value overrides may come before or after options: collect both.
     ns, extra = parser.parse_known_args(argv)
     unknown = [e for e in extra if e.startswith("-") or ns.command != "export"]
     if unknown:
-        parser.error(f"unrecognized arguments: {' '.join(unknown)}")
+        _refuse_unknown(parser, ns.command, unknown)
     if ns.command == "export":
         ns.items += extra
     install_log_redaction()
@@ -379,7 +406,41 @@ def _main(argv: Sequence[str] | None = None) -> int:
 
     handlers = {"export": cmd_export, "status": cmd_status, "exporters": cmd_exporters, "report": cmd_report,
                 "compare": cmd_compare}  # fmt: skip
-    return handlers[ns.command](ns)
+    try:
+        with _backend_logs(ns.verbose):
+            return handlers[ns.command](ns)
+    except BrokenPipeError:  # the reader went away: main() ends quietly
+        raise
+    except Exception as exc:  # from a dependency or the system: one line; -v adds the traceback
+        return _unexpected(exc, ns.verbose)
+
+
+@contextlib.contextmanager
+def _backend_logs(verbose: bool) -> Iterator[None]:
+    """Backends' own INFO lines only with -v. MLflow configures its own INFO handler when it is
+    imported ("Creating initial MLflow database tables..."), from ``MLFLOW_LOGGING_LEVEL``: set
+    for the command (worker processes inherit it) unless the user chose a level; restored after."""
+    if verbose or os.environ.get("MLFLOW_LOGGING_LEVEL"):
+        yield
+        return
+    os.environ["MLFLOW_LOGGING_LEVEL"] = "WARNING"
+    try:
+        yield
+    finally:
+        os.environ.pop("MLFLOW_LOGGING_LEVEL", None)
+
+
+def _unexpected(exc: Exception, verbose: bool) -> int:
+    """Print an error no command handles as one line (secrets masked); exit code 1."""
+    from gym_artifacts.secrets import redact_text
+
+    if verbose:
+        logger.error("traceback:", exc_info=exc)
+    text = " ".join(str(exc).split()) or "(no message)"
+    text = text if len(text) <= 500 else text[:499] + "…"
+    hint = "" if verbose else " (run with -v for the traceback)"
+    print(redact_text(f"gym-artifacts: error: {type(exc).__name__}: {text}{hint}"), file=sys.stderr)
+    return EXIT_FAILED
 
 
 if __name__ == "__main__":

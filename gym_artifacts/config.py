@@ -52,14 +52,13 @@ def eval_config_only(config: Any) -> Any:
 
 def check_export_config_keys(cfg: Any, source: str) -> None:
     """Refuse an unknown top-level key of an export config, suggesting the closest known one."""
-    import difflib
+    from gym_artifacts.suggest import did_you_mean
 
     for key in raw_container(cfg) if cfg is not None else {}:
         if key in EXPORT_CONFIG_KEYS:
             continue
-        close = difflib.get_close_matches(str(key), sorted(EXPORT_CONFIG_KEYS), n=1, cutoff=0.6)
         known = ", ".join(sorted(EXPORT_CONFIG_KEYS))
-        hint = f"; did you mean {close[0]!r}?" if close else f"; known keys: {known}"
+        hint = did_you_mean(str(key), EXPORT_CONFIG_KEYS) or f"; known keys: {known}"
         raise ConfigError(f"{source}: unknown key {key!r}{hint}")
 
 

@@ -28,6 +28,7 @@ from gym_artifacts.live_channel import (
     TEARDOWN_TIMEOUT_ENV,
     LiveChannel,
     LiveReport,
+    summary_line,
     teardown_limits,
 )
 from gym_artifacts.live_content import LoggedRollouts, logged_content
@@ -74,6 +75,10 @@ class NoOpLiveRun:
 
     def __init__(self, writer_refused: str | None = None) -> None:
         self.writer_refused = writer_refused
+
+    def __repr__(self) -> str:
+        why = f"writer refused: {self.writer_refused}" if self.writer_refused else "not rank 0"
+        return f"NoOpLiveRun({why})"
 
     def export_config(self, config: Mapping[str, Any] | None = None) -> None: ...
     def export_metrics(self, metrics: Mapping[str, Any], step: int | None = None) -> None: ...
@@ -154,6 +159,11 @@ class LiveRun:
                 run, resume=resume, secrets=self._secrets, previous_last_step=self.journal.previous_last_step
             )
         _register_atexit(self)
+
+    def __repr__(self) -> str:
+        backends = ", ".join(c.name for c in self.channels) or "no backend"
+        state = "closed" if self._closed else "open"
+        return f"LiveRun({self.run.source}: {backends}; {state}; {self.refused.count} refused)"
 
     def export_config(self, config: Mapping[str, Any] | None = None) -> None:
         """Log the eval's config (masked) to every backend."""
@@ -328,6 +338,7 @@ class LiveRun:
             if logged is not None:
                 for channel in self.channels:
                     channel.record_logged(logged, RunStatus.FINISHED)
+        logger.info("live logging: teardown: %s", summary_line(self.reports))
         _unregister_atexit(self)
         return self.reports
 

@@ -78,3 +78,8 @@ class RefusedCalls:
 
     def describe(self) -> str:
         return f"{self.count} live call(s) refused (last: {self.last_reason})"
+
+    def __repr__(self) -> str:
+        if not self.count:
+            return "RefusedCalls(0 refused)"
+        return f"RefusedCalls({self.count} refused, last: {self.last_reason})"

@@ -16,7 +16,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -90,6 +90,20 @@ class LiveReport:
         if not self.teardown_finished:
             parts.append("teardown did not finish in time")
         return ", ".join(parts)
+
+
+def summary_line(reports: Sequence[LiveReport]) -> str:
+    """One line for all backends: ``local 12 delivered, 0 failed, 0 undelivered; ...``."""
+    if not reports:
+        return "no live backend"
+    parts = []
+    for r in reports:
+        if r.setup_error:
+            parts.append(f"{r.exporter} setup failed")
+            continue
+        counts = f"{r.delivered} delivered, {r.failed} failed, {r.undelivered} undelivered"
+        parts.append(f"{r.exporter} {counts}" + (f", {r.dropped} dropped" if r.dropped else ""))
+    return "; ".join(parts)
 
 
 class LiveChannel:

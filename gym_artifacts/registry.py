@@ -163,8 +163,11 @@ def get_entry(name: str, entries: dict[str, ExporterEntry] | None = None) -> Exp
         clash = _scan()[1].get(name)
         if clash:
             raise ConfigError(clash) from None
+        from gym_artifacts.suggest import did_you_mean
+
         known = ", ".join(sorted(entries)) or "none"
-        raise ConfigError(f"unknown exporter {name!r} (known: {known})") from None
+        hint = did_you_mean(name, entries)
+        raise ConfigError(f"unknown exporter {name!r}{hint} (known: {known})") from None
 
 
 def list_exporters(config: str | os.PathLike[str] | None = None) -> list[dict[str, Any]]:

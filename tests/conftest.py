@@ -13,7 +13,7 @@ from hypothesis import settings
 
 from tests.fixture_paths import REACTOR_FIXTURES
 
-# Hypothesis explores new examples on every run; CI (`.ci/run` sets HYPOTHESIS_PROFILE=ci) draws the
+# Hypothesis explores new examples on every run; CI (`scripts/test.sh` sets HYPOTHESIS_PROFILE=ci) draws the
 # same ones each time, so a landing is decided by the change, not by the draw. A case a local run
 # finds is added to its test with @example.
 settings.register_profile("ci", derandomize=True, print_blob=True)
@@ -50,10 +50,22 @@ def session_service_of(nodeid: str) -> str | None:
     return None
 
 
+def slow_tests() -> frozenset[str]:
+    """The tests listed in ``tests/slow_tests.txt``: ``path::name`` (every parametrization) or
+    one parametrized id ``path::name[params]``."""
+    lines = (REPO / "tests" / "slow_tests.txt").read_text().splitlines()
+    return frozenset(line.strip() for line in lines if line.strip() and not line.startswith("#"))
+
+
+@pytest.hookimpl(tryfirst=True)  # before ``-m "not slow"`` deselects by mark
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """A test that uses a session service must be listed in SESSION_SERVICES, or the scheduler
-    below would start that service in a second worker."""
+    """Mark the listed slow tests; a test that uses a session service must be listed in
+    SESSION_SERVICES, or the scheduler below would start that service in a second worker."""
+    slow = slow_tests()
     for item in items:
+        # a session service starts in 50-100 s on a loaded machine: never in the quick subset
+        if item.nodeid in slow or item.nodeid.split("[", 1)[0] in slow or session_service_of(item.nodeid):
+            item.add_marker(pytest.mark.slow)
         for fixture in SESSION_SERVICES:
             if fixture in getattr(item, "fixturenames", ()) and session_service_of(item.nodeid) != fixture:
                 raise pytest.UsageError(f"{item.nodeid} uses {fixture}: add it to SESSION_SERVICES")
@@ -72,6 +84,53 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
             return session_service_of(nodeid) or nodeid
 
     return SessionServiceScheduling(config, log)
+
+
+def _checkout_changes() -> set[str] | None:
+    """``git status`` lines of the checkout (untracked files listed one by one; ignored paths
+    left out); None outside a git checkout."""
+    import subprocess
+
+    try:
+        proc = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=all"],
+            cwd=REPO, capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return set(proc.stdout.splitlines()) if proc.returncode == 0 else None
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    if not hasattr(session.config, "workerinput"):  # the controller (or the one process)
+        session.config.stash[_CHANGES_BEFORE] = _checkout_changes()
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """Tests write only under their tmp folders or gitignored paths (test-artifacts/,
+    .hypothesis/): a file the session created or changed in the checkout fails the run."""
+    before = session.config.stash.get(_CHANGES_BEFORE, None)
+    after = _checkout_changes() if before is not None else None
+    if before is None or after is None:
+        return
+    written = sorted(after - before)
+    if written:
+        session.config.stash[_WRITTEN] = written
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    written = terminalreporter.config.stash.get(_WRITTEN, None)
+    if written:
+        terminalreporter.write_line(
+            "the tests wrote into the checkout (write under tmp_path, or a gitignored path):", red=True
+        )
+        for line in written:
+            terminalreporter.write_line(f"  {line}", red=True)
+
+
+_CHANGES_BEFORE = pytest.StashKey[set[str] | None]()
+_WRITTEN = pytest.StashKey[list[str]]()
 
 
 @pytest.fixture(autouse=True)
@@ -174,7 +233,7 @@ def phoenix_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]
     binary = phoenix_bin()
     if binary is None:
         pytest.skip(
-            "no phoenix server binary: .ci/run builds .venv-phoenix (or set GYM_ARTIFACTS_PHOENIX_BIN)"
+            "no phoenix server binary: scripts/test.sh builds .venv-phoenix (or set GYM_ARTIFACTS_PHOENIX_BIN)"
         )
     server = PhoenixServer(tmp_path_factory.mktemp("phoenix"), binary).start()
     yield server

@@ -3,7 +3,7 @@ ports, health wait, killed by process group.
 
 The Phoenix server cannot share a virtual environment with MLflow (their graphql-core pins
 conflict), so it runs from its own: ``$GYM_ARTIFACTS_PHOENIX_BIN``, else ``.venv-phoenix`` in the
-checkout (``.ci/run`` builds it), else ``/work/venv-phoenix``.
+checkout (``scripts/test.sh`` builds it).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from pathlib import Path
 from tests.server_process import free_port, kill_process_group, start_process_group
 
 REPO = Path(__file__).resolve().parent.parent
-CANDIDATES = (REPO / ".venv-phoenix" / "bin" / "phoenix", Path("/work/venv-phoenix/bin/phoenix"))
+CANDIDATES = (REPO / ".venv-phoenix" / "bin" / "phoenix",)
 
 
 def phoenix_bin() -> Path | None:

@@ -30,7 +30,7 @@ ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--
 def browser() -> Iterator[Any]:
     playwright = pytest.importorskip("playwright.sync_api")
     if not Path(CHROMIUM).exists():
-        pytest.skip(f"{CHROMIUM} is not installed (.ci/run installs Debian's chromium)")
+        pytest.skip(f"{CHROMIUM} is not installed (scripts/test.sh installs Debian's chromium)")
     with playwright.sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
         yield browser

@@ -25,6 +25,7 @@ from gym_artifacts.payload import (
     nvml_summary,
 )
 from gym_artifacts.report import charts
+from gym_artifacts.report.levels import cell_text, level_table_html
 from gym_artifacts.report.page import render_page, rollout_data_element
 from gym_artifacts.report.rollouts import RolloutTable, rollout_lines
 from gym_artifacts.run import RunArtifacts, agent_label
@@ -34,8 +35,6 @@ from gym_artifacts.status import exporter_states, exports_table
 logger = logging.getLogger(__name__)
 EMBED_VIDEO_MAX = 5 << 20
 MAX_STEP_CHARTS = 12
-MAX_LEVEL_ROWS = 200
-MAX_LEVEL_COLUMNS = 10
 GPU_METRICS = {
     "gpu_util_pct": ("GPU utilisation", "%"),
     "memory_used_gb": ("memory used", "GB"),
@@ -52,9 +51,10 @@ def _missing(message: str) -> str:
 
 
 def _table(headers: list[str], rows: list[list[Any]], cls: str = "") -> str:
+    """A table that scrolls inside its card; values at full precision."""
     head = "".join(f"<th>{_e(h)}</th>" for h in headers)
-    body = "".join("<tr>" + "".join(f"<td>{_e(c)}</td>" for c in row) + "</tr>" for row in rows)
-    return f'<table class="{cls}"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>'
+    body = "".join("<tr>" + "".join(f"<td>{_e(cell_text(c))}</td>" for c in row) + "</tr>" for row in rows)
+    return f'<div class="scroll"><table class="{cls}"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table></div>'
 
 
 def _summary(run: RunArtifacts, identities: dict[str, str], coverage: Coverage) -> str:
@@ -94,9 +94,7 @@ def _aggregate(run: RunArtifacts) -> str:
         name = agent_label(entry.get("agent_ref"))
         for key, value in tracker_values([entry]).items():
             level, metric = _level_of(key, name)
-            cells.setdefault((level, metric), {})[agent] = (
-                f"{value:.6g}" if isinstance(value, float) else value
-            )
+            cells.setdefault((level, metric), {})[agent] = value
     rows = [[level, metric, *(row.get(a, "") for a in agents)] for (level, metric), row in cells.items()]
     failed = [e for e in entries if e.get("aggregation_error")]
     note = (
@@ -111,18 +109,7 @@ def _aggregate(run: RunArtifacts) -> str:
         "(agent_metrics), <code>key_metrics/&lt;agent&gt;/&lt;metric&gt;</code>, "
         "<code>perf_summary/&lt;agent&gt;/&lt;metric&gt;</code>.</p>",
     ]
-    for table in level_tables(entries):
-        shown = [c for c in table.columns if c not in ("rollout_infos", "sample")][:MAX_LEVEL_COLUMNS]
-        cells = [
-            [f"{v:.4g}" if isinstance(v, float) else v for v in (rec.get(c) for c in shown)]
-            for rec in table.records()[:MAX_LEVEL_ROWS]
-        ]
-        more = len(table.rows) - len(cells)
-        parts.append(
-            f"<h3>{_e(table.name)} (a row per {_e(table.index)})</h3>"
-            + _table(shown, cells, f"level {table.name}")
-            + (f"<p>{more:,} more rows in the exported table.</p>" if more > 0 else "")
-        )
+    parts.extend(level_table_html(table) for table in level_tables(entries))
     return "".join(parts)
 
 
@@ -178,7 +165,7 @@ def _gpu(run: RunArtifacts) -> str:
                 per_gpu.setdefault(sample.gpu, {}).setdefault(name, []).append(
                     (sample.time - t0, sample.metrics[name])
                 )
-    parts = [_table(["figure", "value"], [[k, f"{v:.4g}"] for k, v in figures.items()], "kv gpu-summary")]
+    parts = [_table(["figure", "value"], [[k, v] for k, v in figures.items()], "kv gpu-summary")]
     if not per_gpu:
         parts.append(
             _missing("The NVML summary has figures but no sample series (nvml_samples.jsonl) to draw.")
@@ -237,7 +224,8 @@ def _rollouts(run: RunArtifacts, coverage: Coverage, secrets: frozenset[str]) ->
         + f"<p>{counts}. Search and sort the table; rows are drawn a page at a time.</p>"
         + '<div class="table-controls"><input id="rollout-search" type="search" placeholder="search rollouts" '
         + 'aria-label="search rollouts"> <button id="prev-page">previous</button> <span id="page-info"></span> '
-        + '<button id="next-page">next</button></div><table id="rollout-table"><thead></thead><tbody></tbody></table>'
+        + '<button id="next-page">next</button></div>'
+        + '<div class="scroll"><table id="rollout-table"><thead></thead><tbody></tbody></table></div>'
     )
     return section, data
 

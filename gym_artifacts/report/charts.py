@@ -3,7 +3,8 @@
 matplotlib (a maintained plotting library) chooses the axis limits from the data, so every
 line and bar lies inside its axes frame whatever the range (negative, constant, a single point,
 1e-9 or 1e9 wide); lines are also clipped to the frame. Text stays text (``svg.fonttype:
-none``), so the page needs no font files. Long series are reduced to their per-bucket minimum
+none``), so the page needs no font files; names are never read as mathtext (a metric name may
+hold any ``$``). Long series are reduced to their per-bucket minimum
 and maximum (the envelope a reader sees) before drawing. Each chart's SVG is wrapped in
 ``<div class="chart" data-points=N>``; its frame, lines and bars carry ids ``<chart>-frame``,
 ``<chart>-series-<i>`` and ``<chart>-bar-<i>`` (what the browser tests measure).
@@ -47,9 +48,11 @@ def _figure(title: str, x_label: str, y_label: str) -> tuple[Any, Any]:
 
     fig = Figure(figsize=(6.4, 2.6), dpi=100, layout="constrained")
     ax = fig.add_subplot()
-    ax.set_title(title, fontsize=10, loc="left")
-    ax.set_xlabel(x_label, fontsize=9)
-    ax.set_ylabel(y_label, fontsize=9)
+    # parse_math=False: a name is text, never mathtext ("loss $_$" would not parse, "$a$" would
+    # lose its dollars).
+    ax.set_title(title, fontsize=10, loc="left", parse_math=False)
+    ax.set_xlabel(x_label, fontsize=9, parse_math=False)
+    ax.set_ylabel(y_label, fontsize=9, parse_math=False)
     ax.tick_params(labelsize=8)
     ax.grid(True, color="#e5e7eb", linewidth=0.6)
     ax.set_axisbelow(True)
@@ -84,6 +87,7 @@ def line_chart(
         return ""
     chart_id = f"chart{next(_ids)}"
     fig, ax = _figure(title, x_label, y_label)
+    lines = []
     for i, (name, pts) in enumerate(finite.items()):
         drawn = envelope(pts)
         (line,) = ax.plot(
@@ -91,8 +95,11 @@ def line_chart(
             linewidth=1.2, marker="o" if len(drawn) == 1 else None, markersize=3, label=name,
         )  # fmt: skip
         line.set_gid(f"{chart_id}-series-{i}")
+        lines.append(line)
     if len(finite) > 1:
-        ax.legend(fontsize=7, loc="best")
+        # Handles and labels given explicitly: matplotlib would drop a label starting with "_".
+        for text in ax.legend(lines, list(finite), fontsize=7, loc="best").get_texts():
+            text.set_parse_math(False)
     ax.margins(x=0.02, y=0.08)
     return _svg(fig, chart_id, ax, sum(len(p) for p in finite.values()), "line", title)
 

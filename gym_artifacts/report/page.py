@@ -35,12 +35,22 @@ pre.config { background: #f3f4f6; padding: 8px; max-height: 360px; overflow: aut
 div.chart { background: #fff; border: 1px solid #e5e7eb; border-radius: 6px; }
 div.chart svg { display: block; font-family: system-ui, sans-serif; }
 .table-controls { margin: 8px 0; } .table-controls input { padding: 4px 8px; width: 320px; }
-video { background: #000; border-radius: 6px; } .note { color: #6b7280; font-size: 12px; }
+.scroll { overflow-x: auto; max-width: 100%; } pre { overflow-x: auto; }
+table.level:not(.all-columns) .extra { display: none; }
+video { background: #000; border-radius: 6px; max-width: 100%; height: auto; } .note { color: #6b7280; font-size: 12px; }
 """
 
 SCRIPT = r"""
 (function () {
   "use strict";
+  // A level table's hidden columns are in the page: its note's button shows or hides them.
+  document.querySelectorAll("button[data-show-columns]").forEach(function (button) {
+    button.addEventListener("click", function () {
+      var table = document.getElementById("level-" + button.dataset.showColumns);
+      var all = table.classList.toggle("all-columns");
+      button.textContent = all ? "show fewer columns" : button.dataset.label;
+    });
+  });
   var video = document.getElementById("recording-video");
   if (video) {
     var sized = function () {  // play at the recording's own size, not a stretched box
@@ -155,7 +165,10 @@ def rollout_data_element(columns: list[str], rows: Iterable[list[Any]], secrets:
 
     def emit(text: str) -> None:
         nonlocal size, packer
-        text = redact_secret_values(text, secrets).replace("</", "<\\/")
+        # No "<" at all inside the element (JSON's own escape, valid only in strings, where any
+        # "<" is): "</script", "<!--" and "<script" alike can never end the element or move the
+        # HTML parser into its escaped script states.
+        text = redact_secret_values(text, secrets).replace("<", "\\u003c")
         if packer is None:
             plain.append(text)
             size += len(text)
@@ -170,7 +183,9 @@ def rollout_data_element(columns: list[str], rows: Iterable[list[Any]], secrets:
     chunk: list[str] = []
     first = True
     for row in rows:
-        chunk.append(("" if first else ",") + json.dumps(row, ensure_ascii=False, allow_nan=False, default=str))
+        chunk.append(
+            ("" if first else ",") + json.dumps(row, ensure_ascii=False, allow_nan=False, default=str)
+        )
         first = False
         if len(chunk) == ROWS_PER_CHUNK:
             emit("".join(chunk))
