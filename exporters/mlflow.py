@@ -49,7 +49,7 @@ from ._mlflow_client import (
 )
 from ._mlflow_mapping import config_params, split_metrics, tag_value
 from ._mlflow_traces import log_rollout_traces
-from ._rollouts import payload_rollouts
+from ._rollouts import payload_traces
 
 logger = logging.getLogger(__name__)
 
@@ -413,7 +413,9 @@ class MlflowExporter(LiveExporter):
                 assert rollouts is not None
                 sent += self._upload_file(ml, run_id, complete, "rollouts.jsonl", "rollouts")
                 if self.settings.log_traces:
-                    self._log_traces(ml, run_id, payload, file_mtime_ms(rollouts))
+                    times = run_times(run)
+                    start_ms = times.start_ms if times is not None else file_mtime_ms(rollouts)
+                    self._log_traces(ml, run_id, payload, start_ms)
         omitted = payload.omitted_partial_line
         if omitted:
             ts = file_mtime_ms(rollouts) if rollouts is not None else 0
@@ -427,14 +429,21 @@ class MlflowExporter(LiveExporter):
             ml.set_tags(run_id, tags)
         return payload.rollout_rows, sent
 
-    @staticmethod
-    def _log_traces(ml: ScopedMlflow, run_id: str, payload: RunPayload, fallback_ms: int) -> int:
-        """Every rollout as a trace in the run's experiment, linked to the run (see _mlflow_traces);
-        a rollout without its own time is placed at ``fallback_ms`` plus its row in milliseconds."""
+    def _log_traces(self, ml: ScopedMlflow, run_id: str, payload: RunPayload, fallback_ms: int) -> int:
+        """Every rollout (failed ones too) as a trace in the run's experiment, linked to the run
+        (see _mlflow_traces); a database store gets MLflow's own server for the duration. A
+        rollout without its own time is placed at ``fallback_ms`` (the eval's start) plus its row
+        in milliseconds. Ids are scoped by the MLflow run, which a rerun finds by identity."""
+        from ._mlflow_client import ScopedMlflow, _is_rest
+        from ._mlflow_trace_server import trace_server
+
         experiment_id = str(ml.get_run(run_id).info.experiment_id)
-        store = ml.client._tracking_client.store
-        rollouts = payload_rollouts(payload)
-        return log_rollout_traces(store, experiment_id, run_id, rollouts, fallback_ms, payload.secrets)
+        traces = payload_traces(payload, f"mlflow/{run_id}", fallback_ms / 1000)
+        if _is_rest(ml.tracking_uri):
+            return log_rollout_traces(ml, experiment_id, run_id, traces).traces
+        with trace_server(ml.tracking_uri) as url:
+            local = ScopedMlflow(url, None, ml.limits)
+            return log_rollout_traces(local, experiment_id, run_id, traces).traces
 
     @staticmethod
     def _send_system_metrics(
