@@ -49,6 +49,7 @@ from ._mlflow_client import (
 )
 from ._mlflow_mapping import config_params, split_metrics, tag_value
 from ._mlflow_traces import log_rollout_traces
+from ._mlflow_views import DESCRIPTION_TAG, REPORT_NAME, headline, planned_inputs, write_report
 from ._rollouts import payload_traces
 
 logger = logging.getLogger(__name__)
@@ -394,6 +395,15 @@ class MlflowExporter(LiveExporter):
             tags[LOGGED_ARTIFACTS_TAG] = json.dumps(
                 [{"path": f"tables/{t.name}.json", "type": "table"} for t in tables]
             )
+        tags[DESCRIPTION_TAG] = headline(payload)
+        run_name = self.settings.run_name or saved_config_run_name(run, self.name)
+        dataset = planned_inputs(payload, f"{run_name} planned inputs")
+        if dataset is not None:
+            ml.client.log_inputs(run_id, [dataset])
+        with tempfile.TemporaryDirectory(prefix="gym-artifacts-mlflow-") as tmp:
+            report = write_report(payload, Path(tmp) / REPORT_NAME)
+            if report is not None:
+                sent += ml.log_artifact(run_id, report, None)
         if payload.coverage is not None:
             tags["gym_artifacts.coverage"] = tag_value(payload.coverage.text())
             tags["gym_artifacts.partial"] = "true" if payload.coverage.partial else "false"

@@ -90,6 +90,7 @@ def test_with_failures_fixture_reads_back_from_a_real_server(mlflow_server: Any,
     client = MlflowClient(mlflow_server.uri)
     traces = assert_one_trace_per_rollout(client, result.backend_run_id, rollouts)
     assert len(traces) == 10
+    assert_run_views(client, result.backend_run_id, rollouts)
     failures = [json.loads(line) for line in rollouts.with_name("rollouts_failures.jsonl").read_text().splitlines()]
     errors = [t for t in traces if t.info.state.value == "ERROR"]
     assert sorted(t.info.tags["gym_artifacts.repeat"] for t in errors) == ["0", "1"]
@@ -141,6 +142,23 @@ def test_traces_read_back_linked_to_the_run(
     [again] = export_run(quickstart_run, traces_cfg(tracking_uri, f"quickstart-{tracking_uri[:4]}"))
     assert again.status is ExportStatus.SKIPPED
     assert len(all_traces(client, run.info.experiment_id, result.backend_run_id)) == 300
+
+
+def assert_run_views(client: MlflowClient, run_id: str, rollouts: Path) -> None:
+    """The planned inputs as the run's dataset input, the headline as its description, the
+    HTML report as an artifact, and the run's times from the eval's files."""
+    run = client.get_run(run_id)
+    assert run.data.tags["mlflow.note.content"] == (
+        "mean reward 0.5 · 8 of 10 planned rollouts scored (2 failed) - partial"
+    )
+    [dataset_input] = run.inputs.dataset_inputs
+    assert json.loads(dataset_input.dataset.profile) == {"num_rows": 10}
+    assert dataset_input.dataset.name.endswith("planned inputs")
+    assert [(t.key, t.value) for t in dataset_input.tags] == [("mlflow.data.context", "eval")]
+    report = Path(client.download_artifacts(run_id, "report.html", str(rollouts.parent.parent / "dl")))
+    page = report.read_text()
+    assert "<html" in page.lower() and "get_weather" in page
+    assert run.info.end_time >= run.info.start_time
 
 
 KILLER = """
