@@ -159,10 +159,15 @@ def payload_traces(payload: RunPayload, scope: str, fallback_s: float) -> Iterat
     from gym_artifacts.rollout_spans import failure_trace, rollout_trace
 
     secrets = payload.secrets
+    earliest = fallback_s
     for row, record in enumerate(payload.rollout_records()):
-        yield rollout_trace(scope, row, record, fallback_s, secrets)
+        trace = rollout_trace(scope, row, record, fallback_s, secrets)
+        earliest = min(earliest, trace.start_ns / 1e9)
+        yield trace
+    # a failure has no time of its own: the eval's start, or the first rollout's if earlier (the
+    # run's files may be younger than the eval: a copy, a download)
     for index, record, planned in failed_rollouts(payload):
-        yield failure_trace(scope, index, record, planned, fallback_s, secrets)
+        yield failure_trace(scope, index, record, planned, earliest, secrets)
 
 
 def failed_rollouts(payload: RunPayload) -> Iterator[tuple[int, Any, Any]]:
