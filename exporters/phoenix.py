@@ -27,7 +27,8 @@ from gym_artifacts.exporter import Exporter, ExportPlan, Sent
 from gym_artifacts.run import RunArtifacts
 from gym_artifacts.run_payload import RunPayload
 
-from ._rollouts import Rollout, as_object, masked, payload_rollouts
+from ._phoenix_traces import send_traces
+from ._rollouts import Rollout, as_object, masked, payload_rollouts, payload_traces
 
 IDENTITY_KEY = "gym_artifacts.identity"
 
@@ -40,6 +41,14 @@ class PhoenixSettings(ExporterConfig):
     dataset_name: str | None = None  # default ``<run name>-<identity>``
     experiment_name: str | None = None  # default the run's name
     request_timeout: int = Field(default=60, gt=0, le=3600)
+    # Every rollout as a trace (OpenInference span tree, failed rollouts as ERROR traces, verdicts
+    # as span annotations) in the project ``project_name`` (default: the dataset's name).
+    log_traces: bool = True
+    project_name: str | None = None
+    # How long Phoenix may take to store the spans it was sent (it inserts in the background).
+    traces_landed_timeout: float = Field(default=600.0, gt=0, le=24 * 3600)
+    # The dataset of tasks and the experiment of rollouts (one request per rollout).
+    log_experiment: bool = True
 
 
 class PhoenixExporter(Exporter):
@@ -57,8 +66,12 @@ class PhoenixExporter(Exporter):
 
     @classmethod
     def destination_for(cls, settings: Any) -> dict[str, Any]:
-        """The base_url without credentials and the dataset and experiment names."""
-        return dataset_service_destination(settings, "base_url")
+        """The base_url without credentials, the dataset and experiment names, and the project's
+        when it is set (by default it is the dataset's)."""
+        destination = dataset_service_destination(settings, "base_url")
+        if getattr(settings, "project_name", None):
+            destination["project_name"] = settings.project_name
+        return destination
 
     def expected_errors(self) -> tuple[type[BaseException], ...]:
         import httpx
@@ -78,13 +91,34 @@ class PhoenixExporter(Exporter):
             return Sent(
                 backend_run_id=None, note="no rollouts sent: Phoenix holds runs only as an experiment"
             )
-        # Two passes (tasks first: the dataset must exist before its runs), each streamed.
-        tasks, repetitions = self._tasks(payload_rollouts(payload), plan)
-        dataset = self._dataset(client, run, plan, tasks)
-        example_of_task = {str(e["metadata"].get("task")): e["id"] for e in dataset.examples}
-        experiment_id = self._experiment(client, run, plan, dataset.id, repetitions)
-        rows = self._send_runs(client, experiment_id, example_of_task, payload_rollouts(payload), plan)
-        return Sent(backend_run_id=experiment_id, rows=rows)
+        backend_run_id = None
+        rows = payload.rollout_rows
+        if self.settings.log_traces:
+            backend_run_id = project = self.settings.project_name or self._dataset_name(run, plan)
+            self._send_traces(client, project, payload, plan)
+        if self.settings.log_experiment:
+            # Two passes (tasks first: the dataset must exist before its runs), each streamed.
+            tasks, repetitions = self._tasks(payload_rollouts(payload), plan)
+            dataset = self._dataset(client, run, plan, tasks)
+            example_of_task = {str(e["metadata"].get("task")): e["id"] for e in dataset.examples}
+            backend_run_id = self._experiment(client, run, plan, dataset.id, repetitions)
+            rows = self._send_runs(client, backend_run_id, example_of_task, payload_rollouts(payload), plan)
+        return Sent(backend_run_id=backend_run_id, rows=rows)
+
+    def _dataset_name(self, run: RunArtifacts, plan: ExportPlan) -> str:
+        return self.settings.dataset_name or f"{run.name}-{plan.run_identity.split(':')[-1][:12]}"
+
+    def _send_traces(self, client: Any, project: str, payload: RunPayload, plan: ExportPlan) -> None:
+        """Every rollout (failed ones too) as a trace in ``project`` (see _phoenix_traces); ids
+        scoped by the project and the run's identity. A rollout without its own time is placed at
+        the eval's start."""
+        from gym_artifacts.run_times import run_times
+
+        times = run_times(payload.run)
+        fallback = times.start if times is not None else 0.0
+        traces = payload_traces(payload, f"phoenix/{project}/{plan.run_identity}", fallback)
+        s = self.settings
+        send_traces(client, project, traces, float(s.request_timeout), s.traces_landed_timeout)
 
     @staticmethod
     def _tasks(rollouts: Iterable[Rollout], plan: ExportPlan) -> tuple[dict[str, Any], int]:
@@ -100,7 +134,7 @@ class PhoenixExporter(Exporter):
     def _dataset(self, client: Any, run: RunArtifacts, plan: ExportPlan, tasks: dict[str, Any]) -> Any:
         import httpx
 
-        name = self.settings.dataset_name or f"{run.name}-{plan.run_identity.split(':')[-1][:12]}"
+        name = self._dataset_name(run, plan)
         try:
             return client.datasets.get_dataset(dataset=name, timeout=self.settings.request_timeout)
         except (ValueError, httpx.HTTPStatusError):
