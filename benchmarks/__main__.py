@@ -14,7 +14,7 @@ from benchmarks.common import Row, peak_rss_mb
 
 BENCHMARKS = [
     "live", "tail", "identity", "large_export", "recording", "snapshot", "nvml", "startup", "ray_scale",
-    "llm_backends",
+    "llm_backends", "traces",
 ]  # fmt: skip
 
 

@@ -90,6 +90,10 @@ class MlflowSettings(ExporterConfig):
     # Every rollout also as an MLflow trace with its verdicts as feedback (off by default: one
     # request per rollout; figures in BENCHMARKS.md).
     log_traces: bool = False
+    # Verdicts as MLflow assessments (the Traces tab's reward column and histogram): one
+    # start_trace request a trace, MLflow's only way to attach them. Off: verdicts as trace tags,
+    # and the spans alone make each trace (several times fewer requests; BENCHMARKS notes).
+    trace_assessments: bool = True
 
 
 class MlflowExporter(LiveExporter):
@@ -449,11 +453,12 @@ class MlflowExporter(LiveExporter):
 
         experiment_id = str(ml.get_run(run_id).info.experiment_id)
         traces = payload_traces(payload, f"mlflow/{run_id}", fallback_ms / 1000)
+        assessments = self.settings.trace_assessments
         if _is_rest(ml.tracking_uri):
-            return log_rollout_traces(ml, experiment_id, run_id, traces).traces
+            return log_rollout_traces(ml, experiment_id, run_id, traces, assessments).traces
         with trace_server(ml.tracking_uri) as url:
             local = ScopedMlflow(url, None, ml.limits)
-            return log_rollout_traces(local, experiment_id, run_id, traces).traces
+            return log_rollout_traces(local, experiment_id, run_id, traces, assessments).traces
 
     @staticmethod
     def _send_system_metrics(

@@ -499,7 +499,7 @@ def failure_trace(
         start_ns,
         start_ns,
         conversation_first(request),
-        None,
+        {"error": message},
         attributes,
         error=message,
         input_messages=chat_messages(

@@ -237,3 +237,25 @@ def test_sigkilled_sqlite_export_leaves_no_server_and_no_duplicate(quickstart_ru
     client = MlflowClient(uri)
     traces = assert_one_trace_per_rollout(client, result.backend_run_id, quickstart_run)
     assert all(len(t.info.assessments) == 1 for t in traces)
+
+
+@pytest.mark.slow
+def test_spans_only_traces_carry_verdicts_as_tags(mlflow_server: Any, tmp_path: Path) -> None:
+    """``trace_assessments=false``: no start_trace; the spans alone make each trace, with the
+    rollout's times, its state, its tags and its verdicts (as tags), linked to the run."""
+    rollouts = fixture_run(tmp_path)
+    cfg = traces_cfg(mlflow_server.uri, "spans-only")
+    cfg.exporters.mlflow.trace_assessments = False
+    [result] = export_run(rollouts, cfg)
+    assert result.status is ExportStatus.EXPORTED, result.reason
+    client = MlflowClient(mlflow_server.uri)
+    experiment_id = client.get_run(result.backend_run_id).info.experiment_id
+    traces = all_traces(client, experiment_id, result.backend_run_id)
+    assert len(traces) == 10 and sum(t.info.state.value == "ERROR" for t in traces) == 2
+    records = {str(i): r for i, r in enumerate(map(json.loads, rollouts.read_text().splitlines()))}
+    for trace in (t for t in traces if t.info.state.value == "OK"):
+        record = records[trace.info.tags["gym_artifacts.row"]]
+        assert float(trace.info.tags["gym_artifacts.reward"]) == record["reward"]
+        assert trace.info.request_time == int(record["response"]["created_at"] * 1000)
+        assert trace.info.token_usage["total_tokens"] == record["response"]["usage"]["total_tokens"]
+        assert not trace.info.assessments
