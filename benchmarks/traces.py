@@ -33,7 +33,7 @@ from omegaconf import OmegaConf
 from gym_artifacts.export import export_run
 from gym_artifacts._builtin_exporters import _mlflow_client as c
 import gym_artifacts.identity, {imports}
-spent = {{"otlp": 0.0, "start_trace": 0.0}}
+spent = {{"otlp": 0.0, "start_trace": 0.0, "landed_wait": 0.0, "annotations": 0.0}}
 def timed(key, fn):
     def wrapper(*a, **kw):
         s = time.perf_counter()
@@ -45,6 +45,13 @@ def timed(key, fn):
 from mlflow.store.tracking.rest_store import RestStore
 c.ScopedMlflow.post_otlp = timed("otlp", c.ScopedMlflow.post_otlp)
 RestStore.start_trace = timed("start_trace", RestStore.start_trace)  # summed over the 4 threads
+try:
+    from gym_artifacts._builtin_exporters import _phoenix_traces as p
+    from phoenix.client.resources.spans import Spans
+    p._wait_landed = timed("landed_wait", p._wait_landed)  # Phoenix storing the spans it was sent
+    Spans.log_span_annotations = timed("annotations", Spans.log_span_annotations)
+except ImportError:
+    pass
 __base = peak_rss_mb()
 cfg = OmegaConf.create({{'exporters': {section!r}}})
 t0 = time.perf_counter()
@@ -158,7 +165,8 @@ def _phoenix(tmp: Path, out: Path, n: int, tiny: bool) -> list[Row]:
     return [
         Row(
             f"traces: {n:,} rollouts to phoenix serve (OTLP + annotations)",
-            f"{ours['wall']:.1f} s ({per * 1000:.2f} ms a trace), +{ours['above_mb']:.0f} MB",
+            f"{ours['wall']:.1f} s ({per * 1000:.2f} ms a trace; waiting for Phoenix to store the spans "
+            f"{ours['landed_wait']:.0f} s, annotations {ours['annotations']:.0f} s), +{ours['above_mb']:.0f} MB",
             f"per-rollout experiment runs {own_per * 1000:.1f} ms a rollout ({own_rows} rollouts)",
             own_per / per if per > 0 else None,
             f"<= {TARGET_S:.0f} s for {ROWS:,} (projected {projected:.0f} s), memory constant",
