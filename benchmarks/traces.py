@@ -166,7 +166,8 @@ def _phoenix(tmp: Path, out: Path, n: int, tiny: bool) -> list[Row]:
         Row(
             f"traces: {n:,} rollouts to phoenix serve (OTLP + annotations)",
             f"{ours['wall']:.1f} s ({per * 1000:.2f} ms a trace; waiting for Phoenix to store the spans "
-            f"{ours['landed_wait']:.0f} s, annotations {ours['annotations']:.0f} s), +{ours['above_mb']:.0f} MB",
+            f"{ours['landed_wait']:.0f} s, annotations {ours['annotations']:.0f} s), "
+            f"+{ours['above_mb']:.0f} MB",
             f"per-rollout experiment runs {own_per * 1000:.1f} ms a rollout ({own_rows} rollouts)",
             own_per / per if per > 0 else None,
             f"<= {TARGET_S:.0f} s for {ROWS:,} (projected {projected:.0f} s), memory constant",
