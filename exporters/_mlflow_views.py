@@ -109,3 +109,43 @@ def write_report(payload: RunPayload, dest: Path) -> Path | None:
     except Exception as exc:
         logger.warning("mlflow: report not written: %s", exc)
         return None
+
+
+RECORDS = 1000  # evaluation dataset records a request
+
+
+def _quoted(name: str) -> str:
+    return "'" + name.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+def evaluation_dataset(ml: Any, experiment_id: str, name: str, payload: RunPayload) -> str | None:
+    """The planned inputs as an MLflow evaluation dataset of the experiment (MLflow's Datasets
+    page), on an ``mlflow server`` only (MLflow has no public call that writes records into a
+    given database store). Found by name before it is created; records are upserted by their
+    inputs, so a rerun adds none twice. Returns the dataset's id, or None when not made."""
+    from gym_artifacts.jsonio import iter_jsonl
+    from gym_artifacts.secrets import redact_text
+
+    fpath = payload.run.materialized_inputs_fpath
+    if not ml.tracking_uri.startswith(("http://", "https://")) or not fpath.is_file():
+        return None
+    found = ml.client.search_datasets([experiment_id], filter_string=f"name = {_quoted(name)}", max_results=1)
+    dataset = found[0] if found else ml.client.create_dataset(name, experiment_id=[experiment_id])
+    store = ml.client._tracking_client.store  # the scoped REST client of MLflow's public REST API
+    batch: list[dict[str, Any]] = []
+    secrets = payload.secrets
+
+    def flush() -> None:
+        records = batch
+        if secrets:
+            records = json.loads(redact_text(json.dumps(batch), secrets))
+        store.upsert_dataset_records(dataset.dataset_id, records)
+        batch.clear()
+
+    for _, record in iter_jsonl(fpath, "materialized inputs JSONL"):
+        batch.append({"inputs": record if isinstance(record, dict) else {"input": record}})
+        if len(batch) == RECORDS:
+            flush()
+    if batch:
+        flush()
+    return str(dataset.dataset_id)

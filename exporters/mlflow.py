@@ -49,7 +49,14 @@ from ._mlflow_client import (
 )
 from ._mlflow_mapping import config_params, split_metrics, tag_value
 from ._mlflow_traces import log_rollout_traces
-from ._mlflow_views import DESCRIPTION_TAG, REPORT_NAME, headline, planned_inputs, write_report
+from ._mlflow_views import (
+    DESCRIPTION_TAG,
+    REPORT_NAME,
+    evaluation_dataset,
+    headline,
+    planned_inputs,
+    write_report,
+)
 from ._rollouts import payload_traces
 
 logger = logging.getLogger(__name__)
@@ -404,6 +411,8 @@ class MlflowExporter(LiveExporter):
         dataset = planned_inputs(payload, f"{run_name} planned inputs")
         if dataset is not None:
             ml.client.log_inputs(run_id, [dataset])
+            experiment_id = str(ml.get_run(run_id).info.experiment_id)
+            evaluation_dataset(ml, experiment_id, f"{run_name} planned inputs", payload)
         with tempfile.TemporaryDirectory(prefix="gym-artifacts-mlflow-") as tmp:
             report = write_report(payload, Path(tmp) / REPORT_NAME)
             if report is not None:

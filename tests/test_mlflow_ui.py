@@ -1,6 +1,6 @@
 """MLflow's own web UI, as a NeMo Gym user opens it after an export (a real ``mlflow server``,
 Debian's chromium driven by Playwright): the Traces tab, one trace's span tree, the Overview's
-Tool calls tab and the run's dataset, each checked for the counts it shows and saved to
+Tool calls tab, the run's dataset and the Datasets page, each checked for the counts it shows and saved to
 ``test-artifacts/``."""
 
 from __future__ import annotations
@@ -105,4 +105,12 @@ def test_mlflow_ui_shows_every_rollout_span_tree_tool_calls_and_dataset(
     text = page_text(page, "planned inputs")
     page.screenshot(path=str(SCREENSHOTS / "mlflow-run-dataset.png"))
     assert "planned inputs" in text
+
+    # the Datasets page: the planned inputs as an evaluation dataset of 10 records
+    page.goto(f"{base}/datasets")
+    page_text(page, "planned inputs")
+    page.get_by_text("planned inputs").first.click()
+    text = page_text(page, "10 records")
+    page.screenshot(path=str(SCREENSHOTS / "mlflow-datasets.png"))
+    assert "10 records" in text and text.count('{"responses_create_params"') == 10
     page.close()
