@@ -7,6 +7,7 @@ module only encodes. ``opentelemetry-proto`` is imported when a request is built
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -14,6 +15,9 @@ from typing import Any
 from gym_artifacts.rollout_spans import RolloutTrace, Span
 
 SCOPE = "gym-artifacts"
+# Protobuf decoders refuse messages nested past 100 levels (each JSON level costs 2-3 messages,
+# the envelope 5): a value nested deeper than this goes as its JSON text instead.
+MAX_NESTING = 24
 
 
 def _clean_text(text: str) -> str:
@@ -25,12 +29,23 @@ def _clean_text(text: str) -> str:
     return text
 
 
+def _as_text(value: Any) -> str:
+    try:
+        return json.dumps(value, ensure_ascii=False, default=str)
+    except (RecursionError, ValueError):
+        return "<value nested too deep to encode>"
+
+
 def set_value(target: Any, value: Any) -> None:
-    """Fill an OTLP ``AnyValue`` from a JSON-like value (nested objects as key-value lists)."""
-    stack = [(target, value)]
+    """Fill an OTLP ``AnyValue`` from a JSON-like value (nested objects as key-value lists, a
+    subtree deeper than ``MAX_NESTING`` as its JSON text)."""
+    stack = [(target, value, 0)]
     while stack:  # iterative: a deep value must not hit the recursion limit
-        pb, v = stack.pop()
+        pb, v, depth = stack.pop()
         if v is None:
+            continue
+        if depth >= MAX_NESTING and isinstance(v, list | tuple | dict):
+            pb.string_value = _clean_text(_as_text(v))
             continue
         if isinstance(v, bool):
             pb.bool_value = v
@@ -49,14 +64,14 @@ def set_value(target: Any, value: Any) -> None:
         elif isinstance(v, list | tuple):
             values = pb.array_value.values
             pb.array_value.SetInParent()
-            stack.extend((values.add(), item) for item in v)
+            stack.extend((values.add(), item, depth + 1) for item in v)
         elif isinstance(v, dict):
             pairs = pb.kvlist_value.values
             pb.kvlist_value.SetInParent()
             for key, item in v.items():
                 kv = pairs.add()
                 kv.key = _clean_text(str(key))
-                stack.append((kv.value, item))
+                stack.append((kv.value, item, depth + 1))
         else:
             pb.string_value = _clean_text(str(v))
 
