@@ -1,17 +1,14 @@
-"""The LLM-eval backends at scale: 100,000 rollouts to TensorBoard and as MLflow traces, and
-LangSmith and Phoenix at the largest sizes that fit a session.
+"""The LLM-eval backends at scale: 100,000 rollouts to TensorBoard, and LangSmith and Phoenix at
+the largest sizes that fit a session (rollouts as MLflow and Phoenix traces: benchmarks/traces.py).
 
 TensorBoard: one post-run export of 100,000 rollouts (~200 MB), wall time, peak RSS above the
-imports and the event file's size, against copying the rollouts file. MLflow traces: the same
-run's export to a SQLite store with ``log_traces`` on and off (the difference is the traces'
-cost), and MLflow's own per-trace calls (``start_trace`` + ``log_spans``, what a server gets) on
-``OWN_CALLS_ROWS`` rollouts for the per-trace cost they replace. LangSmith (the local endpoint of
+imports and the event file's size, against copying the rollouts file. LangSmith (the local endpoint of
 tests/langsmith_api.py, driven by the real client) and Phoenix (a real ``phoenix serve``) are
 request-bound: each is measured at two sizes, so the memory figures say whether it grows with rows.
 
-``GYM_BENCH_LLM=tensorboard,mlflow,langsmith,phoenix`` picks parts (default: all; ``--tiny``
+``GYM_BENCH_LLM=tensorboard,langsmith,phoenix`` picks parts (default: all; ``--tiny``
 leaves out Phoenix);
-``GYM_BENCH_LLM_ROWS`` overrides the MLflow/TensorBoard size (default 100,000).
+``GYM_BENCH_LLM_ROWS`` overrides the TensorBoard size (default 100,000).
 """
 
 from __future__ import annotations
@@ -24,10 +21,9 @@ from benchmarks.common import Row, make_run, run_measured, write_rollouts
 from benchmarks.large_export import _copy_baseline, _ours
 
 ROWS = 100_000
-OWN_CALLS_ROWS = 1_000
 LANGSMITH_ROWS = (10_000, 100_000)
 PHOENIX_ROWS = (500, 10_000)
-PARTS = ("tensorboard", "mlflow", "langsmith", "phoenix")
+PARTS = ("tensorboard", "langsmith", "phoenix")
 
 MEASURED = """
 import time
@@ -43,24 +39,6 @@ __result['wall'] = time.perf_counter() - t
 __result['base_rss_mb'] = __base
 __result['above_mb'] = peak_rss_mb() - __base
 """
-
-OWN_CALLS = """
-import time
-from pathlib import Path
-import mlflow.tracking
-from gym_artifacts._builtin_exporters import _mlflow_traces as t
-from gym_artifacts._builtin_exporters._rollouts import rollout_from_record
-from gym_artifacts.jsonio import iter_jsonl
-c = mlflow.tracking.MlflowClient({uri!r})
-exp = c.create_experiment('own')
-run = c.create_run(exp).info.run_id
-t._batches_into = lambda store: False  # MLflow's own calls, one start_trace per rollout
-start = time.perf_counter()
-rollouts = (rollout_from_record(i, rec) for i, (_, rec) in enumerate(iter_jsonl(Path({out!r}))))
-t.log_rollout_traces(c._tracking_client.store, exp, run, rollouts, 0)
-__result['wall'] = time.perf_counter() - start
-"""
-
 
 def _dir_mb(path: Path) -> float:
     return sum(p.stat().st_size for p in path.rglob("*") if p.is_file()) / 1e6
@@ -96,43 +74,6 @@ def _tensorboard(tmp: Path, out: Path, n_rows: int) -> list[Row]:
             tb["wall"] / copy["wall"] <= 5 and tb["above_mb"] <= 150,
             tb["above_mb"] + tb["base_rss_mb"],
         )
-    ]
-
-
-def _mlflow(tmp: Path, out: Path, n_rows: int, tiny: bool) -> list[Row]:
-    figures = {}
-    for traces in (False, True):
-        db = tmp / f"traces-{traces}.db"
-        section = {"enabled": True, "tracking_uri": f"sqlite:///{db}", "experiment_name": "bench"}
-        figures[traces] = _export(out, {"mlflow": {**section, "log_traces": traces}}, "mlflow")
-        figures[traces]["db_mb"] = db.stat().st_size / 1e6
-    on, off = figures[True], figures[False]
-    per_trace = (on["wall"] - off["wall"]) / n_rows
-    per_trace_kb = (on["db_mb"] - off["db_mb"]) * 1000 / n_rows
-    own_rows = 20 if tiny else OWN_CALLS_ROWS
-    small = _rollouts_run(tmp / "own", own_rows)
-    own = run_measured(OWN_CALLS.format(uri=f"sqlite:///{tmp / 'own.db'}", out=str(small)))
-    own_per_trace = own["wall"] / own_rows
-    return [
-        Row(
-            f"export: {n_rows:,} rollouts as MLflow traces (SQLite)",
-            f"{on['wall']:.1f} s, +{on['above_mb']:.0f} MB, db {on['db_mb']:.0f} MB; "
-            f"{per_trace * 1000:.2f} ms and {per_trace_kb:.1f} KB a trace",
-            f"without traces {off['wall']:.1f} s, +{off['above_mb']:.0f} MB, db {off['db_mb']:.1f} MB",
-            on["wall"] / off["wall"],
-            "memory constant in rows (batches of 500)",
-            on["above_mb"] - off["above_mb"] <= 100,
-            on["above_mb"] + on["base_rss_mb"],
-        ),
-        Row(
-            f"MLflow's own calls (start_trace + log_spans per rollout), {own_rows:,} rollouts",
-            f"{own_per_trace * 1000:.1f} ms a trace",
-            f"batched {per_trace * 1000:.2f} ms a trace",
-            own_per_trace / per_trace if per_trace > 0 else None,
-            "reference (what the batch replaces)",
-            None,
-            own["peak_rss_mb"],
-        ),
     ]
 
 
@@ -187,19 +128,16 @@ def _phoenix(tmp: Path, tiny: bool) -> list[Row]:
 
 def run(tiny: bool) -> list[Row]:
     # --tiny (the harness test) leaves out Phoenix: starting `phoenix serve` alone takes minutes
-    default = PARTS[:3] if tiny else PARTS
+    default = PARTS[:2] if tiny else PARTS
     parts = [p for p in os.environ.get("GYM_BENCH_LLM", ",".join(default)).split(",") if p]
     n_rows = 100 if tiny else int(os.environ.get("GYM_BENCH_LLM_ROWS", ROWS))
     rows: list[Row] = []
     with tempfile.TemporaryDirectory(prefix="gymart-bench-llm-") as tmp_name:
         tmp = Path(tmp_name)
-        if "tensorboard" in parts or "mlflow" in parts:
+        if "tensorboard" in parts:
             out = make_run(tmp / "run", n_rows * 2000, 1_000)
             n_rows = out.read_bytes().count(b"\n")
-            if "tensorboard" in parts:
-                rows += _tensorboard(tmp, out, n_rows)
-            if "mlflow" in parts:
-                rows += _mlflow(tmp, out, n_rows, tiny)
+            rows += _tensorboard(tmp, out, n_rows)
         if "langsmith" in parts:
             rows += _langsmith(tmp, tiny)
         if "phoenix" in parts:

@@ -283,6 +283,26 @@ class ScopedMlflow:
             count += len(batch)
         return count
 
+    # -- traces -------------------------------------------------------------------------------------
+    def post_otlp(self, experiment_id: str, body: bytes) -> None:
+        """One OTLP/HTTP protobuf request to the server's ``/v1/traces`` (MLflow 3.6+) into the
+        experiment, with this client's token, timeouts, retries and deadline. The server upserts
+        spans by id, so a retried request adds nothing."""
+        from mlflow.utils.request_utils import augmented_raise_for_status
+        from mlflow.utils.rest_utils import MlflowHostCreds, http_request
+
+        creds = MlflowHostCreds(host=self.tracking_uri, token=self.token)
+        headers = {"Content-Type": "application/x-protobuf", "x-mlflow-experiment-id": experiment_id}
+        backoff = self.limits.backoff if self.limits.retries else 0
+        response = self.deadline.run(
+            lambda: http_request(
+                creds, "/v1/traces", "POST", data=body, extra_headers=headers,
+                max_retries=self.limits.retries, backoff_factor=backoff,
+                timeout=self.deadline.timeout(self.limits.timeout),
+            )
+        )  # fmt: skip
+        augmented_raise_for_status(response)
+
     # -- artifacts ----------------------------------------------------------------------------------
     def log_artifact(self, run_id: str, local_path: Path, artifact_dir: str | None) -> int:
         """Upload one file as ``<artifact_dir>/<file name>`` (overwriting); returns its size."""

@@ -16,7 +16,14 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from gym_artifacts.plugin import agent_label, json_safe, last_user_message, metric_value, redact_text
+from gym_artifacts.plugin import (
+    RolloutTrace,
+    agent_label,
+    json_safe,
+    last_user_message,
+    metric_value,
+    redact_text,
+)
 from gym_artifacts.plugin import response_text as api_response_text
 
 if TYPE_CHECKING:
@@ -148,3 +155,47 @@ def masked(value: Any, secrets: frozenset[str]) -> Any:
     if not secrets:
         return value
     return json.loads(redact_text(json.dumps(value, default=str), secrets))
+
+
+def payload_traces(payload: RunPayload, scope: str, fallback_s: float) -> Iterator[RolloutTrace]:
+    """Every rollout of the export as a trace (``gym_artifacts.rollout_spans``): the scored rows
+    of ``OUT.jsonl`` in file order, then each row of ``OUT_failures.jsonl`` as an ERROR trace
+    with its planned input; streamed (memory holds the failures' planned inputs only)."""
+    from gym_artifacts.plugin import failure_trace, rollout_trace
+
+    secrets = payload.secrets
+    earliest = fallback_s
+    for row, record in enumerate(payload.rollout_records()):
+        trace = rollout_trace(scope, row, record, fallback_s, secrets)
+        earliest = min(earliest, trace.start_ns / 1e9)
+        yield trace
+    # a failure has no time of its own: the eval's start, or the first rollout's if earlier (the
+    # run's files may be younger than the eval: a copy, a download)
+    for index, record, planned in failed_rollouts(payload):
+        yield failure_trace(scope, index, record, planned, earliest, secrets)
+
+
+def failed_rollouts(payload: RunPayload) -> Iterator[tuple[int, Any, Any]]:
+    """``(row, failure record, planned input or None)`` of each row of the failures sidecar, when
+    rollouts are sent; the planned input is the materialized input of the same task and repeat."""
+    from gym_artifacts.plugin import iter_jsonl
+
+    run = payload.run
+    if not payload.sends_rollouts or not run.failures_fpath.is_file():
+        return
+    failures = [record for _, record in iter_jsonl(run.failures_fpath, "failures JSONL")]
+
+    def place(record: Any) -> tuple[Any, Any] | None:
+        if not isinstance(record, dict):
+            return None
+        return record.get("_ng_task_index"), record.get("_ng_rollout_index")
+
+    wanted = {place(r) for r in failures} - {None}
+    planned: dict[Any, Any] = {}
+    if wanted and run.materialized_inputs_fpath.is_file():
+        for _, record in iter_jsonl(run.materialized_inputs_fpath, "materialized inputs JSONL"):
+            key = place(record)
+            if key in wanted and key not in planned:
+                planned[key] = record
+    for index, record in enumerate(failures):
+        yield index, record, planned.get(place(record))

@@ -3,13 +3,16 @@
 Mapping (as NeMo Gym's own LangSmith exporter): a dataset with one example per task (inputs: the
 task's request, NeMo Gym's ``responses_create_params``), an experiment (a LangSmith project whose
 reference dataset is that dataset, its metadata holding the masked config, the aggregate
-metrics and ``coverage``: the ``coverage/*`` figures the trackers log), one root run per rollout
-(inputs: the request; outputs: the response; the rollout's place and other fields as metadata;
-linked to its task's example), and each numeric verdict (``reward`` first) as feedback on the run.
+metrics and ``coverage``: the ``coverage/*`` figures the trackers log), one trace per rollout from
+the span model (``gym_artifacts.rollout_spans``): a root ``chain`` run (inputs: the request
+without null fields, conversation first; outputs: the response; the rollout's place and other
+fields as metadata; linked to its task's example), an ``llm`` run per model turn (messages,
+``usage_metadata``) and a ``tool`` run per function call; a failed rollout is a root run with its
+failure as ``error``; each numeric verdict (``reward`` first) is feedback on the root run.
 
 Exactly once: dataset and experiment are found by name before any is created; example, run and
-feedback ids are uuid5 of the dataset's and experiment's ids and the run's identity (and task,
-row, verdict), so a retry sends the same ids, and another destination on the same server (another
+feedback ids derive from the dataset's and experiment's ids and the run's identity (and task,
+rollout, span, verdict), so a retry sends the same ids, and another destination on the same server (another
 dataset) its own and LangSmith keeps the first copy (it answers a repeated id with 409, which the client and
 this exporter treat as "already there").
 
@@ -23,6 +26,8 @@ from the experiment and the rollout's row, so the export that completes the live
 from __future__ import annotations
 
 import contextlib
+import datetime as dt
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -31,21 +36,28 @@ from typing import Any
 from pydantic import Field, SecretStr
 
 from gym_artifacts.plugin import (
+    AGENT,
+    LLM,
+    TOOL,
     ExporterConfig,
     ExportPlan,
     GymArtifactsError,
     LiveExporter,
+    RolloutTrace,
     RunArtifacts,
     RunPayload,
     RunStatus,
     Sent,
     dataset_service_destination,
     json_safe,
+    rollout_trace,
+    run_times,
 )
 
-from ._rollouts import Rollout, as_object, masked, payload_rollouts, rollout_from_record
+from ._rollouts import as_object, masked, payload_traces
 
-BATCH = 100
+BATCH = 100  # traces a flush
+RUN_TYPES = {AGENT: "chain", LLM: "llm", TOOL: "tool"}  # LangSmith run types of the span kinds
 
 
 class LangsmithSettings(ExporterConfig):
@@ -149,12 +161,15 @@ class LangsmithExporter(LiveExporter):
         first = self._live_rows
         self._live_rows += len(rollouts)
         self._errors.clear()  # a batch refused earlier was counted then; this one starts clean
-        batch = (rollout_from_record(first + i, record) for i, record in enumerate(rollouts))
         namespace = _live_namespace(self._dataset_id, self._project_id)
+        now = time.time()  # a rollout without its own time is placed now (it just finished)
+        batch = (
+            rollout_trace(str(namespace), first + i, record, now, self.secrets)
+            for i, record in enumerate(rollouts)
+        )
         self._send_rollouts(
-            self._ls, batch, self._dataset_id, self._project_id, self._project_name, namespace,
-            self.secrets, self._errors,
-        )  # fmt: skip
+            self._ls, batch, self._dataset_id, self._project_id, self._project_name, namespace, self._errors
+        )
 
     def _teardown(self, status: RunStatus) -> None:
         import datetime as dt
@@ -184,10 +199,11 @@ class LangsmithExporter(LiveExporter):
         payload = RunPayload.of(run, plan)
         if payload.sends_rollouts:
             namespace = _live_namespace(project.reference_dataset_id, project.id)
+            times = run_times(run)
+            traces = payload_traces(payload, str(namespace), times.start if times is not None else 0.0)
             rows = self._send_rollouts(
-                client, payload_rollouts(payload), project.reference_dataset_id, project.id,
-                project.name, namespace, plan.secrets, errors,
-            )  # fmt: skip
+                client, traces, project.reference_dataset_id, project.id, project.name, namespace, errors
+            )
         metadata = {**(project.metadata or {}), **self._experiment_metadata(run, plan), "certified": True}
         client.update_project(project.id, metadata=metadata)
         return Sent(backend_run_id=str(project.id), rows=rows)
@@ -234,9 +250,10 @@ class LangsmithExporter(LiveExporter):
         rows = 0
         payload = RunPayload.of(run, plan)
         if payload.sends_rollouts:
-            rollouts = payload_rollouts(payload)
+            times = run_times(run)
+            traces = payload_traces(payload, str(namespace), times.start if times is not None else 0.0)
             rows = self._send_rollouts(
-                client, rollouts, dataset.id, project.id, project_name, namespace, plan.secrets, errors
+                client, traces, dataset.id, project.id, project_name, namespace, errors
             )
         return Sent(backend_run_id=str(project.id), rows=rows)
 
@@ -252,18 +269,19 @@ class LangsmithExporter(LiveExporter):
     def _send_rollouts(
         self,
         client: Any,
-        rollouts: Iterator[Rollout],
+        traces: Iterator[RolloutTrace],
         dataset_id: Any,
         session_id: Any,
         project_name: str,
         namespace: uuid.UUID,
-        secrets: frozenset[str],
         errors: list[BaseException],
     ) -> int:
+        """Each trace's runs (root ``chain``, ``llm`` per model turn, ``tool`` per call), its
+        task's example and its feedback, a batch of traces at a time; returns the scored rows."""
         seen_tasks: set[str] = set()
         examples: list[dict[str, Any]] = []
         runs: list[dict[str, Any]] = []
-        verdicts: list[tuple[str, Rollout]] = []
+        verdicts: list[tuple[str, RolloutTrace]] = []
         rows = 0
 
         def flush() -> None:
@@ -279,63 +297,75 @@ class LangsmithExporter(LiveExporter):
                 runs.clear()
                 if errors:
                     raise IngestFailed(f"LangSmith refused runs: {errors[0]}")
-            for run_id, r in verdicts:
-                self._feedback(client, run_id, r, session_id)
+            for run_id, trace in verdicts:
+                self._feedback(client, run_id, trace, session_id)
             verdicts.clear()
 
-        for r in rollouts:
-            rows += 1
-            example_id = str(uuid.uuid5(namespace, f"example/{r.task}"))
-            if r.task not in seen_tasks:
-                seen_tasks.add(r.task)
-                examples.append(
-                    {
-                        "id": example_id,
-                        "inputs": masked(as_object(r.request, "responses_create_params"), secrets),
-                        "metadata": {"task": r.task},
-                    }
-                )
-            run_id = str(uuid.uuid5(namespace, f"run/{r.row}"))
-            runs.append(self._run_dict(r, run_id, example_id, project_name, secrets))
-            verdicts.append((run_id, r))
-            if len(runs) == BATCH:
+        for trace in traces:
+            rows += not trace.failed
+            task = trace.tags["task"]
+            example_id = str(uuid.uuid5(namespace, f"example/{task}"))
+            if task not in seen_tasks and trace.root.inputs is not None:
+                seen_tasks.add(task)
+                inputs = as_object(trace.root.inputs, "responses_create_params")
+                examples.append({"id": example_id, "inputs": inputs, "metadata": {"task": task}})
+            trace_runs = self._run_dicts(trace, example_id, project_name)
+            runs.extend(trace_runs)
+            verdicts.append((trace_runs[0]["id"], trace))
+            if len(verdicts) == BATCH:
                 flush()
         flush()
         return rows
 
     @staticmethod
-    def _run_dict(
-        r: Rollout, run_id: str, example_id: str, project_name: str, secrets: frozenset[str]
-    ) -> dict[str, Any]:
-        start, end = r.times(0.0)
-        metadata = {
-            "task": r.task,
-            "repeat": r.repeat,
-            "row": r.row,
-            "agent": r.agent,
-            **r.extra,
-            **r.verdicts,
-        }
-        return {
-            "id": run_id,
-            "trace_id": run_id,
-            "dotted_order": f"{start.strftime('%Y%m%dT%H%M%S%fZ')}{run_id}",
-            "name": r.agent,
-            "run_type": "chain",
-            "inputs": masked(as_object(r.request, "responses_create_params"), secrets),
-            "outputs": masked(as_object(r.response, "response"), secrets),
-            "start_time": start,
-            "end_time": end,
-            "reference_example_id": example_id,
-            "session_name": project_name,
-            "extra": {"metadata": masked(json_safe(metadata), secrets)},
-        }
+    def _run_dicts(trace: RolloutTrace, example_id: str, project_name: str) -> list[dict[str, Any]]:
+        """LangSmith runs of one trace, root first: ids from the trace's (the root's id is the
+        trace id), dotted order from start times, token usage on the ``llm`` runs."""
+        root_id = uuid.UUID(hex=trace.trace_id)
+        ids = {trace.root.span_id: root_id}
+        dotted: dict[str, str] = {}
+        out = []
+        for span in trace.spans:
+            run_id = ids.setdefault(span.span_id, uuid.uuid5(root_id, span.span_id))
+            start = dt.datetime.fromtimestamp(span.start_ns / 1e9, dt.timezone.utc)
+            end = dt.datetime.fromtimestamp(span.end_ns / 1e9, dt.timezone.utc)
+            own = f"{start.strftime('%Y%m%dT%H%M%S%fZ')}{run_id}"
+            dotted[span.span_id] = own if span.parent_id is None else f"{dotted[span.parent_id]}.{own}"
+            outputs = as_object(span.outputs, "output") if span.outputs is not None else None
+            metadata: dict[str, Any] = dict(span.attributes)
+            if span.usage and outputs is not None:
+                outputs = {**outputs, "usage_metadata": span.usage}
+            if span.model:
+                metadata["ls_model_name"] = span.model
+            run: dict[str, Any] = {
+                "id": str(run_id),
+                "trace_id": str(root_id),
+                "dotted_order": dotted[span.span_id],
+                "name": span.name,
+                "run_type": RUN_TYPES.get(span.kind, "chain"),
+                "inputs": as_object(span.inputs, "input") if span.inputs is not None else {},
+                "outputs": outputs,
+                "start_time": start,
+                "end_time": end,
+                "session_name": project_name,
+                "extra": {"metadata": json_safe(metadata)},
+            }
+            if span.error is not None:
+                run["error"] = span.error
+            if span.parent_id is None:
+                run["reference_example_id"] = example_id
+                run["extra"]["metadata"].update(trace.feedback)
+                run["tags"] = [f"{k}:{v}" for k, v in trace.tags.items()]
+            else:
+                run["parent_run_id"] = str(ids[span.parent_id])
+            out.append(run)
+        return out
 
     @staticmethod
-    def _feedback(client: Any, run_id: str, r: Rollout, session_id: Any) -> None:
+    def _feedback(client: Any, run_id: str, trace: RolloutTrace, session_id: Any) -> None:
         from langsmith.utils import LangSmithConflictError
 
-        for key, score in r.verdicts.items():
+        for key, score in trace.feedback.items():
             with contextlib.suppress(LangSmithConflictError):  # an earlier attempt sent this id
                 client.create_feedback(
                     run_id,

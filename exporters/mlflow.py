@@ -57,8 +57,16 @@ from ._mlflow_client import (
 from ._mlflow_mapping import config_params, split_metrics, tag_value
 from ._mlflow_schema import ensure_sqlite_schema
 from ._mlflow_traces import log_rollout_traces
+from ._mlflow_views import (
+    DESCRIPTION_TAG,
+    REPORT_NAME,
+    evaluation_dataset,
+    headline,
+    planned_inputs,
+    write_report,
+)
 from ._nemo_gym_shapes import MLFLOW_TABLE_FILE, file_documents, write_split_table
-from ._rollouts import payload_rollouts
+from ._rollouts import payload_traces
 
 logger = logging.getLogger(__name__)
 
@@ -103,6 +111,10 @@ class MlflowSettings(ExporterConfig):
     # Every rollout also as an MLflow trace with its verdicts as feedback (off by default: one
     # request per rollout; figures in BENCHMARKS.md).
     log_traces: bool = False
+    # Verdicts as MLflow assessments (the Traces tab's reward column and histogram): one
+    # start_trace request a trace, MLflow's only way to attach them. Off: verdicts as trace tags,
+    # and the spans alone make each trace (several times fewer requests; BENCHMARKS notes).
+    trace_assessments: bool = True
 
 
 class MlflowExporter(LiveExporter):
@@ -426,6 +438,17 @@ class MlflowExporter(LiveExporter):
         for table in tables:
             sent += self._upload_bytes(ml, run_id, f"{table.name}.json", table_split_json(table), "tables")
         table_paths = [f"tables/{t.name}.json" for t in tables]
+        tags[DESCRIPTION_TAG] = headline(payload)
+        run_name = self.settings.run_name or saved_config_run_name(run, self.name)
+        dataset = planned_inputs(payload, f"{run_name} planned inputs")
+        if dataset is not None:
+            ml.client.log_inputs(run_id, [dataset])
+            experiment_id = str(ml.get_run(run_id).info.experiment_id)
+            evaluation_dataset(ml, experiment_id, f"{run_name} planned inputs", payload)
+        with tempfile.TemporaryDirectory(prefix="gym-artifacts-mlflow-") as tmp:
+            report = write_report(payload, Path(tmp) / REPORT_NAME)
+            if report is not None:
+                sent += ml.log_artifact(run_id, report, None)
         if payload.coverage is not None:
             tags["gym_artifacts.coverage"] = tag_value(payload.coverage.text())
             tags["gym_artifacts.partial"] = "true" if payload.coverage.partial else "false"
@@ -446,7 +469,9 @@ class MlflowExporter(LiveExporter):
                 sent += self._upload_file(ml, run_id, complete, "rollouts.jsonl", "rollouts")
                 sent += self._upload_nemo_gym_table(ml, run_id, complete)
                 if self.settings.log_traces:
-                    self._log_traces(ml, run_id, payload, file_mtime_ms(rollouts))
+                    times = run_times(run)
+                    start_ms = times.start_ms if times is not None else file_mtime_ms(rollouts)
+                    self._log_traces(ml, run_id, payload, start_ms)
         omitted = payload.omitted_partial_line
         if omitted:
             ts = file_mtime_ms(rollouts) if rollouts is not None else 0
@@ -477,14 +502,22 @@ class MlflowExporter(LiveExporter):
                 logger.warning("mlflow: NeMo Gym's %s table not logged: %s", MLFLOW_TABLE_FILE, exc)
                 return 0
 
-    @staticmethod
-    def _log_traces(ml: ScopedMlflow, run_id: str, payload: RunPayload, fallback_ms: int) -> int:
-        """Every rollout as a trace in the run's experiment, linked to the run (see _mlflow_traces);
-        a rollout without its own time is placed at ``fallback_ms`` plus its row in milliseconds."""
+    def _log_traces(self, ml: ScopedMlflow, run_id: str, payload: RunPayload, fallback_ms: int) -> int:
+        """Every rollout (failed ones too) as a trace in the run's experiment, linked to the run
+        (see _mlflow_traces); a database store gets MLflow's own server for the duration. A
+        rollout without its own time is placed at ``fallback_ms`` (the eval's start) plus its row
+        in milliseconds. Ids are scoped by the MLflow run, which a rerun finds by identity."""
+        from ._mlflow_client import ScopedMlflow, _is_rest
+        from ._mlflow_trace_server import trace_server
+
         experiment_id = str(ml.get_run(run_id).info.experiment_id)
-        store = ml.client._tracking_client.store
-        rollouts = payload_rollouts(payload)
-        return log_rollout_traces(store, experiment_id, run_id, rollouts, fallback_ms, payload.secrets)
+        traces = payload_traces(payload, f"mlflow/{run_id}", fallback_ms / 1000)
+        assessments = self.settings.trace_assessments
+        if _is_rest(ml.tracking_uri):
+            return log_rollout_traces(ml, experiment_id, run_id, traces, assessments).traces
+        with trace_server(ml.tracking_uri) as url:
+            local = ScopedMlflow(url, None, ml.limits)
+            return log_rollout_traces(local, experiment_id, run_id, traces, assessments).traces
 
     @staticmethod
     def _send_system_metrics(

@@ -33,7 +33,8 @@ from gym_artifacts.plugin import (
     run_times,
 )
 
-from ._rollouts import Rollout, as_object, masked, payload_rollouts
+from ._phoenix_traces import send_traces
+from ._rollouts import Rollout, as_object, masked, payload_rollouts, payload_traces
 
 IDENTITY_KEY = "gym_artifacts.identity"
 
@@ -49,6 +50,14 @@ class PhoenixSettings(ExporterConfig):
     # The whole export (every request and retry) ends FAILED after this many seconds, even
     # against a server that never answers or drips a byte at a time (gym_artifacts.watchdog).
     export_deadline: float = Field(default=600.0, gt=0, le=24 * 3600)
+    # Every rollout as a trace (OpenInference span tree, failed rollouts as ERROR traces, verdicts
+    # as span annotations) in the project ``project_name`` (default: the dataset's name).
+    log_traces: bool = True
+    project_name: str | None = None
+    # How long Phoenix may take to store the spans it was sent (it inserts in the background).
+    traces_landed_timeout: float = Field(default=600.0, gt=0, le=24 * 3600)
+    # The dataset of tasks and the experiment of rollouts (one request per rollout).
+    log_experiment: bool = True
 
 
 class PhoenixExporter(Exporter):
@@ -66,8 +75,12 @@ class PhoenixExporter(Exporter):
 
     @classmethod
     def destination_for(cls, settings: Any) -> dict[str, Any]:
-        """The base_url without credentials and the dataset and experiment names."""
-        return dataset_service_destination(settings, "base_url")
+        """The base_url without credentials, the dataset and experiment names, and the project's
+        when it is set (by default it is the dataset's)."""
+        destination = dataset_service_destination(settings, "base_url")
+        if getattr(settings, "project_name", None):
+            destination["project_name"] = settings.project_name
+        return destination
 
     def export_deadline_s(self) -> float | None:
         return self.settings.export_deadline
@@ -100,6 +113,34 @@ class PhoenixExporter(Exporter):
         experiment_id = self._experiment(client, run, plan, dataset.id, repetitions)
         rows = self._send_runs(client, run, experiment_id, example_of_task, payload_rollouts(payload), plan)
         return Sent(backend_run_id=experiment_id, rows=rows)
+        backend_run_id = None
+        rows = payload.rollout_rows
+        if self.settings.log_traces:
+            backend_run_id = project = self.settings.project_name or self._dataset_name(run, plan)
+            self._send_traces(client, project, payload, plan)
+        if self.settings.log_experiment:
+            # Two passes (tasks first: the dataset must exist before its runs), each streamed.
+            tasks, repetitions = self._tasks(payload_rollouts(payload), plan)
+            dataset = self._dataset(client, run, plan, tasks)
+            example_of_task = {str(e["metadata"].get("task")): e["id"] for e in dataset.examples}
+            backend_run_id = self._experiment(client, run, plan, dataset.id, repetitions)
+            rows = self._send_runs(client, backend_run_id, example_of_task, payload_rollouts(payload), plan)
+        return Sent(backend_run_id=backend_run_id, rows=rows)
+
+    def _dataset_name(self, run: RunArtifacts, plan: ExportPlan) -> str:
+        return self.settings.dataset_name or f"{run.name}-{plan.run_identity.split(':')[-1][:12]}"
+
+    def _send_traces(self, client: Any, project: str, payload: RunPayload, plan: ExportPlan) -> None:
+        """Every rollout (failed ones too) as a trace in ``project`` (see _phoenix_traces); ids
+        scoped by the project and the run's identity. A rollout without its own time is placed at
+        the eval's start."""
+        from gym_artifacts.plugin import run_times
+
+        times = run_times(payload.run)
+        fallback = times.start if times is not None else 0.0
+        traces = payload_traces(payload, f"phoenix/{project}/{plan.run_identity}", fallback)
+        s = self.settings
+        send_traces(client, project, traces, float(s.request_timeout), s.traces_landed_timeout)
 
     @staticmethod
     def _tasks(rollouts: Iterable[Rollout], plan: ExportPlan) -> tuple[dict[str, Any], int]:
@@ -115,7 +156,7 @@ class PhoenixExporter(Exporter):
     def _dataset(self, client: Any, run: RunArtifacts, plan: ExportPlan, tasks: dict[str, Any]) -> Any:
         import httpx
 
-        name = self.settings.dataset_name or f"{run.name}-{plan.run_identity.split(':')[-1][:12]}"
+        name = self._dataset_name(run, plan)
         try:
             return client.datasets.get_dataset(dataset=name, timeout=self.settings.request_timeout)
         except (ValueError, httpx.HTTPStatusError):

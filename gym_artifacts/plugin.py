@@ -37,6 +37,7 @@ from gym_artifacts.live_exporter import LiveExporter
 from gym_artifacts.payload import flatten, masked_artifact
 from gym_artifacts.receipts import utc_now_iso
 from gym_artifacts.responses_api import last_user_message, response_text
+from gym_artifacts.rollout_spans import AGENT, LLM, TOOL, RolloutTrace, Span, failure_trace, rollout_trace
 from gym_artifacts.run import RunArtifacts, agent_label
 from gym_artifacts.run_names import saved_config_run_name
 from gym_artifacts.run_payload import PayloadArtifact, RunPayload
@@ -74,9 +75,12 @@ def __getattr__(name: str) -> Any:
 
 
 __all__ = [
+    "AGENT",
+    "LLM",
     "NVML_SERIES",
     "NVML_SUMMARY",
     "RECORDING",
+    "TOOL",
     "CannotCertify",
     "ConfigError",
     "ExportPlan",
@@ -89,10 +93,12 @@ __all__ = [
     "PayloadArtifact",
     "ReportJob",
     "RolloutSpool",
+    "RolloutTrace",
     "RunArtifacts",
     "RunPayload",
     "RunStatus",
     "Sent",
+    "Span",
     "absolute_store_uri",
     "adopted",
     "agent_label",
@@ -108,6 +114,7 @@ __all__ = [
     "current_watch",
     "dataset_service_destination",
     "eval_times",
+    "failure_trace",
     "flatten",
     "iter_journal",
     "iter_jsonl",
@@ -123,6 +130,7 @@ __all__ = [
     "repair_partial_last_line",
     "resolved_path",
     "response_text",
+    "rollout_trace",
     "run_times",
     "run_values",
     "saved_config_run_name",

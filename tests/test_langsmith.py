@@ -22,6 +22,7 @@ from langsmith import Client
 from gym_artifacts.export import export_run
 from gym_artifacts.exporter import ExportStatus
 from gym_artifacts.receipts import read_receipts
+from gym_artifacts.rollout_spans import conversation_first, without_nulls
 from gym_artifacts.run import RunArtifacts
 from tests.langsmith_api import LangsmithApi
 
@@ -51,20 +52,29 @@ def records(quickstart_run: Path) -> list[dict[str, Any]]:
 
 
 def sent_run_ids(api: LangsmithApi) -> list[str]:
+    """The root runs (one a rollout) sent, in order."""
     return [
         run["id"]
         for q in api.state.requests
         if q.path == "/runs/batch"
         for run in json.loads(q.body).get("post", [])
+        if not run.get("parent_run_id")
     ]
 
 
 def assert_read_back_once(api: LangsmithApi, project_id: str, quickstart_run: Path) -> None:
     client = Client(api_url=api.url, api_key=API_KEY, auto_batch_tracing=False)
     rows = records(quickstart_run)
-    runs = list(client.list_runs(project_id=project_id))
+    everything = list(client.list_runs(project_id=project_id))
+    runs = [r for r in everything if r.parent_run_id is None]
     by_row = {r.extra["metadata"]["row"]: r for r in runs}
     assert len(runs) == len(by_row) == len(rows)  # every rollout once
+    children = [r for r in everything if r.parent_run_id is not None]
+    calls = sum(1 for r in rows for i in r["response"]["output"] if i["type"] == "function_call")
+    assert sum(r.run_type == "tool" for r in children) == calls  # a tool run per function call
+    usage = sum(r.outputs["usage_metadata"]["total_tokens"] for r in children if r.run_type == "llm"
+                and "usage_metadata" in r.outputs)  # fmt: skip
+    assert usage == sum(r["response"]["usage"]["total_tokens"] for r in rows)
     listed = list(client.list_feedback(run_ids=[r.id for r in runs]))
     feedback = {(str(f.run_id), f.key): f.score for f in listed}
     assert len(listed) == len(feedback) == len(rows)  # one reward per rollout, none twice
@@ -74,8 +84,9 @@ def assert_read_back_once(api: LangsmithApi, project_id: str, quickstart_run: Pa
     example_by_id = {str(e.id): e for e in examples}
     for row, record in enumerate(rows):
         run = by_row[row]
-        assert run.inputs == record["responses_create_params"]
-        assert run.outputs == record["response"]
+        assert run.inputs == conversation_first(record["responses_create_params"])
+        assert run.outputs["output"] == without_nulls(record["response"]["output"])
+        assert run.run_type == "chain" and run.start_time.timestamp() == record["response"]["created_at"]
         assert feedback[(str(run.id), "reward")] == record["reward"]
         example = example_by_id[str(run.reference_example_id)]
         assert example.metadata["task"] == str(record["_ng_task_index"])
@@ -168,3 +179,26 @@ def test_two_destinations_get_one_project_each_and_skip_without_contact(quicksta
     finally:
         for api in apis:
             api.stop()
+
+
+def test_with_failures_fixture_as_runs(langsmith_api: LangsmithApi, tmp_path: Path) -> None:
+    """NeMo Gym 0.7.0's real run with 2 failed rollouts: 10 root runs (the 2 failed ones with the
+    failure's message as their error), a tool run per function call, 8 rewards."""
+    from tests.test_mlflow_traces import fixture_run
+
+    rollouts = fixture_run(tmp_path)
+    [result] = export_run(rollouts, ls_cfg(langsmith_api.url))
+    assert result.status is ExportStatus.EXPORTED, result.reason
+    client = Client(api_url=langsmith_api.url, api_key=API_KEY, auto_batch_tracing=False)
+    everything = list(client.list_runs(project_id=result.backend_run_id))
+    roots = [r for r in everything if r.parent_run_id is None]
+    assert len(roots) == 10
+    failures = [json.loads(line) for line in rollouts.with_name("rollouts_failures.jsonl").read_text().splitlines()]
+    errors = [r for r in roots if r.error]
+    assert len(errors) == 2 and all(failures[0]["_ng_failure_message"] in r.error for r in errors)
+    records = [json.loads(line) for line in rollouts.read_text().splitlines()]
+    calls = [i for r in records for i in r["response"]["output"] if i["type"] == "function_call"]
+    tools = [r for r in everything if r.run_type == "tool"]
+    assert sorted(r.inputs["city"] for r in tools) == sorted(json.loads(c["arguments"])["city"] for c in calls)
+    feedback = list(client.list_feedback(run_ids=[r.id for r in roots]))
+    assert sorted(f.score for f in feedback) == sorted(r["reward"] for r in records)

@@ -1,12 +1,16 @@
-"""MLflow rollout traces (``exporters.mlflow.log_traces``), read back with MlflowClient.search_traces."""
+"""MLflow rollout traces (``exporters.mlflow.log_traces``) through MLflow's public ingestion (OTLP
+``/v1/traces`` + ``start_trace``), read back with MlflowClient.search_traces from a real server and
+from a SQLite store."""
 
 from __future__ import annotations
 
 import json
+import shutil
+import stat
 import subprocess
 import sys
 import textwrap
-from collections.abc import Iterator
+import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -19,23 +23,25 @@ from mlflow.tracking import MlflowClient
 
 from gym_artifacts.export import export_run
 from gym_artifacts.exporter import ExportStatus
+from gym_artifacts.rollout_spans import conversation_first
 from gym_artifacts.run import RunArtifacts
+from tests.fixture_paths import NEMO_GYM_FIXTURES
 
 REPO = Path(__file__).resolve().parent.parent
 CANARY = "sk-traces-canary-8d1f0b"
 
 
-def traces_cfg(uri: str) -> Any:
-    section = {"enabled": True, "tracking_uri": uri, "experiment_name": "traces", "log_traces": True}
+def traces_cfg(uri: str, experiment: str = "traces") -> Any:
+    section = {"enabled": True, "tracking_uri": uri, "experiment_name": experiment, "log_traces": True}
     return OmegaConf.create({"exporters": {"mlflow": section}})
 
 
-def all_traces(client: MlflowClient, experiment_id: str, run_id: str) -> list[Any]:
+def all_traces(client: MlflowClient, experiment_id: str, run_id: str | None = None, spans: bool = True) -> list[Any]:
     traces: list[Any] = []
     token = None
     while True:
         page = client.search_traces(
-            locations=[experiment_id], run_id=run_id, max_results=100, page_token=token
+            locations=[experiment_id], run_id=run_id, max_results=100, page_token=token, include_spans=spans
         )
         traces.extend(page)
         token = page.token
@@ -43,199 +49,213 @@ def all_traces(client: MlflowClient, experiment_id: str, run_id: str) -> list[An
             return traces
 
 
-def assert_one_trace_per_rollout(client: MlflowClient, run_id: str, quickstart_run: Path) -> list[Any]:
+def fixture_run(tmp_path: Path, name: str = "with-failures") -> Path:
+    target = tmp_path / "runs" / name
+    shutil.copytree(NEMO_GYM_FIXTURES / name, target)
+    for p in [target, *target.iterdir()]:
+        p.chmod(p.stat().st_mode | stat.S_IWUSR)
+    return target / "rollouts.jsonl"
+
+
+def assert_one_trace_per_rollout(client: MlflowClient, run_id: str, rollouts: Path) -> list[Any]:
+    """Every scored rollout once (by row) with its request, reward and spans; failures as ERROR."""
     experiment_id = client.get_run(run_id).info.experiment_id
     traces = all_traces(client, experiment_id, run_id)
-    records = [json.loads(line) for line in quickstart_run.read_text().splitlines()]
-    by_row = {int(t.info.tags["gym_artifacts.row"]): t for t in traces}
-    assert len(traces) == len(records) == len(by_row)  # every rollout once, none twice
+    records = [json.loads(line) for line in rollouts.read_text().splitlines()]
+    failures = RunArtifacts.from_path(rollouts).failures_fpath
+    failed = failures.read_text().splitlines() if failures.is_file() else []
+    scored = {int(t.info.tags["gym_artifacts.row"]): t for t in traces if t.info.state.value == "OK"}
+    errors = [t for t in traces if t.info.state.value == "ERROR"]
+    assert len(traces) == len(records) + len(failed)  # every rollout once, none twice
+    assert sorted(scored) == list(range(len(records))) and len(errors) == len(failed)
     for row, record in enumerate(records):
-        trace = by_row[row]
+        trace = scored[row]
         assert trace.info.request_metadata["mlflow.sourceRun"] == run_id
         [reward] = [a for a in trace.info.assessments if a.name == "reward"]
-        assert reward.value == record["reward"]
-        assert reward.source.source_type == "CODE"
-        assert json.loads(trace.data.request) == record["responses_create_params"]
-        assert json.loads(trace.data.response) == record["response"]
+        assert reward.value == record["reward"] and reward.source.source_type == "CODE"
+        assert json.loads(trace.data.request) == conversation_first(record["responses_create_params"])
         assert trace.info.tags["gym_artifacts.agent"] == record["agent_ref"]["name"]
+        assert trace.info.request_time == int(record["response"]["created_at"] * 1000)
     return traces
 
 
+@pytest.mark.slow
+def test_with_failures_fixture_reads_back_from_a_real_server(mlflow_server: Any, tmp_path: Path) -> None:
+    """NeMo Gym 0.7.0's real run with 2 failed rollouts: 10 traces (2 ERROR with the failure's
+    message), a TOOL span with its arguments and result for every function call, token usage on
+    the LLM spans equal to each Response's usage, the rollout's own start, task and repeat."""
+    rollouts = fixture_run(tmp_path)
+    [result] = export_run(rollouts, traces_cfg(mlflow_server.uri, "with-failures"))
+    assert result.status is ExportStatus.EXPORTED, result.reason
+    client = MlflowClient(mlflow_server.uri)
+    traces = assert_one_trace_per_rollout(client, result.backend_run_id, rollouts)
+    assert len(traces) == 10
+    assert_run_views(client, result.backend_run_id, rollouts)
+    failures = [json.loads(line) for line in rollouts.with_name("rollouts_failures.jsonl").read_text().splitlines()]
+    errors = [t for t in traces if t.info.state.value == "ERROR"]
+    assert sorted(t.info.tags["gym_artifacts.repeat"] for t in errors) == ["0", "1"]
+    for trace in errors:
+        [root] = trace.data.spans
+        assert root.status.status_code.value == "ERROR"
+        assert failures[0]["_ng_failure_message"] in root.status.description
+        assert trace.info.tags["gym_artifacts.task"] == "4"
+        assert trace.info.tags["gym_artifacts.failure_class"] == "agent_run_error"
+        assert root.inputs["input"][-1]["content"]  # the planned input of the failed rollout
+    records = {(r["_ng_task_index"], r["_ng_rollout_index"]): r
+               for r in map(json.loads, rollouts.read_text().splitlines())}  # fmt: skip
+    for trace in (t for t in traces if t.info.state.value == "OK"):
+        record = records[int(trace.info.tags["gym_artifacts.task"]), int(trace.info.tags["gym_artifacts.repeat"])]
+        output = record["response"]["output"]
+        calls = [i for i in output if i["type"] == "function_call"]
+        results = {i["call_id"]: json.loads(i["output"]) for i in output if i["type"] == "function_call_output"}
+        tools = [s for s in trace.data.spans if s.span_type == "TOOL"]
+        assert [(s.name, s.inputs, s.outputs) for s in tools] == [
+            (c["name"], json.loads(c["arguments"]), results[c["call_id"]]) for c in calls
+        ]
+        llms = [s for s in trace.data.spans if s.span_type == "LLM"]
+        usage = [s.attributes.get("mlflow.chat.tokenUsage") for s in llms]
+        summed = {k: sum(u[k] for u in usage if u) for k in ("input_tokens", "output_tokens", "total_tokens")}
+        assert summed == {k: record["response"]["usage"][k] for k in summed}
+        assert trace.info.token_usage == summed
+        root = next(s for s in trace.data.spans if s.parent_id is None)
+        assert root.span_type == "AGENT" and root.start_time_ns == int(record["response"]["created_at"] * 1e9)
+        assert all(s.parent_id == root.span_id for s in trace.data.spans if s is not root)
+
+
+@pytest.mark.slow
 def test_traces_read_back_linked_to_the_run(
     quickstart_run: Path, tracking_uri: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """Both ways in (a server's /v1/traces; a SQLite store through MLflow's own server started for
+    the export) hold the same traces; the config's secret is masked everywhere; a second export
+    is skipped by its receipt."""
     monkeypatch.setenv("POLICY_API_KEY", CANARY)
-    [result] = export_run(quickstart_run, traces_cfg(tracking_uri))
+    [result] = export_run(quickstart_run, traces_cfg(tracking_uri, f"quickstart-{tracking_uri[:4]}"))
     assert result.status is ExportStatus.EXPORTED, result.reason
     client = MlflowClient(tracking_uri)
     traces = assert_one_trace_per_rollout(client, result.backend_run_id, quickstart_run)
-    first = traces[0]
-    attributes = first.data.spans[0].attributes
-    records = [json.loads(line) for line in quickstart_run.read_text().splitlines()]
-    # the rollout's other fields ride along as attributes
-    assert attributes["gym._ng_environment_server"] in {r["_ng_environment_server"] for r in records}
-    assert attributes["gym.mask_sample"] is False
+    attributes = next(s for s in traces[0].data.spans if s.parent_id is None).attributes
+    assert attributes["gym._ng_environment_server"]  # the rollout's other fields ride along
     run = client.get_run(result.backend_run_id)
     assert run.data.params["policy_api_key"] == "***"
     assert all(CANARY not in json.dumps(t.to_dict()) for t in traces)
-    [again] = export_run(quickstart_run, traces_cfg(tracking_uri))
+    [again] = export_run(quickstart_run, traces_cfg(tracking_uri, f"quickstart-{tracking_uri[:4]}"))
     assert again.status is ExportStatus.SKIPPED
     assert len(all_traces(client, run.info.experiment_id, result.backend_run_id)) == 300
 
 
-def test_sigkilled_export_rerun_leaves_no_duplicate_trace(quickstart_run: Path, tmp_path: Path) -> None:
-    """Killed after 200 of 300 traces were committed, inside the third batch's transaction (the
-    run exists, no receipt): the rerun finds the run by its identity, keeps the 200 and adds
-    the other 100, each with its span and one reward assessment."""
-    uri = f"sqlite:///{tmp_path / 'm.db'}"
-    script = textwrap.dedent(
-        f"""
-        import os, signal, sys
-        from gym_artifacts._builtin_exporters import _mlflow_traces as t
-        t.BATCH = 100
-        real = t._sql_rows
-        def counting(store, experiment, info, span):
-            # batches of 100 a transaction: rows 0-199 are committed; the kill lands inside the
-            # third batch's open transaction (rows 200-249 built), which leaves nothing behind
-            if info.tags[t.ROW_TAG] == "250":
-                os.kill(os.getpid(), signal.SIGKILL)
-            return real(store, experiment, info, span)
-        t._sql_rows = counting
-        from gym_artifacts.cli import main
-        sys.exit(main(["export", {str(quickstart_run)!r}, "-e", "mlflow",
-                       "exporters.mlflow.tracking_uri={uri}", "exporters.mlflow.experiment_name=traces",
-                       "exporters.mlflow.log_traces=true"]))
-        """
+def assert_run_views(client: MlflowClient, run_id: str, rollouts: Path) -> None:
+    """The planned inputs as the run's dataset input, the headline as its description, the
+    HTML report as an artifact, and the run's times from the eval's files."""
+    run = client.get_run(run_id)
+    assert run.data.tags["mlflow.note.content"] == (
+        "mean reward 0.5 · 8 of 10 planned rollouts scored (2 failed) - partial"
     )
-    proc = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, timeout=180)
-    assert proc.returncode == -9, proc.stderr.decode()[-2000:]
-    assert not RunArtifacts.from_path(quickstart_run).export_done_fpath("mlflow").exists()
-    client = MlflowClient(uri)
-    experiment = client.get_experiment_by_name("traces")
-    assert len(client.search_traces(locations=[experiment.experiment_id], max_results=500)) == 200
-    [result] = export_run(quickstart_run, traces_cfg(uri))
+    [dataset_input] = run.inputs.dataset_inputs
+    assert json.loads(dataset_input.dataset.profile) == {"num_rows": 10}
+    assert dataset_input.dataset.name.endswith("planned inputs")
+    assert [(t.key, t.value) for t in dataset_input.tags] == [("mlflow.data.context", "eval")]
+    report = Path(client.download_artifacts(run_id, "report.html", str(rollouts.parent.parent / "dl")))
+    page = report.read_text()
+    assert "<html" in page.lower() and "get_weather" in page
+    assert run.info.end_time >= run.info.start_time
+
+
+KILLER = """
+import os, signal, sys
+from gym_artifacts._builtin_exporters import _mlflow_traces as t
+from gym_artifacts._builtin_exporters._mlflow_client import ScopedMlflow
+t.BATCH = {batch}
+real = ScopedMlflow.post_otlp
+calls = []
+def post_then_die(self, experiment_id, body):
+    calls.append(1)
+    if len(calls) == {kill_at}:  # this batch's trace infos are in, its spans are not
+        {before_kill}
+        os.kill(os.getpid(), signal.SIGKILL)
+    return real(self, experiment_id, body)
+ScopedMlflow.post_otlp = post_then_die
+from gym_artifacts.cli import main
+sys.exit(main(["export", {rollouts!r}, "-e", "mlflow", "exporters.mlflow.tracking_uri={uri}",
+               "exporters.mlflow.experiment_name={experiment}", "exporters.mlflow.log_traces=true"]))
+"""
+
+
+def killed_export(rollouts: Path, uri: str, experiment: str, before_kill: str = "pass") -> None:
+    script = KILLER.format(batch=100, kill_at=3, rollouts=str(rollouts), uri=uri, experiment=experiment,
+                           before_kill=before_kill)  # fmt: skip
+    proc = subprocess.run([sys.executable, "-c", textwrap.dedent(script)], cwd=REPO, capture_output=True,
+                          timeout=300)  # fmt: skip
+    assert proc.returncode == -9, proc.stderr.decode()[-3000:]
+    assert not RunArtifacts.from_path(rollouts).export_done_fpath("mlflow").exists()
+
+
+@pytest.mark.slow
+def test_sigkilled_export_rerun_leaves_no_duplicate_trace_on_a_real_server(
+    quickstart_run: Path, mlflow_server: Any
+) -> None:
+    """Killed with 200 of 300 traces whole and the third batch's trace infos sent without their
+    spans (the run exists, no receipt): the rerun finds the run by its identity and sends the
+    same ids; every rollout is one trace, with all its spans and one reward."""
+    killed_export(quickstart_run, mlflow_server.uri, "killed")
+    client = MlflowClient(mlflow_server.uri)
+    experiment = client.get_experiment_by_name("killed")
+    # 200 whole, 100 without spans (MLflow's client cannot read those with their spans)
+    assert len(all_traces(client, experiment.experiment_id, spans=False)) == 300
+    [result] = export_run(quickstart_run, traces_cfg(mlflow_server.uri, "killed"))
     assert result.status is ExportStatus.EXPORTED, result.reason
     assert [r.info.run_id for r in client.search_runs([experiment.experiment_id])] == [result.backend_run_id]
     traces = assert_one_trace_per_rollout(client, result.backend_run_id, quickstart_run)
     assert all(len(t.info.assessments) == 1 for t in traces)  # the reward, once
-    assert all(len(t.data.spans) == 1 for t in traces)
-    assert len(client.search_traces(locations=[experiment.experiment_id], max_results=500)) == 300
+    assert all(len(t.data.spans) >= 2 for t in traces)  # the root and at least one model turn
+    assert len(all_traces(client, experiment.experiment_id)) == 300
 
 
-def file_rollouts(fpath: Path) -> Iterator[Any]:
-    """The rollouts of a JSONL file as the exporters see them, row numbers from 0."""
-    from gym_artifacts._builtin_exporters._rollouts import rollout_from_record
+@pytest.mark.slow
+def test_sigkilled_sqlite_export_leaves_no_server_and_no_duplicate(quickstart_run: Path, tmp_path: Path) -> None:
+    """A SQLite store's export runs MLflow's own server for its duration: killed mid-way, the
+    export takes that server with it (its port stops answering); the rerun completes the traces
+    exactly once."""
+    uri = f"sqlite:///{tmp_path / 'm.db'}"
+    port_file = tmp_path / "port"
+    killed_export(quickstart_run, uri, "traces", before_kill=f"open({str(port_file)!r}, 'w').write(self.tracking_uri)")
+    server_url = port_file.read_text()
+    assert server_url.startswith("http://127.0.0.1:")
+    import time
 
-    for row, record in enumerate(json.loads(line) for line in fpath.read_text().splitlines()):
-        yield rollout_from_record(row, record)
-
-
-def _table_rows(db: Path) -> dict[str, list[tuple[Any, ...]]]:
-    """Every row of MLflow's trace tables, sorted, with the folders of the two stores made equal."""
-    import sqlite3
-
-    tables = ["trace_info", "trace_tags", "trace_request_metadata", "assessments", "spans",
-              "entity_associations"]  # fmt: skip
-    with sqlite3.connect(db) as conn:
-        names = {n for (n,) in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
-        tables += sorted(n for n in names if "rollup" in n)
-        dumped = {}
-        for table in tables:
-            rows = conn.execute(f"SELECT * FROM {table}").fetchall()
-            if table == "entity_associations":
-                rows = [r[1:-1] for r in rows]  # its own random id first, its creation time last
-            dumped[table] = sorted(rows, key=repr)
-    return dumped
-
-
-def test_batched_rows_equal_mlflows_own_start_trace_and_log_spans(
-    quickstart_run: Path, tmp_path: Path
-) -> None:
-    """The database-store path writes, table by table and row by row, what MLflow's own
-    ``start_trace`` + ``log_spans`` + ``link_traces_to_run`` write for the same traces: if an
-    MLflow upgrade changes its rows, this fails instead of leaving half-formed traces."""
-    from gym_artifacts._builtin_exporters import _mlflow_traces as t
-
-    stores = {}
-    for name in ("mlflow_own", "batched"):
-        client = MlflowClient(f"sqlite:///{tmp_path / name}.db")
-        experiment_id = client.create_experiment("traces", artifact_location="file:///artifacts")
-        run_id = client.create_run(experiment_id).info.run_id
-        stores[name] = (client._tracking_client.store, experiment_id, run_id)
-    _, experiment_id, run_id = stores["mlflow_own"]
-    _, other_experiment, other_run = stores["batched"]
-    assert other_experiment == experiment_id
-    # the same trace entities into both stores: one run id for both (the batched store's run is
-    # named by the link only, rewritten below)
-    traces = [t.build_trace(r, experiment_id, run_id, 1_700_000_000_000, frozenset())
-              for r in file_rollouts(quickstart_run)][:120]  # fmt: skip
-    # one span with token usage and cost (which log_spans sums into the trace's columns)
-    info, span = traces[7]
-    span_dict = span.to_dict()
-    span_dict["attributes"]["mlflow.chat.tokenUsage"] = json.dumps(
-        {"input_tokens": 83, "output_tokens": 18, "total_tokens": 101}
-    )
-    span_dict["attributes"]["mlflow.llm.cost"] = json.dumps(
-        {"input_cost": 0.5, "output_cost": 0.25, "total_cost": 0.75}
-    )
-    traces[7] = (info, type(span).from_dict(span_dict))
-    own, _, _ = stores["mlflow_own"]
-    for info, _ in traces:
-        own.start_trace(info)
-    own.log_spans(experiment_id, [span for _, span in traces])
-    own.link_traces_to_run([info.trace_id for info, _ in traces[:100]], run_id)
-    own.link_traces_to_run([info.trace_id for info, _ in traces[100:]], run_id)
-    batched, _, _ = stores["batched"]
-    assert t.insert_traces(batched, experiment_id, traces[:50]) == 50
-    assert t.insert_traces(batched, experiment_id, traces) == 70  # the first 50 are kept as they are
-    for start in (0, 100):
-        batched.link_traces_to_run([info.trace_id for info, _ in traces[start : start + 100]], other_run)
-    own_rows, batched_rows = _table_rows(tmp_path / "mlflow_own.db"), _table_rows(tmp_path / "batched.db")
-    batched_rows["entity_associations"] = [
-        tuple(run_id if v == other_run else v for v in row) for row in batched_rows["entity_associations"]
-    ]
-    assert len(own_rows["trace_info"]) == 120 and len(own_rows["spans"]) == 120
-    assert len(own_rows["assessments"]) == 120
-    assert [r for r in own_rows["spans"] if 0.75 in r]  # the cost reached the span's columns
-    for table, rows in own_rows.items():
-        assert batched_rows[table] == rows, table
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        try:
+            urllib.request.urlopen(f"{server_url}/health", timeout=1)
+        except OSError:
+            break
+        time.sleep(0.2)
+    else:
+        raise AssertionError("the export's mlflow server outlived the killed export")
+    [result] = export_run(quickstart_run, traces_cfg(uri))
+    assert result.status is ExportStatus.EXPORTED, result.reason
+    client = MlflowClient(uri)
+    traces = assert_one_trace_per_rollout(client, result.backend_run_id, quickstart_run)
+    assert all(len(t.info.assessments) == 1 for t in traces)
 
 
-def test_logging_the_same_traces_twice_keeps_one_of_each(quickstart_run: Path, tmp_path: Path) -> None:
-    """A second pass over the same rollouts (a re-export with its receipt lost) adds nothing."""
-    from gym_artifacts._builtin_exporters import _mlflow_traces as t
-
-    client = MlflowClient(f"sqlite:///{tmp_path / 'twice.db'}")
-    experiment_id = client.create_experiment("traces")
-    run_id = client.create_run(experiment_id).info.run_id
-    store = client._tracking_client.store
-    for _ in range(2):
-        assert t.log_rollout_traces(store, experiment_id, run_id, file_rollouts(quickstart_run), 0) == 300
-    traces = assert_one_trace_per_rollout(client, run_id, quickstart_run)
-    assert all(len(tr.info.assessments) == 1 and len(tr.data.spans) == 1 for tr in traces)
-
-
-def test_another_mlflow_release_takes_mlflows_own_calls(
-    quickstart_run: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """The batch writes MLflow's tables as the tested release lays them out; under any other
-    release the traces go through MLflow's own ``start_trace``/``log_spans`` (still exactly once)."""
-    import mlflow
-
-    from gym_artifacts._builtin_exporters import _mlflow_traces as t
-
-    def no_batch(*args: Any) -> int:
-        raise AssertionError("the batch path ran under an untested MLflow release")
-
-    monkeypatch.setattr(mlflow, "__version__", "3.99.0")
-    monkeypatch.setattr(t, "insert_traces", no_batch)
-    client = MlflowClient(f"sqlite:///{tmp_path / 'other-release.db'}")
-    experiment_id = client.create_experiment("traces")
-    run_id = client.create_run(experiment_id).info.run_id
-    store = client._tracking_client.store
-    rollouts = list(file_rollouts(quickstart_run))[:40]
-    for _ in range(2):
-        assert t.log_rollout_traces(store, experiment_id, run_id, iter(rollouts), 0) == 40
-    traces = all_traces(client, experiment_id, run_id)
-    assert len(traces) == len({tr.info.trace_id for tr in traces}) == 40
-    assert all(len([a for a in tr.info.assessments if a.name == "reward"]) == 1 for tr in traces)
+@pytest.mark.slow
+def test_spans_only_traces_carry_verdicts_as_tags(mlflow_server: Any, tmp_path: Path) -> None:
+    """``trace_assessments=false``: no start_trace; the spans alone make each trace, with the
+    rollout's times, its state, its tags and its verdicts (as tags), linked to the run."""
+    rollouts = fixture_run(tmp_path)
+    cfg = traces_cfg(mlflow_server.uri, "spans-only")
+    cfg.exporters.mlflow.trace_assessments = False
+    [result] = export_run(rollouts, cfg)
+    assert result.status is ExportStatus.EXPORTED, result.reason
+    client = MlflowClient(mlflow_server.uri)
+    experiment_id = client.get_run(result.backend_run_id).info.experiment_id
+    traces = all_traces(client, experiment_id, result.backend_run_id)
+    assert len(traces) == 10 and sum(t.info.state.value == "ERROR" for t in traces) == 2
+    records = {str(i): r for i, r in enumerate(map(json.loads, rollouts.read_text().splitlines()))}
+    for trace in (t for t in traces if t.info.state.value == "OK"):
+        record = records[trace.info.tags["gym_artifacts.row"]]
+        assert float(trace.info.tags["gym_artifacts.reward"]) == record["reward"]
+        assert trace.info.request_time == int(record["response"]["created_at"] * 1000)
+        assert trace.info.token_usage["total_tokens"] == record["response"]["usage"]["total_tokens"]
+        assert not trace.info.assessments

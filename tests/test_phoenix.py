@@ -159,3 +159,82 @@ def test_runs_and_evaluations_carry_the_rollouts_own_times(quickstart_run: Path,
         assert _utc(run["end_time"]) == own, (run["end_time"], own)
         evaluation = evaluations[run["id"]]
         assert _utc(evaluation.start_time) == _utc(evaluation.end_time) == own, evaluation
+
+
+def all_spans(client: Client, project: str) -> list[Any]:
+    spans: list[Any] = []
+    while True:  # the client pages by time: ask until no new span comes
+        page = client.spans.get_spans(project_identifier=project, limit=10_000)
+        if len(page) == len(spans):
+            return spans
+        spans = page
+
+
+def test_with_failures_fixture_as_traces(phoenix: PhoenixServer, tmp_path: Path) -> None:
+    """NeMo Gym 0.7.0's real run with 2 failed rollouts as Phoenix traces (OpenInference): 10
+    root spans, the 2 failed ones ERROR with the failure's message, a TOOL span with its
+    arguments for every function call, LLM token counts equal to each Response's usage, and
+    one reward annotation per scored rollout."""
+    from tests.test_mlflow_traces import fixture_run
+
+    rollouts = fixture_run(tmp_path)
+    section = {"enabled": True, "base_url": phoenix.url, "project_name": "with-failures-traces",
+               "log_experiment": False}  # fmt: skip
+    [result] = export_run(rollouts, OmegaConf.create({"exporters": {"phoenix": section}}))
+    assert result.status is ExportStatus.EXPORTED, result.reason
+    client = Client(base_url=phoenix.url)
+    spans = all_spans(client, "with-failures-traces")
+    roots = [s for s in spans if not s.get("parent_id")]
+    assert len(roots) == 10 and len({s["context"]["trace_id"] for s in spans}) == 10
+    failures = [json.loads(line) for line in rollouts.with_name("rollouts_failures.jsonl").read_text().splitlines()]
+    errors = [s for s in roots if s["status_code"] == "ERROR"]
+    assert len(errors) == 2 and all(failures[0]["_ng_failure_message"] in s["status_message"] for s in errors)
+    records = [json.loads(line) for line in rollouts.read_text().splitlines()]
+    calls = [i for r in records for i in r["response"]["output"] if i["type"] == "function_call"]
+    tools = [s for s in spans if s["span_kind"] == "TOOL"]
+    assert sorted(json.loads(s["attributes"]["input.value"])["city"] for s in tools) == sorted(
+        json.loads(c["arguments"])["city"] for c in calls
+    )
+    llms = [s for s in spans if s["span_kind"] == "LLM"]
+    total = sum(s["attributes"].get("llm.token_count.total", 0) for s in llms)
+    assert total == sum(r["response"]["usage"]["total_tokens"] for r in records)
+    annotations = client.spans.get_span_annotations(
+        span_ids=[s["context"]["span_id"] for s in roots], project_identifier="with-failures-traces"
+    )
+    assert sorted(a["result"]["score"] for a in annotations) == sorted(r["reward"] for r in records)
+
+
+def test_sigkilled_traces_export_rerun_leaves_no_duplicate(quickstart_run: Path, phoenix: PhoenixServer) -> None:
+    """Killed after the first batch of traces went out: the rerun sends the same span ids and
+    Phoenix holds every rollout once, with one reward annotation each."""
+    script = textwrap.dedent(
+        f"""
+        import os, signal, sys
+        from gym_artifacts._builtin_exporters import _phoenix_traces as t
+        t.BATCH = 100
+        real, calls = t.export_request, []
+        def request_then_die(*args):
+            calls.append(1)
+            if len(calls) == 2:
+                os.kill(os.getpid(), signal.SIGKILL)
+            return real(*args)
+        t.export_request = request_then_die
+        from gym_artifacts.cli import main
+        sys.exit(main(["export", {str(quickstart_run)!r}, "-e", "phoenix", "exporters.phoenix.base_url={phoenix.url}",
+                       "exporters.phoenix.project_name=killed-traces", "exporters.phoenix.log_experiment=false"]))
+        """
+    )
+    proc = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, timeout=300)
+    assert proc.returncode == -9, proc.stderr.decode()[-2000:]
+    assert not RunArtifacts.from_path(quickstart_run).export_done_fpath("phoenix").exists()
+    section = {"enabled": True, "base_url": phoenix.url, "project_name": "killed-traces", "log_experiment": False}
+    [result] = export_run(quickstart_run, OmegaConf.create({"exporters": {"phoenix": section}}))
+    assert result.status is ExportStatus.EXPORTED, result.reason
+    client = Client(base_url=phoenix.url)
+    spans = all_spans(client, "killed-traces")
+    roots = [s for s in spans if not s.get("parent_id")]
+    assert len(roots) == len({s["context"]["trace_id"] for s in roots}) == 300
+    annotations = client.spans.get_span_annotations(
+        span_ids=[s["context"]["span_id"] for s in roots], project_identifier="killed-traces", limit=1000
+    )
+    assert len(annotations) == 300

@@ -1,0 +1,150 @@
+"""What MLflow's run views show for an eval beyond metrics: the planned inputs as the run's
+dataset input, a one-line headline as the run's description, the HTML report as an artifact.
+
+Public MLflow entities only (``mlflow.entities.Dataset``/``DatasetInput``, logged with
+``MlflowClient.log_inputs``); the SDK is imported when a view is built.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from gym_artifacts.plugin import metric_value
+
+if TYPE_CHECKING:
+    from gym_artifacts.plugin import RunPayload
+
+logger = logging.getLogger(__name__)
+
+DESCRIPTION_TAG = "mlflow.note.content"  # what MLflow's run page shows as the description
+DATASET_CONTEXT = "eval"
+REPORT_NAME = "report.html"
+_READ = 1 << 20
+
+
+def _digest_and_rows(fpath: Path) -> tuple[str, int, list[str]]:
+    """A short content digest, the line count and the first line's keys (streamed)."""
+    digest = hashlib.sha256()
+    rows = 0
+    last = b"\n"
+    with open(fpath, "rb") as fh:
+        first = fh.readline(_READ)
+        fh.seek(0)
+        for chunk in iter(lambda: fh.read(_READ), b""):
+            digest.update(chunk)
+            rows += chunk.count(b"\n")
+            last = chunk[-1:]
+    rows += last != b"\n"  # a last line without its newline
+    try:
+        record = json.loads(first)
+    except ValueError:
+        record = None
+    keys = [str(k) for k in record] if isinstance(record, dict) else []
+    return digest.hexdigest()[:16], rows, keys
+
+
+def planned_inputs(payload: RunPayload, name: str) -> Any | None:
+    """The run's planned inputs (``OUT_materialized_inputs.jsonl``) as a ``DatasetInput`` with
+    context ``eval``, or None when the run has none: MLflow's runs list and run page show it."""
+    from mlflow.entities import Dataset, DatasetInput, InputTag
+
+    fpath = payload.run.materialized_inputs_fpath
+    if not fpath.is_file() or fpath.stat().st_size == 0:
+        return None
+    digest, rows, keys = _digest_and_rows(fpath)
+    schema = {"mlflow_colspec": [{"type": "string", "name": k, "required": False} for k in keys]}
+    dataset = Dataset(
+        name=name[:500],
+        digest=digest,
+        source_type="local",
+        source=json.dumps({"uri": fpath.resolve().as_uri()}),
+        schema=json.dumps(schema),
+        profile=json.dumps({"num_rows": rows}),
+    )
+    return DatasetInput(dataset, tags=[InputTag("mlflow.data.context", DATASET_CONTEXT)])
+
+
+def _mean_rewards(payload: RunPayload) -> list[tuple[str, float]]:
+    out = []
+    for entry in payload.aggregate_entries or []:
+        if not isinstance(entry, dict):
+            continue
+        metrics = entry.get("agent_metrics")
+        value = metrics.get("mean/reward") if isinstance(metrics, dict) else None
+        agent = entry.get("agent_ref")
+        name = agent.get("name") if isinstance(agent, dict) else None
+        number = metric_value(value) if not isinstance(value, bool) else None
+        if number is not None:
+            out.append((str(name or "agent"), number))
+    return out
+
+
+def headline(payload: RunPayload) -> str:
+    """One line: mean reward (per agent when several), coverage and failures."""
+    parts = []
+    rewards = _mean_rewards(payload)
+    if len(rewards) == 1:
+        parts.append(f"mean reward {rewards[0][1]:.3g}")
+    elif rewards:
+        parts.append("mean reward " + ", ".join(f"{a} {v:.3g}" for a, v in rewards))
+    coverage = payload.coverage
+    if coverage is not None:
+        parts.append(coverage.text())
+    return " · ".join(parts) or "no aggregate metrics or coverage"
+
+
+def write_report(payload: RunPayload, dest: Path) -> Path | None:
+    """The run's HTML report (from the export's identities and coverage), or None when it
+    cannot be written (a report never fails the export)."""
+    from gym_artifacts.plugin import build_report
+
+    plan = payload.plan
+    try:
+        return build_report(payload.run, dest, identities=plan.identities or None, coverage=plan.coverage,
+                            secrets=plan.secrets)  # fmt: skip
+    except Exception as exc:
+        logger.warning("mlflow: report not written: %s", exc)
+        return None
+
+
+RECORDS = 1000  # evaluation dataset records a request
+
+
+def _quoted(name: str) -> str:
+    return "'" + name.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+def evaluation_dataset(ml: Any, experiment_id: str, name: str, payload: RunPayload) -> str | None:
+    """The planned inputs as an MLflow evaluation dataset of the experiment (MLflow's Datasets
+    page), on an ``mlflow server`` only (MLflow has no public call that writes records into a
+    given database store). Found by name before it is created; records are upserted by their
+    inputs, so a rerun adds none twice. Returns the dataset's id, or None when not made."""
+    from gym_artifacts.plugin import iter_jsonl, redact_text
+
+    fpath = payload.run.materialized_inputs_fpath
+    if not ml.tracking_uri.startswith(("http://", "https://")) or not fpath.is_file():
+        return None
+    found = ml.client.search_datasets([experiment_id], filter_string=f"name = {_quoted(name)}", max_results=1)
+    dataset = found[0] if found else ml.client.create_dataset(name, experiment_id=[experiment_id])
+    store = ml.client._tracking_client.store  # the scoped REST client of MLflow's public REST API
+    batch: list[dict[str, Any]] = []
+    secrets = payload.secrets
+
+    def flush() -> None:
+        records = batch
+        if secrets:
+            records = json.loads(redact_text(json.dumps(batch), secrets))
+        store.upsert_dataset_records(dataset.dataset_id, records)
+        batch.clear()
+
+    for _, record in iter_jsonl(fpath, "materialized inputs JSONL"):
+        batch.append({"inputs": record if isinstance(record, dict) else {"input": record}})
+        if len(batch) == RECORDS:
+            flush()
+    if batch:
+        flush()
+    return str(dataset.dataset_id)

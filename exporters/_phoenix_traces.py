@@ -1,0 +1,174 @@
+"""Rollouts as Phoenix traces: OTLP/HTTP with OpenInference attributes, verdicts as span
+annotations in batches, exactly once.
+
+Each rollout is the span tree of ``gym_artifacts.rollout_spans`` (root ``AGENT``, ``LLM`` per
+model turn with its messages and token counts, ``TOOL`` per function call; a failed rollout an
+ERROR root span with its message), named in OpenInference's conventions
+(``openinference-semantic-conventions``): ``openinference.span.kind``, ``input.value`` /
+``output.value`` (JSON), ``llm.input_messages.N.message.*``, ``llm.output_messages.N.*`` with
+tool calls, ``llm.token_count.*``, ``llm.model_name``, ``tool.name``, ``metadata``, ``tag.tags``.
+Spans go to Phoenix's OTLP collector (``POST /v1/traces``, header ``x-project-name``) a batch at a
+time; every verdict becomes a ``CODE`` annotation on the root span, through the client's batch
+call (``log_span_annotations``, one request per batch).
+
+Exactly once: trace and span ids are derived from the project, the run's identity and the
+rollout; Phoenix keeps the first span of an id (``ON CONFLICT DO NOTHING``) and upserts an
+annotation by (span, name, identifier). Phoenix stores spans in the background, so the export
+reads back every root span before it counts as done (a missing one fails the export: no receipt,
+and the rerun sends the same ids).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from gym_artifacts.plugin import LLM, TOOL, GymArtifactsError, RolloutTrace, Span
+
+from ._otlp import export_request
+
+BATCH = 500  # traces an OTLP request and annotations a request
+CHECK = 100  # root span ids a read-back request
+SOURCE = "gym-artifacts"
+
+
+class NotLanded(GymArtifactsError):
+    """Phoenix did not store every span it was sent within the wait."""
+
+
+@dataclass
+class Sent:
+    traces: int = 0
+    failed: int = 0
+
+
+def _json(value: Any) -> str:
+    return json.dumps(value, ensure_ascii=False, default=str)
+
+
+def _messages(prefix: str, messages: list[dict[str, Any]]) -> dict[str, Any]:
+    from openinference.semconv.trace import MessageAttributes as M
+    from openinference.semconv.trace import ToolCallAttributes as T
+
+    out: dict[str, Any] = {}
+    for i, message in enumerate(messages):
+        at = f"{prefix}.{i}."
+        out[at + M.MESSAGE_ROLE] = message.get("role", "")
+        if message.get("content"):
+            out[at + M.MESSAGE_CONTENT] = message["content"]
+        if message.get("reasoning"):
+            out[at + M.MESSAGE_CONTENT] = message["reasoning"]
+        if message.get("tool_call_id"):
+            out[at + M.MESSAGE_TOOL_CALL_ID] = message["tool_call_id"]
+        for j, call in enumerate(message.get("tool_calls", [])):
+            call_at = f"{at}{M.MESSAGE_TOOL_CALLS}.{j}."
+            out[call_at + T.TOOL_CALL_ID] = call["id"]
+            out[call_at + T.TOOL_CALL_FUNCTION_NAME] = call["name"]
+            out[call_at + T.TOOL_CALL_FUNCTION_ARGUMENTS_JSON] = call["arguments"]
+    return out
+
+
+def span_attributes(trace: RolloutTrace, span: Span) -> dict[str, Any]:
+    """OpenInference attributes of one span (flat keys, primitive values)."""
+    from openinference.semconv.trace import SpanAttributes as S
+
+    attributes: dict[str, Any] = {S.OPENINFERENCE_SPAN_KIND: span.kind}
+    if span.inputs is not None:
+        attributes[S.INPUT_VALUE] = _json(span.inputs)
+        attributes[S.INPUT_MIME_TYPE] = "application/json"
+    if span.outputs is not None:
+        attributes[S.OUTPUT_VALUE] = _json(span.outputs)
+        attributes[S.OUTPUT_MIME_TYPE] = "application/json"
+    if span.kind == LLM:
+        attributes.update(_messages(S.LLM_INPUT_MESSAGES, span.input_messages))
+        attributes.update(_messages(S.LLM_OUTPUT_MESSAGES, span.output_messages))
+        if span.model:
+            attributes[S.LLM_MODEL_NAME] = span.model
+        if span.usage:
+            attributes[S.LLM_TOKEN_COUNT_PROMPT] = span.usage.get("input_tokens")
+            attributes[S.LLM_TOKEN_COUNT_COMPLETION] = span.usage.get("output_tokens")
+            attributes[S.LLM_TOKEN_COUNT_TOTAL] = span.usage.get("total_tokens")
+    if span.kind == TOOL:
+        attributes[S.TOOL_NAME] = span.name
+    if span.attributes:
+        attributes[S.METADATA] = _json(span.attributes)
+    if span.parent_id is None:
+        attributes[S.TAG_TAGS] = [f"{k}:{v}" for k, v in trace.tags.items()]
+    return attributes
+
+
+def _batches(traces: Iterable[RolloutTrace], size: int) -> Iterator[list[RolloutTrace]]:
+    batch: list[RolloutTrace] = []
+    for trace in traces:
+        batch.append(trace)
+        if len(batch) == size:
+            yield batch
+            batch = []
+    if batch:
+        yield batch
+
+
+def _annotations(batch: list[RolloutTrace]) -> list[dict[str, Any]]:
+    return [
+        {"span_id": t.root.span_id, "name": name, "annotator_kind": "CODE", "identifier": SOURCE,
+         "result": {"score": score}, "metadata": {"source": SOURCE}}
+        for t in batch for name, score in t.feedback.items()
+    ]  # fmt: skip
+
+
+def send_traces(
+    client: Any, project: str, traces: Iterable[RolloutTrace], timeout: float, wait_s: float
+) -> Sent:
+    """Send the traces and their annotations to the Phoenix behind ``client`` (a
+    ``phoenix.client.Client``), then read every root span back; returns what was sent."""
+    sent = Sent()
+    headers = {"Content-Type": "application/x-protobuf", "x-project-name": project}
+    resource = {"openinference.project.name": project, "service.name": SOURCE}
+    deadline = time.monotonic() + wait_s
+    previous: list[RolloutTrace] = []
+    # one batch behind: while Phoenix stores batch k in the background, batch k-1 is read back
+    # and annotated (synchronously: an annotation needs its span stored)
+    for batch in _batches(traces, BATCH):
+        body = export_request(batch, span_attributes, resource)
+        response = client._client.post("v1/traces", content=body, headers=headers, timeout=timeout)
+        response.raise_for_status()
+        _landed_then_annotate(client, project, previous, timeout, deadline)
+        previous = batch
+        sent.traces += len(batch)
+        sent.failed += sum(1 for t in batch if t.failed)
+    _landed_then_annotate(client, project, previous, timeout, deadline)
+    return sent
+
+
+def _landed_then_annotate(
+    client: Any, project: str, batch: list[RolloutTrace], timeout: float, deadline: float
+) -> None:
+    _wait_landed(client, project, [t.root.span_id for t in batch], timeout, deadline)
+    annotations = _annotations(batch)
+    if annotations:
+        client.spans.log_span_annotations(span_annotations=annotations, sync=True)
+
+
+def _wait_landed(client: Any, project: str, span_ids: list[str], timeout: float, deadline: float) -> None:
+    """Every span id is in the project (Phoenix inserts in the background), or NotLanded once
+    ``deadline`` (monotonic) passes."""
+    import httpx
+
+    for start in range(0, len(span_ids), CHECK):
+        chunk = span_ids[start : start + CHECK]
+        while True:
+            try:
+                found = client.spans.get_spans(project_identifier=project, span_ids=chunk, limit=len(chunk),
+                                               timeout=int(timeout))  # fmt: skip
+            except httpx.HTTPStatusError as exc:  # the project appears with its first stored span
+                if exc.response.status_code != 404:
+                    raise
+                found = []
+            if len(found) >= len(chunk):
+                break
+            if time.monotonic() > deadline:
+                raise NotLanded(f"Phoenix stored {len(found)} of {len(chunk)} spans in the time allowed")
+            time.sleep(0.5)

@@ -1,0 +1,116 @@
+"""MLflow's own web UI, as a NeMo Gym user opens it after an export (a real ``mlflow server``,
+Debian's chromium driven by Playwright): the Traces tab, one trace's span tree, the Overview's
+Tool calls tab, the run's dataset and the Datasets page, each checked for the counts it shows and saved to
+``test-artifacts/``."""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("mlflow")
+
+from mlflow.tracking import MlflowClient
+
+from gym_artifacts.export import export_run
+from gym_artifacts.exporter import ExportStatus
+from tests.test_mlflow_traces import fixture_run, traces_cfg
+from tests.test_report import ARGS, CHROMIUM, SCREENSHOTS
+
+UI_WAIT_S = 60.0  # a loaded 2-core machine renders MLflow's pages slowly: a wait, not a cost
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Any]:
+    playwright = pytest.importorskip("playwright.sync_api")
+    if not Path(CHROMIUM).exists():
+        pytest.skip(f"{CHROMIUM} is not installed (.ci/run installs Debian's chromium)")
+    with playwright.sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+        yield browser
+        browser.close()
+
+
+def page_text(page: Any, needle: str) -> str:
+    """The page's text once it shows ``needle`` (MLflow's pages load their data after the shell)."""
+    deadline = time.monotonic() + UI_WAIT_S
+    while True:
+        for button in page.get_by_role("button", name="Got it").all():  # first-visit hints
+            button.click(timeout=2000)
+        text = str(page.inner_text("body"))
+        if needle in text or time.monotonic() > deadline:
+            return text
+        time.sleep(0.5)
+
+
+# MLflow opens its Assistant side panel on a first visit (it covers a third of every page): the
+# browser starts as one that has closed it before.
+NO_ASSISTANT = """
+localStorage.setItem("mlflow.assistant.fab.autoOpenedOnFirstLoad_v1", "true");
+localStorage.setItem("mlflow.assistant.panelOpen_v1", "false");
+"""
+
+
+@pytest.mark.slow
+def test_mlflow_ui_shows_every_rollout_span_tree_tool_calls_and_dataset(
+    mlflow_server: Any, browser: Any, tmp_path: Path
+) -> None:
+    rollouts = fixture_run(tmp_path)
+    experiment = f"ui-{uuid.uuid4().hex[:8]}"
+    [result] = export_run(rollouts, traces_cfg(mlflow_server.uri, experiment))
+    assert result.status is ExportStatus.EXPORTED, result.reason
+    experiment_id = MlflowClient(mlflow_server.uri).get_experiment_by_name(experiment).experiment_id
+    records = [json.loads(line) for line in rollouts.read_text().splitlines()]
+    calls = sum(1 for r in records for i in r["response"]["output"] if i["type"] == "function_call")
+    tokens = sum(r["response"]["usage"]["total_tokens"] for r in records)
+    SCREENSHOTS.mkdir(exist_ok=True)
+    page = browser.new_page(viewport={"width": 1500, "height": 950})
+    page.add_init_script(NO_ASSISTANT)
+    base = f"{mlflow_server.uri}/#/experiments/{experiment_id}"
+
+    # the Traces tab: all 10 planned rollouts, the 2 failed ones as errors with their message
+    page.goto(f"{base}/traces")
+    text = page_text(page, "10 of 10")
+    page.screenshot(path=str(SCREENSHOTS / "mlflow-traces.png"))
+    assert "10 of 10" in text
+    assert text.count("Error\n") == 2 and text.count("ClientResponseError: 500") == 2
+
+    # one trace's detail: the agent's span tree, the tool call and the model's token count
+    page.get_by_text("what's it like in sf?").first.click()
+    text = page_text(page, "get_weather")
+    page.screenshot(path=str(SCREENSHOTS / "mlflow-trace-detail.png"))
+    assert "get_weather" in text and "fake-model" in text and "96 tokens" in text
+    assert "San Francisco" in text  # the tool call's argument
+
+    # the Overview's Tool calls tab: every function call of the Responses
+    page.goto(f"{base}/overview/tool-calls")
+    text = page_text(page, f"get_weather\n{calls}\n")
+    page.screenshot(path=str(SCREENSHOTS / "mlflow-tool-calls.png"))
+    assert f"{calls}\nTotal Tool Calls" in text and f"get_weather\n{calls}\n" in text
+
+    # the Overview's usage: token totals from the Responses' usage, the errors counted
+    page.goto(f"{base}/overview/usage")
+    text = page_text(page, "Token Usage")
+    page.screenshot(path=str(SCREENSHOTS / "mlflow-overview-usage.png"))
+    assert f"{tokens} (" in text and "2 (Overall error rate: 20.0%)" in text
+
+    # the runs list: the planned inputs as the run's dataset (10 rows)
+    page.goto(f"{base}/runs")
+    text = page_text(page, "planned inputs")
+    page.screenshot(path=str(SCREENSHOTS / "mlflow-run-dataset.png"))
+    assert "planned inputs" in text
+
+    # the Datasets page: the planned inputs as an evaluation dataset of 10 records
+    page.goto(f"{base}/datasets")
+    page_text(page, "planned inputs")
+    page.get_by_text("planned inputs").first.click()
+    text = page_text(page, "10 records")
+    page.screenshot(path=str(SCREENSHOTS / "mlflow-datasets.png"))
+    assert "10 records" in text and text.count('{"responses_create_params"') == 10
+    page.close()
