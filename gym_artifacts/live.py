@@ -403,12 +403,15 @@ def live_exporters(
     original = config if OmegaConf.is_config(config) else OmegaConf.create(config or {})
     cfg = normalize(original)
     run = RunArtifacts.from_path(output_jsonl_fpath)
-    writer, holder = try_lock(run.live_writer_lock_fpath())
-    if writer is None:
+    try:
+        writer, holder = try_lock(run.live_writer_lock_fpath())
         refused = (
             f"{run.source} is being live-logged by {holder}; this process logs nothing live "
             "for it (one live writer per output: use another output path)"
         )
+    except OSError as exc:  # a link or special file planted as the lock, a read-only folder
+        writer, refused = None, f"cannot take the live-writer lock: {exc.strerror}; this process logs nothing live"
+    if writer is None:
         logger.warning("live logging refused: %s", refused)
         yield NoOpLiveRun(refused)
         return
