@@ -410,7 +410,8 @@ def live_exporters(
             "for it (one live writer per output: use another output path)"
         )
     except OSError as exc:  # a link or special file planted as the lock, a read-only folder
-        writer, refused = None, f"cannot take the live-writer lock: {exc.strerror}; this process logs nothing live"
+        writer = None
+        refused = f"cannot take the live-writer lock: {exc.strerror}; this process logs nothing live"
     if writer is None:
         logger.warning("live logging refused: %s", refused)
         yield NoOpLiveRun(refused)

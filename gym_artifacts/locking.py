@@ -40,8 +40,8 @@ def _open_lock_file(fpath: Path) -> int:
     try:
         fd = os.open(fpath, _OPEN_FLAGS, 0o644)
     except OSError as exc:
-        if os.path.islink(fpath) or (exc.errno is not None and os.path.isdir(fpath)):
-            raise UnsafeLockPath(exc.errno or 0, f"{fpath} is not a regular file (a link or folder)") from None
+        if os.path.islink(fpath) or os.path.isdir(fpath):
+            raise UnsafeLockPath(exc.errno or 0, f"{fpath} is not a regular file (link or folder)") from None
         raise
     if not stat.S_ISREG(os.fstat(fd).st_mode):
         os.close(fd)
