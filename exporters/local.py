@@ -24,7 +24,7 @@ from typing import IO, Any
 from pydantic import field_validator
 
 from gym_artifacts.aggregate import table_jsonl
-from gym_artifacts.atomic import atomic_write_bytes, atomic_write_json, atomic_writer
+from gym_artifacts.atomic import atomic_write_bytes, atomic_write_json, atomic_writer, open_regular
 from gym_artifacts.backend import CannotCertify
 from gym_artifacts.config import ExporterConfig
 from gym_artifacts.destination import resolved_path
@@ -271,8 +271,8 @@ class LocalExporter(LiveExporter):
         for name in ("metrics.jsonl", "rollouts.jsonl"):
             if resume:
                 repair_partial_last_line(dpath / name)
-        self._metrics_fh = open(dpath / "metrics.jsonl", "ab")  # noqa: SIM115 - closed in _close_live_files
-        self._rollouts_fh = open(dpath / "rollouts.jsonl", "ab")  # noqa: SIM115
+        self._metrics_fh = open_regular(dpath / "metrics.jsonl", "ab")  # closed in _close_live_files
+        self._rollouts_fh = open_regular(dpath / "rollouts.jsonl", "ab")
 
     def _log_config(self, config: dict[str, Any]) -> None:
         assert self.run_id is not None

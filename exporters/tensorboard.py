@@ -31,6 +31,7 @@ from typing import Any
 from pydantic import Field
 
 from gym_artifacts.aggregate import LevelTable
+from gym_artifacts.atomic import open_regular
 from gym_artifacts.config import ExporterConfig
 from gym_artifacts.destination import resolved_path
 from gym_artifacts.exporter import ExportPlan, Sent
@@ -77,7 +78,7 @@ class EventWriter:
         # TensorBoard reads a folder's event files in name order: nanoseconds keep appends in order.
         unique = f"{socket.gethostname()}.{os.getpid()}.{uuid.uuid4().hex[:8]}"
         self.fpath = dpath / f"events.out.tfevents.{time.time_ns():020d}.{unique}"
-        self._fh = open(self.fpath, "wb")  # noqa: SIM115 - closed by close()
+        self._fh = open_regular(self.fpath, "wb")  # closed by close()
         self._writer = RecordWriter(self._fh)
         self.bytes = 0
         self._write(event_pb2.Event(wall_time=time.time(), file_version="brain.Event:2"))

@@ -25,14 +25,18 @@ def cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
 
 
 @pytest.mark.parametrize("kind", ["export", "live"])
-def test_a_lock_that_is_a_symlink_is_never_written_through(quickstart_run: Path, tmp_path: Path, kind: str) -> None:
+def test_a_lock_that_is_a_symlink_is_never_written_through(
+    quickstart_run: Path, tmp_path: Path, kind: str
+) -> None:
     run = RunArtifacts.from_path(quickstart_run)
     victim = tmp_path / "precious.txt"
     victim.write_text("keep me\n")
     lock = run.export_lock_fpath("local") if kind == "export" else run.live_writer_lock_fpath()
     lock.symlink_to(victim)
     if kind == "export":
-        proc = cli("export", str(quickstart_run), "-e", "local", "--json", f"exporters.local.root={tmp_path / 's'}")
+        proc = cli(
+            "export", str(quickstart_run), "-e", "local", "--json", f"exporters.local.root={tmp_path / 's'}"
+        )
         [result] = json.loads(proc.stdout)
         assert result["status"] == "FAILED" and "not a regular file" in result["reason"], proc.stdout
     else:
@@ -60,13 +64,17 @@ def test_no_lock_file_remains_after_an_export_or_a_live_run(quickstart_run: Path
 
     from gym_artifacts.live import live_exporters
 
-    proc = cli("export", str(quickstart_run), "-e", "local", "--json", f"exporters.local.root={tmp_path / 's'}")
+    proc = cli(
+        "export", str(quickstart_run), "-e", "local", "--json", f"exporters.local.root={tmp_path / 's'}"
+    )
     assert json.loads(proc.stdout)[0]["status"] == "EXPORTED", proc.stderr[-2000:]
     out = tmp_path / "live" / "eval.jsonl"
     out.parent.mkdir()
     with live_exporters(OmegaConf.create({"exporters": {}}), out) as live:
         live.export_metrics({"x": 1.0}, step=0)
-    leftovers = [p.name for p in [*quickstart_run.parent.iterdir(), *out.parent.iterdir()] if p.name.endswith(".lock")]
+    leftovers = [
+        p.name for p in [*quickstart_run.parent.iterdir(), *out.parent.iterdir()] if p.name.endswith(".lock")
+    ]
     assert leftovers == []
 
 
@@ -90,7 +98,8 @@ def test_two_exporters_racing_for_a_removed_lock_never_hold_it_at_once(tmp_path:
     must notice it locked a removed file and take the new one, never run alongside."""
     lock, log = tmp_path / "OUT_local_export.lock", tmp_path / "log"
     procs = [
-        subprocess.Popen([sys.executable, "-c", HOLDER, str(lock), str(log), "150"], cwd=REPO) for _ in range(3)
+        subprocess.Popen([sys.executable, "-c", HOLDER, str(lock), str(log), "150"], cwd=REPO)
+        for _ in range(3)
     ]
     for proc in procs:
         assert proc.wait(timeout=120) == 0
@@ -107,3 +116,33 @@ def test_exclusive_lock_in_process_is_released_and_removed(tmp_path: Path) -> No
         held, holder = try_lock(lock)
         assert held is None and str(os.getpid()) in holder
     assert not lock.exists()
+
+
+@pytest.mark.parametrize("mode", ["ab", "wb", "rb+"])
+def test_open_regular_refuses_links_fifos_and_folders(tmp_path: Path, mode: str) -> None:
+    from gym_artifacts.atomic import open_regular
+
+    victim = tmp_path / "victim"
+    victim.write_bytes(b"keep")
+    (tmp_path / "link").symlink_to(victim)
+    os.mkfifo(tmp_path / "fifo")
+    (tmp_path / "dir").mkdir()
+    for name in ("link", "fifo", "dir"):
+        with pytest.raises(OSError, match="not a regular file"):
+            open_regular(tmp_path / name, mode)
+    assert victim.read_bytes() == b"keep"
+
+
+def test_a_journal_planted_as_a_link_is_not_written_through(tmp_path: Path) -> None:
+    from omegaconf import OmegaConf
+
+    from gym_artifacts.live import live_exporters
+
+    victim = tmp_path / "victim"
+    victim.write_text("keep\n")
+    out = tmp_path / "run" / "eval.jsonl"
+    out.parent.mkdir()
+    out.with_name("eval_metrics.jsonl").symlink_to(victim)
+    with live_exporters(OmegaConf.create({"exporters": {}}), out, teardown_timeout=5) as live:
+        live.export_metrics({"x": 1.0}, step=0)
+    assert victim.read_text() == "keep\n"
