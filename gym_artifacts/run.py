@@ -50,6 +50,40 @@ def check_exporter_name(name: str) -> str:
     return name
 
 
+def _check_run_argument(given: str) -> None:
+    """Refuse, before any path arithmetic, a run argument that names no run: an empty path (the
+    working folder), or one ending in ``.`` or ``..`` (a folder named by where the command runs,
+    whose receipts would land in its parent)."""
+    if not given.strip():
+        raise MissingRunError(f"no run at {given!r}: an empty path names no run")
+    if given.rstrip("/").rsplit("/", 1)[-1] in (".", ".."):
+        raise MissingRunError(
+            f"no run at {given}: name the run by its rollouts file OUT.jsonl or by its artifacts "
+            "folder's own path"
+        )
+
+
+def _check_not_a_folder_of_runs(given: str, dpath: Path) -> None:
+    """A folder holding a run's rollouts file (``OUT.jsonl`` beside its aggregate metrics, config,
+    journal or artifacts folder) is a folder of runs, not a run: exporting it would copy every
+    file of it as one run."""
+    try:
+        names = {entry.name for entry in os.scandir(dpath)}
+    except OSError:
+        return
+    sibling_suffixes = (
+        layout.AGGREGATE_SUFFIX, layout.CONFIG_SUFFIX, layout.JOURNAL_SUFFIX, layout.ARTIFACTS_SUFFIX
+    )  # fmt: skip
+    for name in sorted(names):
+        if name.endswith(layout.ROLLOUTS_SUFFIX):
+            stem = name[: -len(layout.ROLLOUTS_SUFFIX)]
+            if any(stem + suffix in names for suffix in sibling_suffixes):
+                raise MissingRunError(
+                    f"no run at {given}: it is a folder of runs; name one by its rollouts file "
+                    f"({os.path.join(given, name)})"
+                )
+
+
 class RunArtifacts(BaseModel):
     """A run named by its rollouts file ``STEM.jsonl``, or an artifacts folder given alone.
 
@@ -68,8 +102,10 @@ class RunArtifacts(BaseModel):
     def from_path(cls, path: str | os.PathLike[str]) -> RunArtifacts:
         """Build from ``OUT.jsonl`` (present or not) or from an artifacts folder."""
         given = os.fspath(path)
+        _check_run_argument(given)
         fpath = Path(given).expanduser().absolute()
         if fpath.is_dir():
+            _check_not_a_folder_of_runs(given, fpath)
             if fpath.name.endswith(layout.ARTIFACTS_SUFFIX):
                 stem = fpath.with_name(fpath.name[: -len(layout.ARTIFACTS_SUFFIX)])
                 if stem.with_name(stem.name + ".jsonl").is_file():
