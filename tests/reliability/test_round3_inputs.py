@@ -29,7 +29,9 @@ def tree(folder: Path) -> dict[str, int]:
 
 @pytest.mark.parametrize("argument", ["", " ", ".", "./", "..", "runs/.", "runs"])
 @pytest.mark.parametrize("command", ["export", "status", "report"])
-def test_run_arguments_that_name_no_run_exit_2(quickstart_run: Path, tmp_path: Path, argument: str, command: str) -> None:
+def test_run_arguments_that_name_no_run_exit_2(
+    quickstart_run: Path, tmp_path: Path, argument: str, command: str
+) -> None:
     work = quickstart_run.parent  # the working folder is a folder of runs; its parent gets nothing either
     (work / "runs").mkdir()
     shutil.copy(quickstart_run, work / "runs" / "x.jsonl")
@@ -41,3 +43,50 @@ def test_run_arguments_that_name_no_run_exit_2(quickstart_run: Path, tmp_path: P
     assert "no run at" in proc.stderr and "Traceback" not in proc.stderr
     assert tree(work) == before and tree(work.parent) == before_parent
     assert not (tmp_path / "store").exists()
+
+
+def chain(links: int, root: str) -> str:
+    return "\n".join([f"a0: {root}", *(f"a{i}: ${{a{i - 1}}}" for i in range(1, links))]) + "\n"
+
+
+@pytest.mark.parametrize("root", ["x", "${oc.env:GYMART_GONE_VARIABLE}"])
+def test_an_interpolation_chain_resolves_in_linear_time(root: str) -> None:
+    """2,000 links, ending in a value or in a variable that is gone: one resolution per link (the
+    key-by-key retry walked the whole chain for every key). Counted, not timed: the number of
+    node resolutions must stay within a small multiple of the chain's length."""
+    from omegaconf import OmegaConf
+    from omegaconf.basecontainer import BaseContainer
+
+    from gym_artifacts.config import resolve_tolerant
+
+    cfg = OmegaConf.create(chain(2000, root))
+    calls = 0
+    original = BaseContainer._resolve_interpolation_from_parse_tree
+
+    def counting(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+        nonlocal calls
+        calls += 1
+        return original(self, *args, **kwargs)
+
+    BaseContainer._resolve_interpolation_from_parse_tree = counting  # type: ignore[method-assign]
+    try:
+        resolved = resolve_tolerant(cfg)
+    finally:
+        BaseContainer._resolve_interpolation_from_parse_tree = original  # type: ignore[method-assign]
+    assert calls < 10 * 2000, calls
+    if root == "x":
+        assert resolved["a1999"] == "x"
+    else:  # kept as written, each link
+        assert resolved["a0"] == root and resolved["a1999"] == "${a1998}"
+
+
+def test_export_status_and_report_of_a_run_with_a_2000_link_chain_finish(
+    quickstart_run: Path, tmp_path: Path
+) -> None:
+    config = quickstart_run.with_name("eval_config.yaml")
+    config.write_text(config.read_text() + chain(2000, "${oc.env:GYMART_GONE_VARIABLE}"))
+    for args in (["status", str(quickstart_run)], ["report", str(quickstart_run)],
+                 ["export", str(quickstart_run), "-e", "local", f"exporters.local.root={tmp_path / 's'}", "--json"]):  # fmt: skip
+        proc = cli(*args, timeout=240)  # generous: the quadratic retry took over 120 s here
+        assert proc.returncode == 0, proc.stderr[-2000:]
+    assert json.loads(proc.stdout)[0]["status"] == "EXPORTED"
