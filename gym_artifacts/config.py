@@ -189,8 +189,11 @@ def as_config(cfg: Any) -> Any:
 
 
 def raw_container(cfg: Any) -> dict[str, Any]:
-    """The config as plain containers, interpolations unresolved."""
-    return _omegaconf().OmegaConf.to_container(as_config(cfg), resolve=False)  # type: ignore[no-any-return]
+    """The config as plain containers, interpolations unresolved; ConfigError unless a mapping."""
+    raw = _omegaconf().OmegaConf.to_container(as_config(cfg), resolve=False)
+    if not isinstance(raw, dict):
+        raise ConfigError(f"a config must be a mapping of settings, not a {type(raw).__name__}")
+    return raw
 
 
 def normalize(cfg: Any) -> Any:
@@ -229,14 +232,20 @@ def configures_exporters(cfg: Any) -> bool:
 
 
 def select(cfg: Any, key: str) -> Any:
-    """One value resolved alone (only what it references is evaluated)."""
+    """One value resolved alone (only what it references is evaluated).
+
+    The one place a setting is resolved: whatever resolution raises (a variable that is gone,
+    an interpolation cycle, a resolver's own error, a chain past the recursion limit) becomes
+    a ConfigError naming the key, which the CLI reports as that backend's FAILED and the live
+    path as a skipped backend.
+    """
     oc = _omegaconf()
     try:
         value = oc.OmegaConf.select(cfg, key, throw_on_resolution_failure=True)
-    except oc.errors.OmegaConfBaseException as exc:
+        if isinstance(value, oc.Container):
+            return oc.OmegaConf.to_container(value, resolve=True)
+    except Exception as exc:
         raise ConfigError(f"{key}: cannot resolve: {_oc_message(exc)}") from exc
-    if isinstance(value, oc.Container):
-        return oc.OmegaConf.to_container(value, resolve=True)
     return value
 
 
@@ -264,9 +273,27 @@ def is_enabled(cfg: Any, name: str) -> bool:
     return parse_flag(select(cfg, key), key)
 
 
-def enabled_exporters(cfg: Any) -> list[str]:
-    """Names of the backends the config turns on."""
-    return [name for name in exporter_names(cfg) if is_enabled(cfg, name)]
+def enabled_exporters(cfg: Any, unresolvable: list[tuple[str, str]] | None = None) -> list[str]:
+    """Names of the backends the config turns on.
+
+    An ``enabled`` flag that cannot be resolved raises ConfigError, or, given ``unresolvable``,
+    is appended there as ``(name, reason)`` and the backend left out.
+    """
+    names = []
+    for name in exporter_names(cfg):
+        key = f"exporters.{name}.enabled"
+        if not has_key(cfg, key):
+            continue
+        try:
+            value = select(cfg, key)
+        except ConfigError as exc:
+            if unresolvable is None:
+                raise
+            unresolvable.append((name, str(exc)))
+            continue
+        if parse_flag(value, key):  # a flag that is not a boolean: ConfigError in any case
+            names.append(name)
+    return names
 
 
 def exporter_section(cfg: Any, name: str) -> dict[str, Any]:

@@ -65,11 +65,14 @@ def select_exporters(cfg: Any, names: Sequence[str] | None) -> list[str]:
         for name in selected:
             get_entry(name, entries)
         return selected
-    enabled = enabled_exporters(cfg)
-    for name in exporter_names(cfg):
-        if name in enabled:
-            get_entry(name, entries)
-    return enabled
+    unresolvable: list[tuple[str, str]] = []
+    enabled = enabled_exporters(cfg, unresolvable)
+    # a flag that cannot be resolved: the backend is chosen, and its settings' error is its FAILED
+    chosen = set(enabled) | {name for name, _ in unresolvable}
+    selected = [name for name in exporter_names(cfg) if name in chosen]
+    for name in selected:
+        get_entry(name, entries)
+    return selected
 
 
 def validate_exporter_settings(cfg: Any, names: Sequence[str]) -> None:

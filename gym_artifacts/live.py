@@ -358,7 +358,11 @@ def reregister_atexit() -> None:
 def build_live_exporters(cfg: Any) -> list[LiveExporter]:
     """Every enabled backend that can log live; one that cannot be built is skipped alone."""
     exporters: list[LiveExporter] = []
-    for name in enabled_exporters(cfg):
+    unresolvable: list[tuple[str, str]] = []
+    names = enabled_exporters(cfg, unresolvable)
+    for name, reason in unresolvable:
+        logger.warning("%s: not logging live: %s", name, reason)
+    for name in names:
         try:
             entry = get_entry(name)
             if not entry.sdk_installed():
@@ -400,8 +404,18 @@ def live_exporters(
         return
     from omegaconf import OmegaConf
 
-    original = config if OmegaConf.is_config(config) else OmegaConf.create(config or {})
-    cfg = normalize(original)
+    try:
+        original = config if OmegaConf.is_config(config) else OmegaConf.create(config or {})
+        cfg = normalize(original)
+    except Exception as exc:  # a list, a cycle, a value that is gone: never raised into the eval
+        logger.warning("live logging off: the config cannot be used: %s", exc)
+        yield NoOpLiveRun(f"the config cannot be used: {exc}")
+        return
+    try:
+        resume = is_resume(cfg)
+    except GymArtifactsError as exc:
+        logger.warning("live logging: %s; starting afresh (not resuming)", exc)
+        resume = False
     run = RunArtifacts.from_path(output_jsonl_fpath)
     try:
         writer, holder = try_lock(run.live_writer_lock_fpath())
@@ -418,7 +432,7 @@ def live_exporters(
         return
     save_run_config(run, original)
     try:
-        live = LiveRun(run, build_live_exporters(cfg), original, resume=is_resume(cfg))
+        live = LiveRun(run, build_live_exporters(cfg), original, resume=resume)
         live.export_config()
         status = RunStatus.FINISHED
         try:

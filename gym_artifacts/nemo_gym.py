@@ -36,7 +36,7 @@ _live: LiveRun | NoOpLiveRun | None = None
 def _output_path(global_config_dict: Any) -> Any:
     try:
         value = global_config_dict[OUTPUT_KEY]
-    except (KeyError, TypeError, AttributeError):
+    except Exception:  # absent, not a mapping, or an interpolation that cannot be resolved
         value = None
     if value in (None, ""):
         raise ConfigError(f"setup_exporters: the config has no {OUTPUT_KEY!r} (the rollouts file OUT.jsonl)")

@@ -90,3 +90,57 @@ def test_export_status_and_report_of_a_run_with_a_2000_link_chain_finish(
         proc = cli(*args, timeout=240)  # generous: the quadratic retry took over 120 s here
         assert proc.returncode == 0, proc.stderr[-2000:]
     assert json.loads(proc.stdout)[0]["status"] == "EXPORTED"
+
+
+UNRESOLVABLE = {
+    "gone variable": {"root": "${oc.env:GYMART_GONE_ROOT}"},
+    "cycle": {"root": "${exporters.local.experiment}", "experiment": "${exporters.local.root}"},
+    "gone flag": {"enabled": "${oc.env:GYMART_GONE_FLAG}"},
+}
+
+
+@pytest.mark.parametrize("case", UNRESOLVABLE)
+def test_an_unresolvable_setting_is_that_backends_failed(
+    quickstart_run: Path, tmp_path: Path, case: str
+) -> None:
+    import yaml
+
+    config = quickstart_run.with_name("eval_config.yaml")
+    saved = yaml.safe_load(config.read_text())
+    saved["exporters"] = {
+        "local": {"enabled": True, "root": str(tmp_path / "store"), **UNRESOLVABLE[case]},
+        "tensorboard": {"enabled": True, "logdir": str(tmp_path / "tb")},
+    }
+    config.write_text(yaml.safe_dump(saved))
+    proc = cli("export", str(quickstart_run), "--json")
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    results = {r["exporter"]: r for r in json.loads(proc.stdout)}
+    assert results["tensorboard"]["status"] == "EXPORTED"
+    assert results["local"]["status"] == "FAILED"
+    assert "exporters.local" in results["local"]["reason"] and "cannot resolve" in results["local"]["reason"]
+    assert "internal error" not in proc.stdout + proc.stderr and "Traceback" not in proc.stderr
+    for command in ("status", "report"):
+        proc = cli(command, str(quickstart_run))
+        assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+
+
+@pytest.mark.parametrize(
+    "config",
+    [*({"exporters": {"local": {"enabled": True, **v}}} for v in UNRESOLVABLE.values()),
+     ["a", "list"], {"exporters": ["local"]}, {"resume": "${oc.env:GYMART_GONE}", "exporters": {}}],
+)  # fmt: skip
+def test_live_logging_never_raises_a_config_error_into_the_eval(
+    tmp_path: Path, config: object, caplog: pytest.LogCaptureFixture
+) -> None:
+    from gym_artifacts import nemo_gym
+    from gym_artifacts.live import live_exporters
+
+    out = tmp_path / "run" / "eval.jsonl"
+    with live_exporters(config, out, teardown_timeout=5) as live:
+        live.export_metrics({"x": 1.0}, step=0)
+        assert not getattr(live, "exporters", ())
+    assert "cannot" in caplog.text or "must be" in caplog.text
+    if isinstance(config, dict):
+        nemo_gym.setup_exporters({**config, "output_jsonl_fpath": str(tmp_path / "nemo" / "eval.jsonl")})
+        assert nemo_gym.get_exporters() == []
+        nemo_gym.teardown_exporters()
