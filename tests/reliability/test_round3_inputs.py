@@ -144,3 +144,42 @@ def test_live_logging_never_raises_a_config_error_into_the_eval(
         nemo_gym.setup_exporters({**config, "output_jsonl_fpath": str(tmp_path / "nemo" / "eval.jsonl")})
         assert nemo_gym.get_exporters() == []
         nemo_gym.teardown_exporters()
+
+
+def plant_lone_surrogates(run: Path) -> None:
+    """A truncated emoji (a lone surrogate escape) in a rollout, the aggregate metrics and the journal."""
+    rows = run.read_text().splitlines()
+    first = json.loads(rows[0])
+    first["note"] = "cut \ud800 here"
+    rows[0] = json.dumps(first)  # json.dumps writes the escape "\ud800": valid JSON text
+    run.write_text("\n".join(rows) + "\n")
+    aggregate = run.with_name("eval_aggregate_metrics.json")
+    entries = json.loads(aggregate.read_text())
+    entries[0]["note\udbff"] = "x\udc00"
+    aggregate.write_text(json.dumps(entries))
+    with run.with_name("eval_metrics.jsonl").open("a") as fh:
+        fh.write(
+            json.dumps({"step": 10_000, "time": 1.0, "metrics": {"t\ud800": "v\ud800", "r": 1.0}}) + "\n"
+        )
+
+
+def test_lone_surrogates_never_crash_a_reader_or_a_backend(quickstart_run: Path, tmp_path: Path) -> None:
+    plant_lone_surrogates(quickstart_run)
+    for command in (["status"], ["status", "--json"], ["report"]):
+        proc = cli(command[0], str(quickstart_run), *command[1:])
+        assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    assert quickstart_run.with_name("eval_report.html").read_text(encoding="utf-8").endswith("</html>\n")
+    proc = cli("export", str(quickstart_run), "--json", "-e", "local", "-e", "mlflow", "-e", "wandb", "-e", "tensorboard",
+               f"exporters.local.root={tmp_path / 'store'}", f"exporters.mlflow.tracking_uri=sqlite:///{tmp_path / 'm.db'}",
+               f"exporters.wandb.dir={tmp_path / 'wb'}", "exporters.wandb.mode=offline",
+               f"exporters.tensorboard.logdir={tmp_path / 'tb'}", timeout=300)  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
+    assert [r["status"] for r in json.loads(proc.stdout)] == ["EXPORTED"] * 4
+
+
+def test_a_lone_surrogate_escape_reads_as_its_escape() -> None:
+    from gym_artifacts.jsonio import canonical_json, loads_lenient
+
+    value = loads_lenient(b'{"a\\ud800": ["x\\udfff", "\\ud83d\\ude00"]}')
+    assert value == {"a\\ud800": ["x\\udfff", "\U0001f600"]}
+    canonical_json(value).decode("utf-8")
