@@ -418,6 +418,12 @@ def live_exporters(
         resume = False
     run = RunArtifacts.from_path(output_jsonl_fpath)
     try:
+        run.check_name_room(enabled_exporters(cfg, []), live=True)
+    except GymArtifactsError as exc:
+        logger.warning("live logging off: %s", exc)
+        yield NoOpLiveRun(str(exc))
+        return
+    try:
         writer, holder = try_lock(run.live_writer_lock_fpath())
         refused = (
             f"{run.source} is being live-logged by {holder}; this process logs nothing live "

@@ -10,7 +10,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from gym_artifacts import layout
-from gym_artifacts.errors import MissingRunError, RunError, first_validation_error
+from gym_artifacts.errors import MissingRunError, RunError, RunNameTooLong, first_validation_error
 from gym_artifacts.flags import PARTIAL_OVERRIDE_FLAG
 from gym_artifacts.jsonio import read_json
 from gym_artifacts.staleness import stale_reason
@@ -123,8 +123,36 @@ class RunArtifacts(BaseModel):
             source=given,
         )
 
+    def check_name_room(
+        self, exporters: list[str] | tuple[str, ...] | None = None, *, live: bool = False
+    ) -> RunArtifacts:
+        """This run, or RunNameTooLong when a name it may need (a receipt, a lock, a marker for
+        any registered exporter, the report, the identity cache) is longer than its folder
+        allows: refused before the first write, never a half-done export."""
+        if exporters is None:
+            from gym_artifacts.registry import discover
+
+            exporters = sorted(discover())
+        folder = self.stem.parent
+        try:
+            limit = os.pathconf(folder if folder.is_dir() else "/", "PC_NAME_MAX")
+        except (OSError, ValueError):
+            limit = 255
+        names = layout.run_file_names(self.stem.name, exporters, live=live)
+        longest = max(names, key=lambda n: len(os.fsencode(n)))
+        if len(os.fsencode(longest)) > limit:
+            room = limit - (len(os.fsencode(longest)) - len(os.fsencode(self.stem.name)))
+            raise RunNameTooLong(
+                f"{self.source}: the run's name is too long: {longest[len(self.stem.name) :]!r} must fit "
+                f"beside it and file names here hold {limit} bytes; rename the run to a stem of at most "
+                f"{room} bytes"
+            )
+        return self
+
     def require_present(self) -> RunArtifacts:
-        """This run, or MissingRunError when none of its files exists (a typo, a wrong folder)."""
+        """This run, or MissingRunError when none of its files exists (a typo, a wrong folder),
+        or RunNameTooLong when its stem cannot hold every name it needs."""
+        self.check_name_room()
         if self.has_rollouts_file and not (self._top_level_files() or self.artifacts_dpath.is_dir()):
             raise MissingRunError(
                 f"no run at {self.source}: neither it nor its aggregate metrics, config, journal "

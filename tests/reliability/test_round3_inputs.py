@@ -183,3 +183,36 @@ def test_a_lone_surrogate_escape_reads_as_its_escape() -> None:
     value = loads_lenient(b'{"a\\ud800": ["x\\udfff", "\\ud83d\\ude00"]}')
     assert value == {"a\\ud800": ["x\\udfff", "\U0001f600"]}
     canonical_json(value).decode("utf-8")
+
+
+@pytest.mark.parametrize("command", ["status", "report", "export"])
+def test_a_stem_too_long_for_a_receipt_is_refused_up_front(make_run, tmp_path: Path, command: str) -> None:
+    """229 bytes: the run's own files fit, ``_tensorboard_export_done.json`` does not."""
+    run = make_run("r" * 229)
+    before = tree(run.parent)
+    extra = [f"exporters.local.root={tmp_path / 'store'}", f"exporters.tensorboard.logdir={tmp_path / 'tb'}",
+             "-e", "local", "-e", "tensorboard", "--json"] if command == "export" else []  # fmt: skip
+    proc = cli(command, str(run), *extra)
+    assert proc.returncode == 2, (proc.stdout, proc.stderr[-2000:])
+    assert "the run's name is too long" in proc.stderr and "Traceback" not in proc.stderr
+    assert "_tensorboard_export_done.json" in proc.stderr
+    assert tree(run.parent) == before and not (tmp_path / "store").exists()
+
+
+def test_a_long_stem_that_holds_every_name_exports(make_run, tmp_path: Path) -> None:
+    run = make_run("r" * 200)
+    proc = cli("export", str(run), "-e", "local", "-e", "tensorboard", "--json",
+               f"exporters.local.root={tmp_path / 'store'}", f"exporters.tensorboard.logdir={tmp_path / 'tb'}")  # fmt: skip
+    assert [r["status"] for r in json.loads(proc.stdout)] == ["EXPORTED"] * 2, proc.stderr[-2000:]
+    assert cli("status", str(run)).returncode == 0
+
+
+def test_live_logging_to_a_stem_too_long_is_refused_not_raised(tmp_path: Path) -> None:
+    from gym_artifacts.live import live_exporters
+
+    out = tmp_path / "live" / ("r" * 215 + ".jsonl")
+    out.parent.mkdir()
+    with live_exporters({"exporters": {}}, out) as live:
+        live.export_metrics({"x": 1.0}, step=0)
+    assert live.writer_refused is not None and "too long" in live.writer_refused
+    assert list(out.parent.iterdir()) == []
