@@ -72,7 +72,10 @@ class RunResults:
 
 def failed_run(job: ExportJob, reason: str) -> RunResults:
     """FAILED for each backend the job names (``all`` when its config was to choose them)."""
+    from gym_artifacts.secrets import redact_text
+
     names = job.exporters or ("all",)
+    reason = redact_text(reason)
     return RunResults(job.run, tuple(ExportResult(n, ExportStatus.FAILED, reason=reason) for n in names))
 
 
@@ -104,6 +107,7 @@ def export_job(job: ExportJob) -> RunResults:
     from gym_artifacts.export import export_run, select_exporters, validate_exporter_settings
     from gym_artifacts.progress import Progress
     from gym_artifacts.run import RunArtifacts
+    from gym_artifacts.secrets import redact_text
 
     try:
         run = RunArtifacts.from_path(job.run).require_present()
@@ -125,11 +129,11 @@ def export_job(job: ExportJob) -> RunResults:
         finally:
             progress.close()
     except MissingRunError as exc:  # no such run: nothing to export, the CLI exits 2
-        return RunResults(job.run, config_error=str(exc))
+        return RunResults(job.run, config_error=redact_text(str(exc)))
     except RunError as exc:
         return failed_run(job, str(exc))
     except GymArtifactsError as exc:
-        return RunResults(job.run, config_error=str(exc))
+        return RunResults(job.run, config_error=redact_text(str(exc)))
     except Exception as exc:  # a bug must cost this run only, never the other runs
         logger.exception("exporting %s crashed", job.run)
         return failed_run(job, f"internal error: {type(exc).__name__}: {exc}".splitlines()[0])

@@ -216,7 +216,17 @@ def check_receipt(run: RunArtifacts, target: Target, identities: dict[str, str])
 
 
 def _failed(name: str, reason: str, start: float) -> ExportResult:
-    return ExportResult(name, ExportStatus.FAILED, reason=reason, seconds=time.monotonic() - start)
+    seconds = time.monotonic() - start
+    return ExportResult(name, ExportStatus.FAILED, reason=redact_text(reason), seconds=seconds)
+
+
+def _redacted(result: ExportResult, secrets: frozenset[str] | set[str]) -> ExportResult:
+    """Every reason passes the same masking (URI credentials, secret shapes, the known secrets),
+    whoever wrote it: a backend's SDK quotes its tracking URI, token included, in its errors."""
+    if not result.reason:
+        return result
+    reason = redact_text(result.reason, secrets)
+    return result if reason == result.reason else replace(result, reason=reason)
 
 
 def _verified(target: Target, decided: ExportResult, start: float) -> ExportResult | None:
@@ -415,6 +425,7 @@ def export_run(
             progress(f"exporting to {name}", i, len(names))
         logger.info("%s: checking the receipt, then sending what the backend lacks", name)
         result = _export_one(run, build_target(name, cfg, legacy_cfg), plan, signatures, verify)
+        result = _redacted(result, secrets)
         logger.info("%s: %s %s", name, result.status.value, result.backend_run_id or result.reason or "")
         results.append(result)
         if on_result is not None:

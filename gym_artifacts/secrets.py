@@ -138,6 +138,19 @@ def _looks_like_token(text: str) -> bool:
     return len(text) >= 16 or bool(_TOKEN_SHAPES.fullmatch(text))
 
 
+# User names that stand alone in a URI without being a credential (``ssh://git@host``).
+_PLAIN_URI_USERS = frozenset(
+    {"git", "hg", "svn", "user", "admin", "root", "ubuntu", "ec2-user", "centos", "anonymous", "guest", "ftp"}
+)
+
+
+def _is_uri_token(user: str) -> bool:
+    """A user part with no password (``http://TOKEN@host``) is a token, short or long, unless it is
+    a well-known plain user name: a tracking URI's client quotes it in every error it raises."""
+    plain = len(user) < MIN_REDACTED_SECRET or user.lower() in _PLAIN_URI_USERS
+    return _looks_like_token(user) or not plain
+
+
 def find_secret_spans(text: str) -> list[tuple[int, int]]:
     """Where the secret parts of a free-text value are, found by their shape (module docstring)."""
     spans: list[tuple[int, int]] = []
@@ -148,7 +161,7 @@ def find_secret_spans(text: str) -> list[tuple[int, int]]:
             user, sep, password = m.group(2).partition(":")
             if sep and password:
                 spans.append((m.start(2) + len(user) + 1, m.end(2)))
-            elif not sep and _looks_like_token(user):
+            elif not sep and _is_uri_token(user):
                 spans.append(m.span(2))
     if "=" in text:
         spans.extend(m.span(3) for m in _PARAM.finditer(text) if _is_secret_param(m.group(2)))

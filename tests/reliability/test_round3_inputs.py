@@ -172,7 +172,7 @@ def test_lone_surrogates_never_crash_a_reader_or_a_backend(quickstart_run: Path,
     proc = cli("export", str(quickstart_run), "--json", "-e", "local", "-e", "mlflow", "-e", "wandb", "-e", "tensorboard",
                f"exporters.local.root={tmp_path / 'store'}", f"exporters.mlflow.tracking_uri=sqlite:///{tmp_path / 'm.db'}",
                f"exporters.wandb.dir={tmp_path / 'wb'}", "exporters.wandb.mode=offline",
-               f"exporters.tensorboard.logdir={tmp_path / 'tb'}", timeout=300)  # fmt: skip
+               f"exporters.tensorboard.logdir={tmp_path / 'tb'}", cwd=tmp_path, timeout=300)  # fmt: skip
     assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
     assert [r["status"] for r in json.loads(proc.stdout)] == ["EXPORTED"] * 4
 
