@@ -10,7 +10,6 @@ the same objects, a changed run names new ones.
 from __future__ import annotations
 
 import datetime as dt
-import json
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -21,7 +20,7 @@ from gym_artifacts.payload import metric_value
 from gym_artifacts.responses_api import last_user_message
 from gym_artifacts.responses_api import response_text as api_response_text
 from gym_artifacts.run import agent_label
-from gym_artifacts.secrets import redact_text
+from gym_artifacts.secrets import mask_values
 
 if TYPE_CHECKING:
     from gym_artifacts.run_payload import RunPayload
@@ -144,8 +143,9 @@ def as_object(value: Any, key: str) -> dict[str, Any]:
 
 
 def masked(value: Any, secrets: frozenset[str]) -> Any:
-    """JSON-safe ``value`` with every known secret replaced (a JSON round trip only when any)."""
+    """JSON-safe ``value`` with every known secret and secret shape masked in its decoded strings
+    and keys (never in escaped JSON text, where ``é`` or a quote no longer matches)."""
     value = json_safe(value)
     if not secrets:
         return value
-    return json.loads(redact_text(json.dumps(value, default=str), secrets))
+    return mask_values(value, secrets)

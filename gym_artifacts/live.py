@@ -37,7 +37,7 @@ from gym_artifacts.payload import backend_config, save_run_config
 from gym_artifacts.ranks import is_rank_zero
 from gym_artifacts.registry import get_entry
 from gym_artifacts.run import RunArtifacts
-from gym_artifacts.secrets import install_log_redaction, mask_secrets
+from gym_artifacts.secrets import install_log_redaction, mask_secrets, mask_text_metrics
 
 if TYPE_CHECKING:
     from gym_artifacts.live_handle import HandleReceiver, LiveHandle, NoOpHandle
@@ -175,7 +175,7 @@ class LiveRun:
         if self._closed and self._late("export_metrics"):
             return
         try:
-            checked = checked_metrics(metrics)
+            checked = mask_text_metrics(checked_metrics(metrics), self._secrets)
             if step is None:
                 self._export_at_next_step(checked, when)
                 return

@@ -203,8 +203,14 @@ class RunPayload:
 
     # -- streams ----------------------------------------------------------------------------------
     def journal(self) -> Iterator[JournalEntry]:
-        """The live metrics journal with its original steps and times."""
-        return iter_journal(self.run)
+        """The live metrics journal with its original steps and times, text values masked."""
+        from dataclasses import replace
+
+        from gym_artifacts.secrets import mask_text_metrics
+
+        for entry in iter_journal(self.run):
+            masked = mask_text_metrics(entry.metrics, self.secrets)
+            yield entry if masked is entry.metrics else replace(entry, metrics=dict(masked))
 
     @cached_property
     def nvml_summary(self) -> tuple[dict[str, float], str | None]:

@@ -20,6 +20,9 @@ config, in artifacts, in failure reasons and in every log record (:func:`install
 
 from __future__ import annotations
 
+import functools
+import html
+import json
 import logging
 import re
 import threading
@@ -197,11 +200,52 @@ def mask_uri_credentials(text: str) -> str:
     return "".join(out)
 
 
+def encoded_forms(secret: str) -> frozenset[str]:
+    """``secret`` and every form an encoder writes it in: JSON strings (ASCII-escaped or not, so
+    ``é`` as ``\\u00e9``, ``"`` as ``\\"``, control characters escaped), HTML text and
+    attributes (``&quot;``, ``&#x27;``), and HTML of JSON. Masking a text already encoded must
+    find each of them; masking decoded values first (:func:`mask_values`) needs none."""
+    return _encoded_forms(secret)
+
+
+@functools.lru_cache(maxsize=4096)
+def _encoded_forms(secret: str) -> frozenset[str]:
+    forms = {secret}
+    for ensure_ascii in (True, False):
+        forms.add(json.dumps(secret, ensure_ascii=ensure_ascii)[1:-1])
+    for text in list(forms):
+        forms.add(html.escape(text, quote=True))
+        forms.add(html.escape(text, quote=False))
+        forms.add(html.escape(text, quote=True).replace("&#x27;", "&#39;"))
+        forms.add(text.replace("</", "<\\/"))  # an embedded script's JSON
+    return frozenset(f for f in forms if len(f) >= MIN_REDACTED_SECRET)
+
+
 def _replace_all(text: str, secrets: Iterable[str]) -> str:
-    for secret in sorted(secrets, key=len, reverse=True):
+    forms = {form for secret in secrets for form in _encoded_forms(secret)}
+    for secret in sorted(forms, key=len, reverse=True):
         if secret in text:
             text = text.replace(secret, MASK)
     return text
+
+
+def mask_values(value: Any, secrets: Iterable[str] = (), *, shapes: bool = True) -> Any:
+    """A copy of a decoded structure (dicts, lists, strings: a rollout, a metrics mapping, span
+    attributes, a request body) with every known secret, and with ``shapes`` every secret-shaped
+    part, masked in each string and key, before any encoding writes it out."""
+    secrets = frozenset(s for s in secrets if isinstance(s, str) and len(s) >= MIN_REDACTED_SECRET)
+    redact = redact_text if shapes else redact_secret_values
+
+    def walk(node: Any) -> Any:
+        if isinstance(node, str):
+            return redact(node, secrets)
+        if isinstance(node, dict):
+            return {walk(k) if isinstance(k, str) else k: walk(v) for k, v in node.items()}
+        if isinstance(node, list | tuple):
+            return [walk(v) for v in node]
+        return node
+
+    return walk(value)
 
 
 def _has_value(value: Any) -> bool:
@@ -292,6 +336,15 @@ def mask_secret_named(metrics: Mapping[Any, Any]) -> Mapping[Any, Any]:
         if _is_secret_name(key):
             return {k: (MASK if _is_secret_name(k) else v) for k, v in metrics.items()}
     return metrics
+
+
+def mask_text_metrics(metrics: Mapping[Any, Any], secrets: Iterable[str] = ()) -> Mapping[Any, Any]:
+    """Metrics with every text value (and text inside a structured value) masked by value and by
+    shape; ``metrics`` itself when it holds no text (numbers cost one type check each)."""
+    if not any(isinstance(v, str | dict | list | tuple) for v in metrics.values()):
+        return metrics
+    structured = str | dict | list | tuple
+    return {k: mask_values(v, secrets) if isinstance(v, structured) else v for k, v in metrics.items()}
 
 
 # Keys whose values are shown even when they come from the environment (``${oc.env:VAR}``).
