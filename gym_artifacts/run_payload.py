@@ -239,16 +239,20 @@ class RunPayload:
         return count_lines(self.run.rollouts_fpath)
 
     def rollout_records(self) -> Iterator[Any]:
-        """Every complete rollout record in file order, streamed (nothing when none are sent)."""
+        """Every complete rollout record in file order, streamed (nothing when none are sent), with
+        the config's secret values masked in its decoded strings (tables, traces, request bodies
+        are encodings of these records; only the rollouts file itself ships as written)."""
         if not self.sends_rollouts:
             return
         from gym_artifacts.jsonio import iter_jsonl
+        from gym_artifacts.secrets import mask_values
 
         assert self.run.rollouts_fpath is not None
         torn = self.plan.partial_line
         end = torn.complete_bytes if torn is not None else None
+        secrets = self.secrets
         for _, record in iter_jsonl(self.run.rollouts_fpath, "rollouts JSONL", end=end):
-            yield record
+            yield mask_values(record, secrets, shapes=False) if secrets else record
 
     @contextlib.contextmanager
     def rollouts_file(self) -> Iterator[Path | None]:

@@ -233,12 +233,20 @@ def mask_values(value: Any, secrets: Iterable[str] = (), *, shapes: bool = True)
     """A copy of a decoded structure (dicts, lists, strings: a rollout, a metrics mapping, span
     attributes, a request body) with every known secret, and with ``shapes`` every secret-shaped
     part, masked in each string and key, before any encoding writes it out."""
-    secrets = frozenset(s for s in secrets if isinstance(s, str) and len(s) >= MIN_REDACTED_SECRET)
-    redact = redact_text if shapes else redact_secret_values
+    wanted = {s for s in secrets if isinstance(s, str) and len(s) >= MIN_REDACTED_SECRET} | _known_secrets
+    forms = sorted({form for secret in wanted for form in _encoded_forms(secret)}, key=len, reverse=True)
+
+    def redact(text: str) -> str:
+        if shapes:
+            text = mask_uri_credentials(text)
+        for form in forms:
+            if form in text:
+                text = text.replace(form, MASK)
+        return text
 
     def walk(node: Any) -> Any:
         if isinstance(node, str):
-            return redact(node, secrets)
+            return redact(node)
         if isinstance(node, dict):
             return {walk(k) if isinstance(k, str) else k: walk(v) for k, v in node.items()}
         if isinstance(node, list | tuple):
