@@ -334,8 +334,39 @@ def _teardown_open_runs() -> None:
             live.teardown(None, RunStatus.KILLED)
 
 
+_before_shutdown: list[Any] = []
+
+
+def at_interpreter_exit(fn: Any) -> None:
+    """Call ``fn`` once when the interpreter exits, before its shutdown begins.
+
+    ``atexit`` hooks run after ``threading``'s shutdown has started, when the SDKs can no longer
+    start what a teardown needs (a thread pool: ``can't register atexit after shutdown``), so
+    a run the eval never tore down would lose everything. ``threading``'s own exit hooks run
+    first, while every thread is still alive; the thread pool module is imported before ours is
+    registered, so ours (called in reverse order) runs before pools are shut down. Falls back
+    to ``atexit`` on an interpreter without that hook.
+    """
+    import concurrent.futures.process
+    import concurrent.futures.thread  # noqa: F401
+
+    with _atexit_lock:
+        if fn in _before_shutdown:
+            return
+        _before_shutdown.append(fn)
+    register = getattr(threading, "_register_atexit", None)
+    try:
+        if register is None:
+            raise RuntimeError("no threading exit hook")
+        register(fn)
+    except RuntimeError:
+        atexit.register(fn)
+
+
 def _register_atexit(live: LiveRun) -> None:
-    """Registered (again) after the SDKs' own exit hooks, so ours runs first (atexit is LIFO)."""
+    """Registered (again) after the SDKs' own exit hooks, so ours runs first (atexit is LIFO),
+    and before the interpreter's shutdown (:func:`at_interpreter_exit`), so that it delivers."""
+    at_interpreter_exit(_teardown_open_runs)
     with _atexit_lock:
         _open_runs.append(live)
         atexit.unregister(_teardown_open_runs)

@@ -24,7 +24,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from gym_artifacts.errors import ConfigError
-from gym_artifacts.live import LiveExporter, LiveRun, NoOpLiveRun, live_exporters
+from gym_artifacts.live import LiveExporter, LiveRun, NoOpLiveRun, at_interpreter_exit, live_exporters
 
 OUTPUT_KEY = "output_jsonl_fpath"  # the key NeMo Gym names its rollouts file by
 
@@ -56,7 +56,7 @@ def setup_exporters(global_config_dict: Mapping[str, Any] | Any) -> list[LiveExp
         context = live_exporters(global_config_dict, output)
         _live = context.__enter__()
         _context = context
-    atexit.register(teardown_exporters)
+    at_interpreter_exit(teardown_exporters)  # before the shutdown, so that it still delivers
     return get_exporters()
 
 
