@@ -114,6 +114,7 @@ def export_job(job: ExportJob) -> RunResults:
         cfg = _job_config(job, run)
         validate_exporter_settings(cfg, select_exporters(cfg, job.exporters or None))
         progress = Progress(enabled=None if job.progress else False)
+        finished: list[ExportResult] = []  # each backend's result as it finishes
         try:
             results = export_run(
                 run,
@@ -125,7 +126,11 @@ def export_job(job: ExportJob) -> RunResults:
                 accept_partial_line=job.accept_partial_line,
                 accept_stale_aggregates=job.accept_stale_aggregates,
                 progress=progress.update if progress.enabled else None,
+                on_result=finished.append,
             )
+        except KeyboardInterrupt as interrupt:  # Ctrl-C: what finished travels with it, to be printed
+            interrupt.finished = RunResults(job.run, tuple(finished))  # type: ignore[attr-defined]
+            raise
         finally:
             progress.close()
     except MissingRunError as exc:  # no such run: nothing to export, the CLI exits 2
