@@ -111,3 +111,29 @@ def test_no_generated_secret_in_any_encoding_anywhere_a_backend_stored(
         for form in forms:
             assert form not in data, f"{form[:40]!r}... found in {name}"
     shutil.rmtree(root, ignore_errors=True)
+
+
+@settings(max_examples=1, deadline=None, suppress_health_check=list(HealthCheck))
+@example(secret="clé-sécrète-0a1b2c3d")
+@example(secret='quo"te\\back-4e5f6a7b')
+@given(secret=secrets_st)
+def test_no_generated_secret_reaches_phoenix(
+    tmp_path_factory: pytest.TempPathFactory, phoenix_server: object, secret: str
+) -> None:
+    """The same, read back from what the session's real ``phoenix serve`` stored (its SQLite
+    database and working folder)."""
+    root = tmp_path_factory.mktemp("genpx")
+    run = copy_quickstart(root / "runs")
+    plant(run, secret)
+    dataset = f"gen-{root.name}"
+    cfg = OmegaConf.create(
+        {"exporters": {"phoenix": {"enabled": True, "base_url": phoenix_server.url, "dataset_name": dataset}}}
+    )
+    [result] = export_run(run, cfg)
+    assert result.status.value == "EXPORTED", result.reason
+    stored = [(str(p), p.read_bytes()) for p in Path(phoenix_server.root).rglob("*") if p.is_file()]
+    assert stored
+    for name, data in stored:
+        for form in encodings(secret):
+            assert form not in data, f"{form[:40]!r}... found in {name}"
+    shutil.rmtree(root, ignore_errors=True)
