@@ -80,6 +80,7 @@ def test_an_interpolation_chain_resolves_in_linear_time(root: str) -> None:
         assert resolved["a0"] == root and resolved["a1999"] == "${a1998}"
 
 
+@pytest.mark.slow
 def test_export_status_and_report_of_a_run_with_a_2000_link_chain_finish(
     quickstart_run: Path, tmp_path: Path
 ) -> None:
@@ -163,6 +164,7 @@ def plant_lone_surrogates(run: Path) -> None:
         )
 
 
+@pytest.mark.slow
 def test_lone_surrogates_never_crash_a_reader_or_a_backend(quickstart_run: Path, tmp_path: Path) -> None:
     plant_lone_surrogates(quickstart_run)
     for command in (["status"], ["status", "--json"], ["report"]):
