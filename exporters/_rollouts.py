@@ -10,7 +10,6 @@ the same objects, a changed run names new ones.
 from __future__ import annotations
 
 import datetime as dt
-import json
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -21,8 +20,8 @@ from gym_artifacts.plugin import (
     agent_label,
     json_safe,
     last_user_message,
+    mask_values,
     metric_value,
-    redact_text,
 )
 from gym_artifacts.plugin import response_text as api_response_text
 
@@ -150,11 +149,12 @@ def as_object(value: Any, key: str) -> dict[str, Any]:
 
 
 def masked(value: Any, secrets: frozenset[str]) -> Any:
-    """JSON-safe ``value`` with every known secret replaced (a JSON round trip only when any)."""
+    """JSON-safe ``value`` with every known secret and secret shape masked in its decoded strings
+    and keys (never in escaped JSON text, where ``é`` or a quote no longer matches)."""
     value = json_safe(value)
     if not secrets:
         return value
-    return json.loads(redact_text(json.dumps(value, default=str), secrets))
+    return mask_values(value, secrets)
 
 
 def payload_traces(payload: RunPayload, scope: str, fallback_s: float) -> Iterator[RolloutTrace]:

@@ -46,6 +46,7 @@ from gym_artifacts.plugin import (
     eval_times,
     journal_line,
     json_safe,
+    open_regular,
     read_json,
     repair_partial_last_line,
     resolved_path,
@@ -305,8 +306,8 @@ class LocalExporter(LiveExporter):
         for name in ("metrics.jsonl", "rollouts.jsonl"):
             if resume:
                 repair_partial_last_line(dpath / name)
-        self._metrics_fh = open(dpath / "metrics.jsonl", "ab")  # noqa: SIM115 - closed in _close_live_files
-        self._rollouts_fh = open(dpath / "rollouts.jsonl", "ab")  # noqa: SIM115
+        self._metrics_fh = open_regular(dpath / "metrics.jsonl", "ab")  # closed in _close_live_files
+        self._rollouts_fh = open_regular(dpath / "rollouts.jsonl", "ab")
 
     def _log_config(self, config: dict[str, Any]) -> None:
         assert self.run_id is not None

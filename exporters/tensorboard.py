@@ -47,6 +47,7 @@ from gym_artifacts.plugin import (
     flatten,
     json_safe,
     metric_value,
+    open_regular,
     redact_text,
     resolved_path,
     saved_config_run_name,
@@ -89,7 +90,7 @@ class EventWriter:
         # TensorBoard reads a folder's event files in name order: nanoseconds keep appends in order.
         unique = f"{socket.gethostname()}.{os.getpid()}.{uuid.uuid4().hex[:8]}"
         self.fpath = dpath / f"events.out.tfevents.{time.time_ns():020d}.{unique}"
-        self._fh = open(self.fpath, "wb")  # noqa: SIM115 - closed by close()
+        self._fh = open_regular(self.fpath, "wb")  # closed by close()
         self._writer = RecordWriter(self._fh)
         self.bytes = 0
         self._write(event_pb2.Event(wall_time=time.time(), file_version="brain.Event:2"))

@@ -16,6 +16,7 @@ import contextlib
 import json
 import logging
 import os
+import shutil
 import threading
 import uuid
 from collections.abc import Iterator
@@ -80,6 +81,15 @@ WANDB_CLOUD = "https://api.wandb.ai"
 def post_run_id(run_identity: str) -> str:
     """A W&B run id derived from the run's identity (the same run always gets the same id)."""
     return "ga" + run_identity.split(":")[-1][:30]
+
+
+def _remove_earlier_offline_folders(folder: Path, run_id: str) -> None:
+    """Once ``folder`` holds the complete offline run, remove an earlier export's folders of the
+    same run id (a retry after a lost receipt): one folder per run, so ``wandb sync`` uploads the
+    run once instead of replaying the same steps into it a second time."""
+    for earlier in folder.parent.glob(f"offline-run-*-{run_id}"):
+        if earlier != folder and earlier.is_dir() and not earlier.is_symlink():
+            shutil.rmtree(earlier, ignore_errors=True)
 
 
 def rollout_table_parts(rows: Iterator[Any], part_rows: int) -> Iterator[tuple[list[str], list[list[Any]]]]:
@@ -308,6 +318,7 @@ class WandbExporter(LiveExporter):
             saved_config_run_name(run, self.name),
             json_safe(plan.config) if plan.config else None,
         )
+        folder = Path(wb_run.dir).parent if self.settings.mode == "offline" else None
         try:
             first_new_step = int(getattr(wb_run, "step", 0) or 0)
             rows, sent = self._send_run(wb_run, run, plan, first_new_step)
@@ -316,6 +327,8 @@ class WandbExporter(LiveExporter):
             self._finish(wb_run, 1)
             raise
         self._finish(wb_run, 0)
+        if folder is not None:
+            _remove_earlier_offline_folders(folder, str(wb_run.id))
         return Sent(backend_run_id=str(wb_run.id), rows=rows, bytes=sent)
 
     def _certify(self, run: RunArtifacts, plan: ExportPlan, live_run_id: str) -> Sent:

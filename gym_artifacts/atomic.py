@@ -1,7 +1,10 @@
 """Atomic publication of files: a reader sees the old file, the new file, or none, never a part.
 
 Every file gym-artifacts produces goes through here: written to a hidden temporary file in the
-same folder, flushed and fsynced, then renamed over the final name with ``os.replace``.
+same folder, flushed and fsynced, then renamed over the final name with ``os.replace`` (which
+replaces a link planted under the final name, never what it points to). Files kept open and
+appended to (the journal, a series, a live backend's files) are opened with :func:`open_regular`,
+which never follows a link nor opens a FIFO, device or folder.
 
 Inside ``sync_barrier()`` the waits are batched: each file is renamed into place without its own
 fsync, and the barrier's exit fsyncs every file published in it, then each of their folders once.
@@ -15,9 +18,11 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import errno
 import functools
 import json
 import os
+import stat
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -77,6 +82,37 @@ def sync_barrier() -> Iterator[SyncBarrier]:
     finally:
         _BARRIER.reset(token)
     barrier.sync()
+
+
+_OPEN_MODES = {
+    "ab": os.O_WRONLY | os.O_APPEND | os.O_CREAT,
+    "wb": os.O_WRONLY | os.O_CREAT,
+    "rb+": os.O_RDWR,
+}
+
+
+def open_regular(fpath: Path | str, mode: str = "ab", buffering: int = -1) -> IO[bytes]:
+    """``open(fpath, mode)`` for ``ab``, ``wb`` (truncates) or ``rb+``, refusing a link
+    (``O_NOFOLLOW``) and anything but a regular file (checked on the open file, before any
+    byte is truncated or written): a link planted in a run must not redirect a write elsewhere,
+    a FIFO must not block the writer."""
+    flags = _OPEN_MODES[mode] | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+    try:
+        fd = os.open(fpath, flags, 0o644)
+    except OSError as exc:
+        if exc.errno in (errno.ELOOP, errno.ENXIO, errno.EISDIR) or os.path.islink(fpath):
+            raise OSError(exc.errno, f"{fpath} is not a regular file (a link or special file)") from None
+        raise
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(errno.EINVAL, f"{fpath} is not a regular file")
+        os.set_blocking(fd, True)
+        if mode == "wb":
+            os.ftruncate(fd, 0)
+        return os.fdopen(fd, mode, buffering=buffering)
+    except BaseException:
+        os.close(fd)
+        raise
 
 
 def _fsync_dir(dpath: Path) -> None:

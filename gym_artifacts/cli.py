@@ -253,8 +253,13 @@ def cmd_export(ns: argparse.Namespace) -> int:
     except GymArtifactsError as exc:  # an unusable request
         print(f"gym-artifacts: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
-    except KeyboardInterrupt:
-        print(f"gym-artifacts: interrupted: {len(runs) - len(finished)} run(s) not exported (cancelled)",
+    except KeyboardInterrupt as interrupt:
+        partial = getattr(interrupt, "finished", None)  # the backends a cut-off run finished
+        if partial is not None and partial.results and partial.run not in {out.run for out in finished}:
+            finished.append(partial)
+        cut = partial is not None and partial in finished
+        print(f"gym-artifacts: interrupted: {len(runs) - len(finished) + cut} run(s) not exported (cancelled)"
+              + (f"; {partial.run} only in part: its finished backends are listed" if cut else ""),
               file=sys.stderr)  # fmt: skip
         _print_results(sorted(finished, key=lambda out: runs.index(out.run)), ns)
         return EXIT_INTERRUPTED

@@ -33,3 +33,8 @@ class ReceiptError(RunError):
 
 class MissingRunError(RunError):
     """Nothing of the named run exists: the CLI exits with code 2 and writes nothing."""
+
+
+class RunNameTooLong(MissingRunError):
+    """A run whose stem cannot hold every file name it needs: refused as a missing run is
+    (exit 2, nothing written)."""

@@ -80,7 +80,10 @@ class RunResults:
 
 def failed_run(job: ExportJob, reason: str) -> RunResults:
     """FAILED for each backend the job names (``all`` when its config was to choose them)."""
+    from gym_artifacts.secrets import redact_text
+
     names = job.exporters or ("all",)
+    reason = redact_text(reason)
     return RunResults(job.run, tuple(ExportResult(n, ExportStatus.FAILED, reason=reason) for n in names))
 
 
@@ -124,6 +127,7 @@ def export_job(job: ExportJob) -> RunResults:
     from gym_artifacts.export import export_resolved, resolve_export
     from gym_artifacts.progress import Progress
     from gym_artifacts.run import RunArtifacts
+    from gym_artifacts.secrets import redact_text
 
     try:
         run = RunArtifacts.from_path(job.run).require_present()
@@ -131,6 +135,7 @@ def export_job(job: ExportJob) -> RunResults:
         # Config, selection, settings (invalid ones refused here, once) and destinations.
         resolved = resolve_export(run, cfg, job.exporters or None, run_config=run_config, strict=True)
         progress = Progress(enabled=None if job.progress else False)
+        finished: list[ExportResult] = []  # each backend's result as it finishes
         try:
             results = export_resolved(
                 run,
@@ -142,15 +147,19 @@ def export_job(job: ExportJob) -> RunResults:
                 accept_stale_aggregates=job.accept_stale_aggregates,
                 progress=progress.update if progress.enabled else None,
                 nemo_gym_config=job.nemo_gym_config,
+                on_result=finished.append,
             )
+        except KeyboardInterrupt as interrupt:  # Ctrl-C: what finished travels with it, to be printed
+            interrupt.finished = RunResults(job.run, tuple(finished))  # type: ignore[attr-defined]
+            raise
         finally:
             progress.close()
     except MissingRunError as exc:  # no such run: nothing to export, the CLI exits 2
-        return RunResults(job.run, config_error=str(exc))
+        return RunResults(job.run, config_error=redact_text(str(exc)))
     except RunError as exc:
         return failed_run(job, str(exc))
     except GymArtifactsError as exc:
-        return RunResults(job.run, config_error=str(exc))
+        return RunResults(job.run, config_error=redact_text(str(exc)))
     except Exception as exc:  # a bug must cost this run only, never the other runs
         logger.exception("exporting %s crashed", job.run)
         return failed_run(job, f"internal error: {type(exc).__name__}: {exc}".splitlines()[0])

@@ -72,11 +72,14 @@ def select_exporters(
         for name in selected:
             get_entry(name, entries)
         return selected
-    enabled = enabled_exporters(cfg)
-    for name in exporter_names(cfg):
-        if name in enabled:
-            get_entry(name, entries)
-    return enabled
+    unresolvable: list[tuple[str, str]] = []
+    enabled = enabled_exporters(cfg, unresolvable)
+    # a flag that cannot be resolved: the backend is chosen, and its settings' error is its FAILED
+    chosen = set(enabled) | {name for name, _ in unresolvable}
+    selected = [name for name in exporter_names(cfg) if name in chosen]
+    for name in selected:
+        get_entry(name, entries)
+    return selected
 
 
 def check_exporter_setting_names(cfg: Any, source: str) -> None:
@@ -280,7 +283,17 @@ def check_receipt(run: RunArtifacts, target: Target, identities: dict[str, str])
 
 
 def _failed(name: str, reason: str, start: float) -> ExportResult:
-    return ExportResult(name, ExportStatus.FAILED, reason=reason, seconds=time.monotonic() - start)
+    seconds = time.monotonic() - start
+    return ExportResult(name, ExportStatus.FAILED, reason=redact_text(reason), seconds=seconds)
+
+
+def _redacted(result: ExportResult, secrets: frozenset[str] | set[str]) -> ExportResult:
+    """Every reason passes the same masking (URI credentials, secret shapes, the known secrets),
+    whoever wrote it: a backend's SDK quotes its tracking URI, token included, in its errors."""
+    if not result.reason:
+        return result
+    reason = redact_text(result.reason, secrets)
+    return result if reason == result.reason else replace(result, reason=reason)
 
 
 def _verified(target: Target, decided: ExportResult, start: float) -> ExportResult | None:
@@ -519,7 +532,7 @@ def export_resolved(
             if progress is not None:
                 progress(f"exporting to {name}", i, len(names))
             logger.info("%s: checking the receipt, then sending what the backend lacks", name)
-            result = _export_one(run, target, plan, signatures, verify)
+            result = _redacted(_export_one(run, target, plan, signatures, verify), secrets)
             logger.info("%s: %s %s", name, result.status.value, result.backend_run_id or result.reason or "")
             results.append(result)
             if on_result is not None:

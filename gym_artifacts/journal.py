@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
+from gym_artifacts.atomic import open_regular
 from gym_artifacts.errors import RunError
 from gym_artifacts.jsonio import canonical_json, iter_jsonl
 from gym_artifacts.metric_records import MetricEntry, MetricRecord
@@ -75,7 +76,7 @@ def iter_journal(run: RunArtifacts) -> Iterator[JournalEntry]:
 def repair_partial_last_line(fpath: Path) -> None:
     """Cut a final line a killed writer left unfinished, so appends start on a fresh line."""
     try:
-        with open(fpath, "rb+") as fh:
+        with open_regular(fpath, "rb+") as fh:
             size = fh.seek(0, os.SEEK_END)
             if size == 0:
                 return
@@ -151,7 +152,7 @@ class MetricsJournal:
                 self._previous_last_step = last_step(self.fpath)
             else:
                 set_aside(self.fpath)
-            self._fh = open(self.fpath, "ab", buffering=0)  # noqa: SIM115 - kept open for the run, closed in _close
+            self._fh = open_regular(self.fpath, "ab", buffering=0)  # kept open for the run, closed in _close
         finally:
             self._opened.set()
 

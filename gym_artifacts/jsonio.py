@@ -7,6 +7,7 @@ import json
 import math
 import numbers
 import os
+import re
 import stat
 from collections.abc import Iterator
 from pathlib import Path
@@ -48,11 +49,41 @@ def _too_deep(data: bytes) -> json.JSONDecodeError:
     return json.JSONDecodeError(message, data.decode("utf-8", "replace"), 0)
 
 
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
+
+
+def _escaped_text(text: str) -> str:
+    return text.encode("utf-8", "backslashreplace").decode("utf-8") if _has_surrogate(text) else text
+
+
+def _has_surrogate(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return True
+    return False
+
+
+def _escape_lone_surrogates(value: Any) -> Any:
+    """``value`` with every lone surrogate in a string or key written as its ``\\udXXX`` escape."""
+    if isinstance(value, str):
+        return _escaped_text(value)
+    if isinstance(value, dict):
+        return {_escape_lone_surrogates(k): _escape_lone_surrogates(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_escape_lone_surrogates(v) for v in value]
+    return value
+
+
 def loads_lenient(data: bytes) -> Any:
     """Parse one JSON document; NaN, Infinity and integers past 64 bits are accepted as Python does.
 
     A document nested deeper than ``MAX_JSON_DEPTH`` is refused (a JSONDecodeError): every
     reader after this one may walk it recursively.
+
+    A lone surrogate escape (``"\\ud800"``, what a truncated emoji becomes) is kept escaped, as
+    the six characters ``\\ud800``: a string holding the surrogate itself could not be encoded
+    again by any writer (status, report, every backend).
     """
     try:
         value = orjson.loads(data)
@@ -63,6 +94,8 @@ def loads_lenient(data: bytes) -> Any:
             value = json.loads(data.decode("utf-8"))
         except RecursionError:
             raise _too_deep(data) from None
+        if _SURROGATE_ESCAPE.search(data):
+            value = _escape_lone_surrogates(value)
     if data.count(b"[") + data.count(b"{") > MAX_JSON_DEPTH and _depth_exceeds(value, MAX_JSON_DEPTH):
         raise _too_deep(data)
     return value

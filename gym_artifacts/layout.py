@@ -43,6 +43,28 @@ def identity_cache_name(stem: str) -> str:
     return f".{stem}.gymart-identities.json"
 
 
+REPORT_SUFFIX = "_report.html"
+LIVE_LOCK_SUFFIX = "_live.lock"
+# A journal an earlier live run left is set aside as ``OUT_metrics.jsonl.replaced-<time>-<pid>``.
+SET_ASIDE_SUFFIX = ".replaced-20260101T000000-4194304"
+_OWN_SUFFIXES = (
+    ROLLOUTS_SUFFIX, AGGREGATE_SUFFIX, CONFIG_SUFFIX, ACCEPTANCE_SUFFIX, JOURNAL_SUFFIX, ARTIFACTS_SUFFIX,
+    "_failures.jsonl", "_materialized_inputs.jsonl", REPORT_SUFFIX, LIVE_LOCK_SUFFIX,
+)  # fmt: skip
+
+
+def run_file_names(stem: str, exporters: list[str] | tuple[str, ...], *, live: bool = False) -> list[str]:
+    """Every name a run ``stem`` may need beside it, for these exporters (and, ``live``, the
+    journal set aside by a new live run): computed before the first write so that a stem too
+    long for one of them is refused whole, up front."""
+    names = [stem + suffix for suffix in _OWN_SUFFIXES] + [identity_cache_name(stem)]
+    if live:
+        names.append(stem + JOURNAL_SUFFIX + SET_ASIDE_SUFFIX)
+    for exporter in exporters:
+        names += [receipt_name(stem, exporter), lock_name(stem, exporter), marker_name(stem, exporter)]
+    return names
+
+
 # -- runtime artifacts, inside OUT_artifacts/ ------------------------------------------------------
 SESSION_START = "session_start.json"
 SESSION_TIMES = "session_times.json"

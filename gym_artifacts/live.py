@@ -39,7 +39,7 @@ from gym_artifacts.payload import backend_config, save_run_config
 from gym_artifacts.ranks import is_rank_zero
 from gym_artifacts.registry import get_entry
 from gym_artifacts.run import RunArtifacts
-from gym_artifacts.secrets import install_log_redaction, mask_secrets
+from gym_artifacts.secrets import install_log_redaction, mask_secrets, mask_text_metrics
 
 if TYPE_CHECKING:
     from gym_artifacts.live_handle import HandleReceiver, LiveHandle, NoOpHandle
@@ -187,7 +187,7 @@ class LiveRun:
         if self._closed and self._late("export_metrics"):
             return
         try:
-            checked = checked_metrics(metrics)
+            checked = mask_text_metrics(checked_metrics(metrics), self._secrets)
             if step is None:
                 self._export_at_next_step(checked, when)
                 return
@@ -353,8 +353,39 @@ def _teardown_open_runs() -> None:
             live.teardown(None, RunStatus.KILLED)
 
 
+_before_shutdown: list[Any] = []
+
+
+def at_interpreter_exit(fn: Any) -> None:
+    """Call ``fn`` once when the interpreter exits, before its shutdown begins.
+
+    ``atexit`` hooks run after ``threading``'s shutdown has started, when the SDKs can no longer
+    start what a teardown needs (a thread pool: ``can't register atexit after shutdown``), so
+    a run the eval never tore down would lose everything. ``threading``'s own exit hooks run
+    first, while every thread is still alive; the thread pool module is imported before ours is
+    registered, so ours (called in reverse order) runs before pools are shut down. Falls back
+    to ``atexit`` on an interpreter without that hook.
+    """
+    import concurrent.futures.process
+    import concurrent.futures.thread  # noqa: F401
+
+    with _atexit_lock:
+        if fn in _before_shutdown:
+            return
+        _before_shutdown.append(fn)
+    register = getattr(threading, "_register_atexit", None)
+    try:
+        if register is None:
+            raise RuntimeError("no threading exit hook")
+        register(fn)
+    except RuntimeError:
+        atexit.register(fn)
+
+
 def _register_atexit(live: LiveRun) -> None:
-    """Registered (again) after the SDKs' own exit hooks, so ours runs first (atexit is LIFO)."""
+    """Registered (again) after the SDKs' own exit hooks, so ours runs first (atexit is LIFO),
+    and before the interpreter's shutdown (:func:`at_interpreter_exit`), so that it delivers."""
+    at_interpreter_exit(_teardown_open_runs)
     with _atexit_lock:
         _open_runs.append(live)
         atexit.unregister(_teardown_open_runs)
@@ -377,7 +408,11 @@ def reregister_atexit() -> None:
 def build_live_exporters(cfg: Any) -> list[LiveExporter]:
     """Every enabled backend that can log live; one that cannot be built is skipped alone."""
     exporters: list[LiveExporter] = []
-    for name in enabled_exporters(cfg):
+    unresolvable: list[tuple[str, str]] = []
+    names = enabled_exporters(cfg, unresolvable)
+    for name, reason in unresolvable:
+        logger.warning("%s: not logging live: %s", name, reason)
+    for name in names:
         try:
             entry = get_entry(name)
             if not entry.sdk_installed():
@@ -419,21 +454,41 @@ def live_exporters(
         return
     from omegaconf import OmegaConf
 
-    original = config if OmegaConf.is_config(config) else OmegaConf.create(config or {})
-    cfg = normalize(original)
+    try:
+        original = config if OmegaConf.is_config(config) else OmegaConf.create(config or {})
+        cfg = normalize(original)
+    except Exception as exc:  # a list, a cycle, a value that is gone: never raised into the eval
+        logger.warning("live logging off: the config cannot be used: %s", exc)
+        yield NoOpLiveRun(f"the config cannot be used: {exc}")
+        return
+    try:
+        resume = is_resume(cfg)
+    except GymArtifactsError as exc:
+        logger.warning("live logging: %s; starting afresh (not resuming)", exc)
+        resume = False
     run = RunArtifacts.from_path(output_jsonl_fpath)
-    writer, holder = try_lock(run.live_writer_lock_fpath())
-    if writer is None:
+    try:
+        run.check_name_room(enabled_exporters(cfg, []), live=True)
+    except GymArtifactsError as exc:
+        logger.warning("live logging off: %s", exc)
+        yield NoOpLiveRun(str(exc))
+        return
+    try:
+        writer, holder = try_lock(run.live_writer_lock_fpath())
         refused = (
             f"{run.source} is being live-logged by {holder}; this process logs nothing live "
             "for it (one live writer per output: use another output path)"
         )
+    except OSError as exc:  # a link or special file planted as the lock, a read-only folder
+        writer = None
+        refused = f"cannot take the live-writer lock: {exc.strerror}; this process logs nothing live"
+    if writer is None:
         logger.warning("live logging refused: %s", refused)
         yield NoOpLiveRun(refused)
         return
     save_run_config(run, original)
     try:
-        live = LiveRun(run, build_live_exporters(cfg), original, resume=is_resume(cfg))
+        live = LiveRun(run, build_live_exporters(cfg), original, resume=resume)
         live.export_config()
         status = RunStatus.FINISHED
         try:

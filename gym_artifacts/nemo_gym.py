@@ -41,7 +41,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gym_artifacts.live import LiveExporter, LiveRun, NoOpLiveRun, live_exporters
+from gym_artifacts.errors import ConfigError
+from gym_artifacts.live import LiveExporter, LiveRun, NoOpLiveRun, at_interpreter_exit, live_exporters
 from gym_artifacts.live_channel import teardown_limits
 
 logger = logging.getLogger(__name__)
@@ -158,7 +159,6 @@ def drop_in_config(global_config_dict: Any) -> dict[str, Any]:
 def _is_on(flag: Any) -> bool:
     """An ``enabled`` value read as the config reads it (``"true"`` is on); unreadable: off."""
     from gym_artifacts.config import parse_flag
-    from gym_artifacts.errors import ConfigError
 
     try:
         return parse_flag(flag, "enabled")
@@ -209,9 +209,10 @@ def setup_exporters(global_config_dict: Mapping[str, Any] | Any) -> list[LiveExp
         live = _live
         if live is not None:
             live.flush(teardown_limits()[0])
-        # After the backends' setup (as NeMo Gym registers it): atexit runs last-in first, so at
-        # exit this FINISHED teardown comes before the SDKs' hooks and live logging's own KILLED one.
-        atexit.register(teardown_exporters)
+        # After the backends' setup (as NeMo Gym registers it), before the interpreter's shutdown
+        # (so that it still delivers): exit hooks run last-in first, so this FINISHED teardown
+        # comes before live logging's own KILLED one.
+        at_interpreter_exit(teardown_exporters)
     except Exception as exc:  # telemetry must not take the eval down
         logger.warning("setup_exporters: live logging not set up: %s", exc)
         teardown_exporters()

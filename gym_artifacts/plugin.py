@@ -19,7 +19,13 @@ from gym_artifacts.aggregate import (
     table_jsonl,
     table_split_json,
 )
-from gym_artifacts.atomic import atomic_write_bytes, atomic_write_json, atomic_writer, sync_barrier
+from gym_artifacts.atomic import (
+    atomic_write_bytes,
+    atomic_write_json,
+    atomic_writer,
+    open_regular,
+    sync_barrier,
+)
 from gym_artifacts.backend import CannotCertify, ExportPlan, RunStatus, Sent
 from gym_artifacts.config import ExporterConfig
 from gym_artifacts.destination import (
@@ -42,7 +48,7 @@ from gym_artifacts.run import RunArtifacts, agent_label
 from gym_artifacts.run_names import saved_config_run_name
 from gym_artifacts.run_payload import PayloadArtifact, RunPayload
 from gym_artifacts.run_times import eval_times, run_times
-from gym_artifacts.secrets import mask_secrets, redact_text
+from gym_artifacts.secrets import mask_secrets, mask_values, redact_text
 from gym_artifacts.snapshot import snapshot_copy
 from gym_artifacts.spool import RolloutSpool
 from gym_artifacts.watchdog import adopted, current_watch
@@ -123,8 +129,10 @@ __all__ = [
     "last_user_message",
     "level_tables",
     "mask_secrets",
+    "mask_values",
     "masked_artifact",
     "metric_value",
+    "open_regular",
     "read_json",
     "redact_text",
     "repair_partial_last_line",

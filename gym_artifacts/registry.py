@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from importlib.metadata import entry_points
 from typing import TYPE_CHECKING, Any
 
+from gym_artifacts import run as run_module
 from gym_artifacts.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -152,6 +153,15 @@ def discover() -> dict[str, ExporterEntry]:
     """Every usable registered exporter by name; a name two providers claim is left out
     (``get_entry`` and ``list_exporters`` name both)."""
     return _scan()[0]
+
+
+
+def _registered_names() -> list[str]:
+    return sorted(discover())
+
+
+# The run model checks that a run's stem has room for every registered exporter's file names.
+run_module.registered_exporter_names = _registered_names
 
 
 def get_entry(name: str, entries: dict[str, ExporterEntry] | None = None) -> ExporterEntry:

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from gym_artifacts import layout
-from gym_artifacts.errors import MissingRunError, RunError, first_validation_error
+from gym_artifacts.errors import MissingRunError, RunError, RunNameTooLong, first_validation_error
 from gym_artifacts.flags import PARTIAL_OVERRIDE_FLAG
 from gym_artifacts.jsonio import read_json
 from gym_artifacts.staleness import stale_reason
@@ -50,6 +51,51 @@ def check_exporter_name(name: str) -> str:
     return name
 
 
+def _check_run_argument(given: str) -> None:
+    """Refuse, before any path arithmetic, a run argument that names no run: an empty path (the
+    working folder), or one ending in ``.`` or ``..`` (a folder named by where the command runs,
+    whose receipts would land in its parent)."""
+    if not given.strip():
+        raise MissingRunError(f"no run at {given!r}: an empty path names no run")
+    if given.rstrip("/").rsplit("/", 1)[-1] in (".", ".."):
+        raise MissingRunError(
+            f"no run at {given}: name the run by its rollouts file OUT.jsonl or by its artifacts "
+            "folder's own path"
+        )
+
+
+def _check_not_a_folder_of_runs(given: str, dpath: Path) -> None:
+    """A folder holding a run's rollouts file (``OUT.jsonl`` beside its aggregate metrics, config,
+    journal or artifacts folder) is a folder of runs, not a run: exporting it would copy every
+    file of it as one run."""
+    try:
+        names = {entry.name for entry in os.scandir(dpath)}
+    except OSError:
+        return
+    sibling_suffixes = (
+        layout.AGGREGATE_SUFFIX, layout.CONFIG_SUFFIX, layout.JOURNAL_SUFFIX, layout.ARTIFACTS_SUFFIX
+    )  # fmt: skip
+    for name in sorted(names):
+        if name.endswith(layout.ROLLOUTS_SUFFIX):
+            stem = name[: -len(layout.ROLLOUTS_SUFFIX)]
+            if any(stem + suffix in names for suffix in sibling_suffixes):
+                raise MissingRunError(
+                    f"no run at {given}: it is a folder of runs; name one by its rollouts file "
+                    f"({os.path.join(given, name)})"
+                )
+
+
+
+def _no_exporters() -> tuple[str, ...]:
+    return ()
+
+
+# The exporters whose file names a run must have room for when a caller names none. The registry
+# (a layer above the run model) installs its scan here when it is imported: the run model never
+# imports it (docs/architecture.md).
+registered_exporter_names: Callable[[], Iterable[str]] = _no_exporters
+
+
 class RunArtifacts(BaseModel):
     """A run named by its rollouts file ``STEM.jsonl``, or an artifacts folder given alone.
 
@@ -68,8 +114,10 @@ class RunArtifacts(BaseModel):
     def from_path(cls, path: str | os.PathLike[str]) -> RunArtifacts:
         """Build from ``OUT.jsonl`` (present or not) or from an artifacts folder."""
         given = os.fspath(path)
+        _check_run_argument(given)
         fpath = Path(given).expanduser().absolute()
         if fpath.is_dir():
+            _check_not_a_folder_of_runs(given, fpath)
             if fpath.name.endswith(layout.ARTIFACTS_SUFFIX):
                 stem = fpath.with_name(fpath.name[: -len(layout.ARTIFACTS_SUFFIX)])
                 if stem.with_name(stem.name + ".jsonl").is_file():
@@ -87,8 +135,34 @@ class RunArtifacts(BaseModel):
             source=given,
         )
 
+    def check_name_room(
+        self, exporters: list[str] | tuple[str, ...] | None = None, *, live: bool = False
+    ) -> RunArtifacts:
+        """This run, or RunNameTooLong when a name it may need (a receipt, a lock, a marker for
+        any registered exporter, the report, the identity cache) is longer than its folder
+        allows: refused before the first write, never a half-done export."""
+        if exporters is None:
+            exporters = tuple(registered_exporter_names())
+        folder = self.stem.parent
+        try:
+            limit = os.pathconf(folder if folder.is_dir() else "/", "PC_NAME_MAX")
+        except (OSError, ValueError):
+            limit = 255
+        names = layout.run_file_names(self.stem.name, exporters, live=live)
+        longest = max(names, key=lambda n: len(os.fsencode(n)))
+        if len(os.fsencode(longest)) > limit:
+            room = limit - (len(os.fsencode(longest)) - len(os.fsencode(self.stem.name)))
+            raise RunNameTooLong(
+                f"{self.source}: the run's name is too long: {longest[len(self.stem.name) :]!r} must fit "
+                f"beside it and file names here hold {limit} bytes; rename the run to a stem of at most "
+                f"{room} bytes"
+            )
+        return self
+
     def require_present(self) -> RunArtifacts:
-        """This run, or MissingRunError when none of its files exists (a typo, a wrong folder)."""
+        """This run, or MissingRunError when none of its files exists (a typo, a wrong folder),
+        or RunNameTooLong when its stem cannot hold every name it needs."""
+        self.check_name_room()
         if self.has_rollouts_file and not (self._top_level_files() or self.artifacts_dpath.is_dir()):
             raise MissingRunError(
                 f"no run at {self.source}: neither it nor its aggregate metrics, config, journal "

@@ -202,8 +202,14 @@ class RunPayload:
 
     # -- streams ----------------------------------------------------------------------------------
     def journal(self) -> Iterator[JournalEntry]:
-        """The live metrics journal with its original steps and times."""
-        return iter_journal(self.run)
+        """The live metrics journal with its original steps and times, text values masked."""
+        from dataclasses import replace
+
+        from gym_artifacts.secrets import mask_text_metrics
+
+        for entry in iter_journal(self.run):
+            masked = mask_text_metrics(entry.metrics, self.secrets)
+            yield entry if masked is entry.metrics else replace(entry, metrics=dict(masked))
 
     @cached_property
     def nvml_summary(self) -> tuple[dict[str, float], str | None]:
@@ -232,16 +238,46 @@ class RunPayload:
         return count_lines(self.run.rollouts_fpath)
 
     def rollout_records(self) -> Iterator[Any]:
-        """Every complete rollout record in file order, streamed (nothing when none are sent)."""
+        """Every complete rollout record in file order, streamed (nothing when none are sent), with
+        the config's secret values masked in its decoded strings (tables, traces, request bodies
+        are encodings of these records; only the rollouts file itself ships as written)."""
         if not self.sends_rollouts:
             return
         from gym_artifacts.jsonio import iter_jsonl
+        from gym_artifacts.secrets import mask_values
 
         assert self.run.rollouts_fpath is not None
         torn = self.plan.partial_line
         end = torn.complete_bytes if torn is not None else None
+        secrets = self.secrets if self._rollouts_hold_a_secret else frozenset()
         for _, record in iter_jsonl(self.run.rollouts_fpath, "rollouts JSONL", end=end):
-            yield record
+            yield mask_values(record, secrets, shapes=False) if secrets else record
+
+    @cached_property
+    def _rollouts_hold_a_secret(self) -> bool:
+        """Whether the rollouts file holds a known secret in any encoding: one scan in C over the
+        bytes, so that records are walked one by one only when there is something to mask."""
+        from gym_artifacts.secrets import MIN_REDACTED_SECRET, encoded_forms
+
+        if not self.secrets or self.run.rollouts_fpath is None:
+            return False
+        forms = {
+            f.encode("utf-8", "backslashreplace")
+            for s in self.secrets
+            if len(s) >= MIN_REDACTED_SECRET
+            for f in encoded_forms(s)
+        }
+        if not forms:
+            return False
+        overlap = max(len(f) for f in forms)
+        tail = b""
+        with open(self.run.rollouts_fpath, "rb") as fh:
+            while block := fh.read(1 << 22):
+                window = tail + block
+                if any(f in window for f in forms):
+                    return True
+                tail = window[-overlap:]
+        return False
 
     @contextlib.contextmanager
     def rollouts_file(self) -> Iterator[Path | None]:

@@ -20,6 +20,9 @@ config, in artifacts, in failure reasons and in every log record (:func:`install
 
 from __future__ import annotations
 
+import functools
+import html
+import json
 import logging
 import re
 import threading
@@ -138,6 +141,19 @@ def _looks_like_token(text: str) -> bool:
     return len(text) >= 16 or bool(_TOKEN_SHAPES.fullmatch(text))
 
 
+# User names that stand alone in a URI without being a credential (``ssh://git@host``).
+_PLAIN_URI_USERS = frozenset(
+    {"git", "hg", "svn", "user", "admin", "root", "ubuntu", "ec2-user", "centos", "anonymous", "guest", "ftp"}
+)
+
+
+def _is_uri_token(user: str) -> bool:
+    """A user part with no password (``http://TOKEN@host``) is a token, short or long, unless it is
+    a well-known plain user name: a tracking URI's client quotes it in every error it raises."""
+    plain = len(user) < MIN_REDACTED_SECRET or user.lower() in _PLAIN_URI_USERS
+    return _looks_like_token(user) or not plain
+
+
 def find_secret_spans(text: str) -> list[tuple[int, int]]:
     """Where the secret parts of a free-text value are, found by their shape (module docstring)."""
     spans: list[tuple[int, int]] = []
@@ -148,7 +164,7 @@ def find_secret_spans(text: str) -> list[tuple[int, int]]:
             user, sep, password = m.group(2).partition(":")
             if sep and password:
                 spans.append((m.start(2) + len(user) + 1, m.end(2)))
-            elif not sep and _looks_like_token(user):
+            elif not sep and _is_uri_token(user):
                 spans.append(m.span(2))
     if "=" in text:
         spans.extend(m.span(3) for m in _PARAM.finditer(text) if _is_secret_param(m.group(2)))
@@ -184,11 +200,60 @@ def mask_uri_credentials(text: str) -> str:
     return "".join(out)
 
 
+def encoded_forms(secret: str) -> frozenset[str]:
+    """``secret`` and every form an encoder writes it in: JSON strings (ASCII-escaped or not, so
+    ``é`` as ``\\u00e9``, ``"`` as ``\\"``, control characters escaped), HTML text and
+    attributes (``&quot;``, ``&#x27;``), and HTML of JSON. Masking a text already encoded must
+    find each of them; masking decoded values first (:func:`mask_values`) needs none."""
+    return _encoded_forms(secret)
+
+
+@functools.lru_cache(maxsize=4096)
+def _encoded_forms(secret: str) -> frozenset[str]:
+    forms = {secret}
+    for ensure_ascii in (True, False):
+        forms.add(json.dumps(secret, ensure_ascii=ensure_ascii)[1:-1])
+    for text in list(forms):
+        forms.add(html.escape(text, quote=True))
+        forms.add(html.escape(text, quote=False))
+        forms.add(html.escape(text, quote=True).replace("&#x27;", "&#39;"))
+        forms.add(text.replace("</", "<\\/"))  # an embedded script's JSON
+    return frozenset(f for f in forms if len(f) >= MIN_REDACTED_SECRET)
+
+
 def _replace_all(text: str, secrets: Iterable[str]) -> str:
-    for secret in sorted(secrets, key=len, reverse=True):
+    forms = {form for secret in secrets for form in _encoded_forms(secret)}
+    for secret in sorted(forms, key=len, reverse=True):
         if secret in text:
             text = text.replace(secret, MASK)
     return text
+
+
+def mask_values(value: Any, secrets: Iterable[str] = (), *, shapes: bool = True) -> Any:
+    """A copy of a decoded structure (dicts, lists, strings: a rollout, a metrics mapping, span
+    attributes, a request body) with every known secret, and with ``shapes`` every secret-shaped
+    part, masked in each string and key, before any encoding writes it out."""
+    wanted = {s for s in secrets if isinstance(s, str) and len(s) >= MIN_REDACTED_SECRET} | _known_secrets
+    forms = sorted({form for secret in wanted for form in _encoded_forms(secret)}, key=len, reverse=True)
+
+    def redact(text: str) -> str:
+        if shapes:
+            text = mask_uri_credentials(text)
+        for form in forms:
+            if form in text:
+                text = text.replace(form, MASK)
+        return text
+
+    def walk(node: Any) -> Any:
+        if isinstance(node, str):
+            return redact(node)
+        if isinstance(node, dict):
+            return {walk(k) if isinstance(k, str) else k: walk(v) for k, v in node.items()}
+        if isinstance(node, list | tuple):
+            return [walk(v) for v in node]
+        return node
+
+    return walk(value)
 
 
 def _has_value(value: Any) -> bool:
@@ -279,6 +344,15 @@ def mask_secret_named(metrics: Mapping[Any, Any]) -> Mapping[Any, Any]:
         if _is_secret_name(key):
             return {k: (MASK if _is_secret_name(k) else v) for k, v in metrics.items()}
     return metrics
+
+
+def mask_text_metrics(metrics: Mapping[Any, Any], secrets: Iterable[str] = ()) -> Mapping[Any, Any]:
+    """Metrics with every text value (and text inside a structured value) masked by value and by
+    shape; ``metrics`` itself when it holds no text (numbers cost one type check each)."""
+    if not any(isinstance(v, str | dict | list | tuple) for v in metrics.values()):
+        return metrics
+    structured = str | dict | list | tuple
+    return {k: mask_values(v, secrets) if isinstance(v, structured) else v for k, v in metrics.items()}
 
 
 # Keys whose values are shown even when they come from the environment (``${oc.env:VAR}``).

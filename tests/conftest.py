@@ -38,7 +38,11 @@ QUICKSTART_FILES = (
 # ``[phoenix]``, whose service fixture is asked for by name at run time).
 SESSION_SERVICES = {
     "ray_cluster": ("tests/test_ray.py::", "tests/test_parallel_sqlite_store.py::"),
-    "phoenix_server": ("tests/test_phoenix.py::", "[phoenix]"),
+    "phoenix_server": (
+        "tests/test_phoenix.py::",
+        "[phoenix]",
+        "tests/reliability/test_secrets_generated.py::test_no_generated_secret_reaches_phoenix",
+    ),
 }
 
 

@@ -182,11 +182,19 @@ def test_status_reports_receipts(
 def test_a_local_root_inside_the_exported_run_is_refused(
     folder: str, quickstart_run: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """``cd run1 && gym-artifacts export . -e local``: the default root would copy itself into itself;
-    it is a FAILED result naming the cause, and nothing is left half-written."""
+    """``cd run1/eval_artifacts && gym-artifacts export $PWD -e local``: the default root would copy
+    itself into itself; it is a FAILED result naming the cause, and nothing is left half-written.
+    ``export .`` and a folder of runs name no run at all (exit 2, issue 27)."""
     inside = quickstart_run.parent if folder == "run folder" else quickstart_run.with_name("eval_artifacts")
     monkeypatch.chdir(inside)
-    assert main(["export", ".", "-e", "local", "--json"]) == 1
+    assert main(["export", ".", "-e", "local", "--json"]) == 2
+    assert "no run at ." in capsys.readouterr().err
+    if folder == "run folder":
+        assert main(["export", str(inside), "-e", "local", "--json"]) == 2
+        assert "it is a folder of runs" in capsys.readouterr().err
+        assert not (inside / "gym-artifacts-runs").exists()
+        return
+    assert main(["export", str(inside), "-e", "local", "--json"]) == 1
     [result] = json.loads(capsys.readouterr().out)
     assert result["status"] == "FAILED" and "inside the run" in result["reason"], result
     assert not (inside / "gym-artifacts-runs").exists()

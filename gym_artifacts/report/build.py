@@ -306,6 +306,17 @@ def _trace_table(trace: Path) -> str:
     )
 
 
+def _run_config_secrets(run: RunArtifacts) -> frozenset[str]:
+    """The secrets the run's saved config holds (none when it has no readable config)."""
+    from gym_artifacts.errors import GymArtifactsError
+    from gym_artifacts.payload import backend_config, load_run_config
+
+    try:
+        return backend_config(load_run_config(run))[1]
+    except GymArtifactsError:
+        return frozenset()
+
+
 def build_report(
     run: RunArtifacts | str | os.PathLike[str],
     dest: Path | str | None = None,
@@ -319,10 +330,13 @@ def build_report(
 
     ``identities`` and ``coverage``, when an export has computed them, are used as they are
     (the run is not hashed again). ``secrets``: values redacted from the page (a report that
-    an export ships must not quote a config secret the run's own files hold).
+    an export ships must not quote a config secret the run's own files hold); by default the
+    secrets of the run's own config (a report is shared as readily as an export).
     """
     run = run if isinstance(run, RunArtifacts) else RunArtifacts.from_path(run)
     run.require_present()
+    if not secrets:
+        secrets = _run_config_secrets(run)
     dest = Path(dest) if dest is not None else run.stem.with_name(run.stem.name + "_report.html")
     if identities is None or coverage is None:
         logger.info("hashing %s's files for the summary", run.source)

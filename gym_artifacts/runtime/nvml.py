@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
+from gym_artifacts.atomic import open_regular
 from gym_artifacts.jsonio import canonical_json
 from gym_artifacts.runtime.stats import SeriesStats
 
@@ -184,7 +185,7 @@ class NVMLSampler:
         if self.series_fpath is not None and self._series is None:
             try:
                 self.series_fpath.parent.mkdir(parents=True, exist_ok=True)
-                self._series = open(self.series_fpath, "ab")  # noqa: SIM115 - closed in stop()
+                self._series = open_regular(self.series_fpath, "ab")  # closed in stop()
             except OSError as exc:
                 logger.warning("NVML series not written: %s", exc)
         if self._publish_otel:

@@ -59,6 +59,9 @@ CANARIES = {
     "yaml_artifact": "canary-yaml-artifact-9p0q1r",
     "live_metric": "canary-live-metric-2s3t4u",
     "json_artifact": "canary-json-artifact-5v6w7x",
+    # issue 27: not plain ASCII, or holding a quote and a backslash (JSON and HTML escape them)
+    "unicode": "canary-clé-sécrète-8y9z0a",
+    "quoted": 'canary-quo"te\\back-1b2c3d',
 }
 
 
@@ -73,6 +76,8 @@ judge:
   headers:
     Authorization: Bearer {c["header"]}
 hf_token: {c["token"]}
+unicode_api_key: "{c["unicode"]}"
+quoted_password: {json.dumps(c["quoted"])}
 db:
   password: {c["password"]}
 aws_secret_access_key: {c["aws"]}
@@ -148,7 +153,7 @@ def test_no_canary_reaches_any_backend_log_or_environment(
     sidecar.write_text(json.dumps({**json.loads(first), "judge": f"key={CANARIES['api_key']}"}) + "\n" + rest)
     aggregate = quickstart_run.with_name("eval_aggregate_metrics.json")
     entries = json.loads(aggregate.read_text())
-    entries[0]["judge_note"] = f"judged with {CANARIES['token']}"
+    entries[0]["judge_note"] = f"judged with {CANARIES['token']}, {CANARIES['unicode']}, {CANARIES['quoted']}"
     aggregate.write_text(json.dumps(entries))
     # the run's own saved config (live logging writes OUT_config.yaml as NeMo Gym does): the user's file
     user_files = {saved, journal, yaml_artifact, json_artifact, sidecar, aggregate}
@@ -188,7 +193,8 @@ def test_no_canary_reaches_any_backend_log_or_environment(
     kinds = {"receipt": 0, "marker": 0, "mlflow db": 0, "wandb": 0, "tfevents": 0}
     for name, data in scanned:
         for label, canary in CANARIES.items():
-            assert canary.encode() not in data, f"{label} canary found in {name}"
+            for form in {canary, json.dumps(canary)[1:-1], json.dumps(canary, ensure_ascii=False)[1:-1]}:
+                assert form.encode() not in data, f"{label} canary found in {name}"
         kinds["receipt"] += name.endswith("_export_done.json")
         kinds["marker"] += name.endswith("_run_id")
         kinds["mlflow db"] += name.endswith("server.db")

@@ -1,0 +1,40 @@
+"""Issue 27 (12): Ctrl-C during an export prints every result that finished, ``--json`` included:
+a backend EXPORTED with its receipt is never reported as cancelled."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from gym_artifacts.run import RunArtifacts
+from tests.reliability.faulty_servers import black_hole
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_ctrl_c_prints_the_backends_that_finished(quickstart_run: Path, tmp_path: Path) -> None:
+    receipt = RunArtifacts.from_path(quickstart_run).export_done_fpath("local")
+    env = {k: v for k, v in os.environ.items() if k != "WANDB_SERVICE"}
+    with black_hole() as hole:  # MLflow's server accepts and never answers: the export waits there
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "gym_artifacts.cli", "export", str(quickstart_run), "--json",
+             "-e", "local", "-e", "mlflow", f"exporters.local.root={tmp_path / 'store'}",
+             f"exporters.mlflow.tracking_uri={hole.uri}"],
+            cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        deadline = time.monotonic() + 120
+        while not receipt.exists() and time.monotonic() < deadline and proc.poll() is None:
+            time.sleep(0.1)
+        assert receipt.exists(), proc.communicate(timeout=5)
+        time.sleep(1.0)  # in MLflow's first request now
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err[-2000:]
+    results = json.loads(out)
+    assert [(r["exporter"], r["status"]) for r in results] == [("local", "EXPORTED")], (out, err[-2000:])
+    assert "only in part" in err
