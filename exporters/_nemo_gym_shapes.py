@@ -13,23 +13,37 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
+from gym_artifacts.plugin import mask_values, redact_text
+
 ROLLOUT_COLUMN = "Rollout"
 WANDB_TABLE_KEY = "Rollouts"
 MLFLOW_TABLE_FILE = "rollouts.json"
 
 
-def rollout_documents(rollouts: Iterable[Any]) -> Iterator[str]:
-    """Each rollout as one compact JSON document (NeMo Gym: ``orjson.dumps(rollout)``)."""
+def rollout_documents(rollouts: Iterable[Any], secrets: frozenset[str] = frozenset()) -> Iterator[str]:
+    """Each rollout as one compact JSON document (NeMo Gym: ``orjson.dumps(rollout)``), the
+    config's secrets masked on its decoded values."""
     for rollout in rollouts:
-        yield json.dumps(rollout, ensure_ascii=False, separators=(",", ":"), default=str)
+        value = mask_values(rollout, secrets) if secrets else rollout
+        yield json.dumps(value, ensure_ascii=False, separators=(",", ":"), default=str)
 
 
-def file_documents(fpath: Path) -> Iterator[str]:
-    """The JSON documents of a JSONL file's complete lines (as written, blank lines skipped)."""
+def file_documents(fpath: Path, secrets: frozenset[str] = frozenset()) -> Iterator[str]:
+    """The JSON documents of a JSONL file's complete lines (as written, blank lines skipped);
+    with ``secrets``, each is decoded, masked and written again compactly (a table is made from
+    the rollouts, not the file shipped as written: it never carries a secret)."""
     with open(fpath, encoding="utf-8") as fh:
         for line in fh:
             if line.endswith("\n") and line.strip():
-                yield line.strip()
+                yield _masked_document(line.strip(), secrets) if secrets else line.strip()
+
+
+def _masked_document(doc: str, secrets: frozenset[str]) -> str:
+    try:
+        value = json.loads(doc)
+    except ValueError:  # not JSON: masked as text
+        return redact_text(doc, secrets)
+    return json.dumps(mask_values(value, secrets), ensure_ascii=False, separators=(",", ":"), default=str)
 
 
 def write_split_table(documents: Iterable[str], dest: Path) -> int:

@@ -277,7 +277,7 @@ class MlflowExporter(LiveExporter):
             spooled = self._rollouts.finish() if self._rollouts is not None else None
             if spooled is not None:
                 self._ml.log_artifact(self.run_id, spooled, "rollouts")
-                if self._upload_nemo_gym_table(self._ml, self.run_id, spooled):
+                if self._upload_nemo_gym_table(self._ml, self.run_id, spooled, self.secrets):
                     self._ml.set_tags(self.run_id, {LOGGED_ARTIFACTS_TAG: logged_artifacts([])})
         finally:
             self._close_spool()
@@ -467,7 +467,7 @@ class MlflowExporter(LiveExporter):
             if complete is not None:
                 assert rollouts is not None
                 sent += self._upload_file(ml, run_id, complete, "rollouts.jsonl", "rollouts")
-                sent += self._upload_nemo_gym_table(ml, run_id, complete)
+                sent += self._upload_nemo_gym_table(ml, run_id, complete, payload.secrets)
                 if self.settings.log_traces:
                     times = run_times(run)
                     start_ms = times.start_ms if times is not None else file_mtime_ms(rollouts)
@@ -489,13 +489,15 @@ class MlflowExporter(LiveExporter):
         return payload.rollout_rows, sent
 
     @staticmethod
-    def _upload_nemo_gym_table(ml: ScopedMlflow, run_id: str, rollouts: Path) -> int:
+    def _upload_nemo_gym_table(
+        ml: ScopedMlflow, run_id: str, rollouts: Path, secrets: frozenset[str] = frozenset()
+    ) -> int:
         """The rollouts as NeMo Gym's exporter logs them: table artifact ``rollouts.json``, one
         JSON document per row in column ``Rollout``; returns the bytes sent (0: no rows)."""
         with tempfile.TemporaryDirectory(prefix="gym-artifacts-mlflow-") as tmp:
             staged = Path(tmp) / MLFLOW_TABLE_FILE
             try:
-                if write_split_table(file_documents(rollouts), staged) == 0:
+                if write_split_table(file_documents(rollouts, secrets), staged) == 0:
                     return 0
                 return ml.log_artifact(run_id, staged, None)
             except (OSError, ValueError) as exc:  # rollouts/rollouts.jsonl holds every row anyway

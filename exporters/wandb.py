@@ -276,7 +276,7 @@ class WandbExporter(LiveExporter):
 
     def _log_rollouts(self, rollouts: list[Any]) -> None:
         self._rollouts.append(rollouts)  # on disk until teardown sends them as one table artifact
-        self._log_nemo_gym_table(self._wb_run, rollout_documents(rollouts))
+        self._log_nemo_gym_table(self._wb_run, rollout_documents(rollouts, self.secrets))
 
     @staticmethod
     def _log_nemo_gym_table(wb_run: Any, documents: Iterator[str]) -> int:
@@ -404,7 +404,7 @@ class WandbExporter(LiveExporter):
                 sent += complete.stat().st_size
                 if first_new_step is not None and rows <= self.settings.table_max_rows:
                     # post-run only: a certified live run logged these itself
-                    self._log_nemo_gym_table(wb_run, file_documents(complete))
+                    self._log_nemo_gym_table(wb_run, file_documents(complete, payload.secrets))
         for key, value in payload.omitted_partial_line.items():
             wb_run.summary[f"rollouts/{key}"] = value
         artifacts = {item.name: item for item in payload.runtime_artifacts}
