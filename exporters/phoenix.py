@@ -106,13 +106,6 @@ class PhoenixExporter(Exporter):
             return Sent(
                 backend_run_id=None, note="no rollouts sent: Phoenix holds runs only as an experiment"
             )
-        # Two passes (tasks first: the dataset must exist before its runs), each streamed.
-        tasks, repetitions = self._tasks(payload_rollouts(payload), plan)
-        dataset = self._dataset(client, run, plan, tasks)
-        example_of_task = {str(e["metadata"].get("task")): e["id"] for e in dataset.examples}
-        experiment_id = self._experiment(client, run, plan, dataset.id, repetitions)
-        rows = self._send_runs(client, run, experiment_id, example_of_task, payload_rollouts(payload), plan)
-        return Sent(backend_run_id=experiment_id, rows=rows)
         backend_run_id = None
         rows = payload.rollout_rows
         if self.settings.log_traces:
@@ -124,7 +117,8 @@ class PhoenixExporter(Exporter):
             dataset = self._dataset(client, run, plan, tasks)
             example_of_task = {str(e["metadata"].get("task")): e["id"] for e in dataset.examples}
             backend_run_id = self._experiment(client, run, plan, dataset.id, repetitions)
-            rows = self._send_runs(client, backend_run_id, example_of_task, payload_rollouts(payload), plan)
+            rollouts = payload_rollouts(payload)
+            rows = self._send_runs(client, run, backend_run_id, example_of_task, rollouts, plan)
         return Sent(backend_run_id=backend_run_id, rows=rows)
 
     def _dataset_name(self, run: RunArtifacts, plan: ExportPlan) -> str:
