@@ -15,6 +15,7 @@ by (run, name) in Phoenix, so a retry rewrites them in place. Post-run only.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Iterable
 from pathlib import Path
@@ -101,6 +102,13 @@ class PhoenixExporter(Exporter):
 
     def _export(self, run: RunArtifacts, plan: ExportPlan) -> Sent:
         client = self._client()
+        try:
+            return self._export_with(client, run, plan)
+        finally:  # its connections closed now, never left to the garbage collector
+            with contextlib.suppress(Exception):
+                client._client.close()
+
+    def _export_with(self, client: Any, run: RunArtifacts, plan: ExportPlan) -> Sent:
         payload = RunPayload.of(run, plan)
         if not payload.sends_rollouts:
             return Sent(
