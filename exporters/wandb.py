@@ -16,6 +16,7 @@ import contextlib
 import json
 import logging
 import os
+import re
 import shutil
 import threading
 import uuid
@@ -87,9 +88,16 @@ def _remove_earlier_offline_folders(folder: Path, run_id: str) -> None:
     """Once ``folder`` holds the complete offline run, remove an earlier export's folders of the
     same run id (a retry after a lost receipt): one folder per run, so ``wandb sync`` uploads the
     run once instead of replaying the same steps into it a second time."""
-    for earlier in folder.parent.glob(f"offline-run-*-{run_id}"):
+    for earlier in offline_folders(folder.parent, run_id):
         if earlier != folder and earlier.is_dir() and not earlier.is_symlink():
             shutil.rmtree(earlier, ignore_errors=True)
+
+
+def offline_folders(wandb_dpath: Path, run_id: str) -> list[Path]:
+    """W&B's offline folders of ``run_id``: ``offline-run-<time>-<id>``, and ``...-<id>-<n>`` when
+    two runs of that id started within the same second."""
+    pattern = re.compile(rf"offline-run-\d{{8}}_\d{{6}}-{re.escape(run_id)}(-\d+)?")
+    return sorted(p for p in wandb_dpath.glob(f"offline-run-*-{run_id}*") if pattern.fullmatch(p.name))
 
 
 def rollout_table_parts(rows: Iterator[Any], part_rows: int) -> Iterator[tuple[list[str], list[list[Any]]]]:
