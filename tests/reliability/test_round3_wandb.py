@@ -40,7 +40,8 @@ def test_folders_of_one_id_started_in_the_same_second_are_one_run(tmp_path: Path
     names = ["offline-run-20261202_082629-gaabc", "offline-run-20261202_082629-gaabc-1",
              "offline-run-20261202_082630-gaabc-2", "offline-run-20261202_082629-gaabcd",
              "run-20261202_082629-gaabc"]  # fmt: skip
+    folder = tmp_path / "wandb"
     for name in names:
-        (tmp_path / name).mkdir()
-    _remove_earlier_offline_folders(tmp_path / names[2], "gaabc")
-    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(names[2:])
+        (folder / name).mkdir(parents=True)
+    _remove_earlier_offline_folders(folder / names[2], "gaabc")
+    assert sorted(p.name for p in folder.iterdir()) == sorted(names[2:])
