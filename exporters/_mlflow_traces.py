@@ -24,14 +24,14 @@ from __future__ import annotations
 
 import hashlib
 import logging
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from gym_artifacts.plugin import LLM, RolloutTrace, Span
 
-from ._otlp import export_request
+from ._otlp import export_request, trace_batches
 
 if TYPE_CHECKING:
     from ._mlflow_client import ScopedMlflow
@@ -112,17 +112,6 @@ def trace_info(trace: RolloutTrace, experiment_id: str, run_id: str) -> Any:
     )
 
 
-def _batches(traces: Iterable[RolloutTrace], size: int) -> Iterator[list[RolloutTrace]]:
-    batch: list[RolloutTrace] = []
-    for trace in traces:
-        batch.append(trace)
-        if len(batch) == size:
-            yield batch
-            batch = []
-    if batch:
-        yield batch
-
-
 def log_rollout_traces(
     ml: ScopedMlflow,
     experiment_id: str,
@@ -139,7 +128,7 @@ def log_rollout_traces(
     store = ml.client._tracking_client.store  # the scoped REST client of MLflow's public REST API
     sent = Sent()
     with ThreadPoolExecutor(WORKERS, thread_name_prefix="gym-artifacts-mlflow-trace") as pool:
-        for batch in _batches(traces, BATCH):
+        for batch in trace_batches(traces, BATCH):
             if assessments:
                 list(pool.map(store.start_trace, [trace_info(t, experiment_id, run_id) for t in batch]))
             ml.post_otlp(experiment_id, export_request(batch, span_attributes, RESOURCE))

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from gym_artifacts.plugin import RolloutTrace, Span
@@ -129,3 +129,15 @@ def export_request(
         for span in trace.spans:
             _add_span(scope_spans, trace, span, attributes_of(trace, span))
     return bytes(request.SerializeToString())
+
+
+def trace_batches(traces: Iterable[RolloutTrace], size: int) -> Iterator[list[RolloutTrace]]:
+    """``traces`` in lists of at most ``size`` (one OTLP request each), streamed."""
+    batch: list[RolloutTrace] = []
+    for trace in traces:
+        batch.append(trace)
+        if len(batch) == size:
+            yield batch
+            batch = []
+    if batch:
+        yield batch

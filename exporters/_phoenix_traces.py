@@ -22,13 +22,13 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
 from gym_artifacts.plugin import LLM, TOOL, GymArtifactsError, RolloutTrace, Span
 
-from ._otlp import export_request
+from ._otlp import export_request, trace_batches
 
 BATCH = 500  # traces an OTLP request and annotations a request
 CHECK = 100  # root span ids a read-back request
@@ -100,17 +100,6 @@ def span_attributes(trace: RolloutTrace, span: Span) -> dict[str, Any]:
     return attributes
 
 
-def _batches(traces: Iterable[RolloutTrace], size: int) -> Iterator[list[RolloutTrace]]:
-    batch: list[RolloutTrace] = []
-    for trace in traces:
-        batch.append(trace)
-        if len(batch) == size:
-            yield batch
-            batch = []
-    if batch:
-        yield batch
-
-
 def _annotations(batch: list[RolloutTrace]) -> list[dict[str, Any]]:
     return [
         {"span_id": t.root.span_id, "name": name, "annotator_kind": "CODE", "identifier": SOURCE,
@@ -131,7 +120,7 @@ def send_traces(
     previous: list[RolloutTrace] = []
     # one batch behind: while Phoenix stores batch k in the background, batch k-1 is read back
     # and annotated (synchronously: an annotation needs its span stored)
-    for batch in _batches(traces, BATCH):
+    for batch in trace_batches(traces, BATCH):
         body = export_request(batch, span_attributes, resource)
         response = client._client.post("v1/traces", content=body, headers=headers, timeout=timeout)
         response.raise_for_status()
