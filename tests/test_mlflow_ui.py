@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import time
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -21,20 +20,12 @@ from mlflow.tracking import MlflowClient
 from gym_artifacts.export import export_run
 from gym_artifacts.exporter import ExportStatus
 from tests.test_mlflow_traces import fixture_run, traces_cfg
-from tests.test_report import ARGS, CHROMIUM, SCREENSHOTS
+from tests.test_report import (
+    SCREENSHOTS,
+    browser,  # noqa: F401 - the shared Chromium fixture
+)
 
 UI_WAIT_S = 60.0  # a loaded 2-core machine renders MLflow's pages slowly: a wait, not a cost
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Any]:
-    playwright = pytest.importorskip("playwright.sync_api")
-    if not Path(CHROMIUM).exists():
-        pytest.skip(f"{CHROMIUM} is not installed (.ci/run installs Debian's chromium)")
-    with playwright.sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
-        yield browser
-        browser.close()
 
 
 def page_text(page: Any, needle: str) -> str:
@@ -59,7 +50,7 @@ localStorage.setItem("mlflow.assistant.panelOpen_v1", "false");
 
 @pytest.mark.slow
 def test_mlflow_ui_shows_every_rollout_span_tree_tool_calls_and_dataset(
-    mlflow_server: Any, browser: Any, tmp_path: Path
+    mlflow_server: Any, browser: Any, tmp_path: Path  # noqa: F811
 ) -> None:
     rollouts = fixture_run(tmp_path)
     experiment = f"ui-{uuid.uuid4().hex[:8]}"
