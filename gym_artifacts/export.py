@@ -320,6 +320,7 @@ def _export_one(
     plan: ExportPlan,
     signatures: Signatures,
     verify: bool,
+    after_receipt: list[Callable[[], None]] | None = None,
 ) -> ExportResult:
     start = time.monotonic()
     name = target.name
@@ -340,7 +341,7 @@ def _export_one(
                     decided = check_receipt(run, target, plan.identities)
                     if decided is not None:
                         return decided
-                return _send(run, target, plan, signatures, start)
+                return _send(run, target, plan, signatures, start, after_receipt)
     except LockBusy as exc:
         return _failed(name, f"{run.source} is being exported to {name} by another process ({exc})", start)
     except OSError as exc:
@@ -353,7 +354,11 @@ def _send(
     plan: ExportPlan,
     signatures: Signatures,
     start: float,
+    after_receipt: list[Callable[[], None]] | None = None,
 ) -> ExportResult:
+    """Send, then publish the receipt. The work after the receipt (``_after_receipt``) runs here,
+    or, given ``after_receipt``, is appended to it for the caller to run once it has recorded the
+    result and released the locks."""
     name = target.name
     assert target.cls is not None and target.key is not None and target.destination is not None
     if not get_entry(name).sdk_installed():
@@ -405,10 +410,17 @@ def _send(
         )
     except (OSError, RunError) as exc:
         return _failed(name, f"sent, but the receipt could not be written: {exc}", start)
-    try:  # the data and its receipt are published: nothing here can fail the export
-        exporter._after_receipt(run, plan, result.backend_run_id)
-    except Exception as exc:
-        logger.warning("%s: exported; the work after the receipt failed: %s", name, exc)
+
+    def follow_up() -> None:  # the data and its receipt are published: nothing here can fail it
+        try:
+            exporter._after_receipt(run, plan, result.backend_run_id)
+        except Exception as exc:
+            logger.warning("%s: exported; the work after the receipt failed: %s", name, exc)
+
+    if after_receipt is None:
+        follow_up()
+    else:  # run by the caller once the result is recorded (a Ctrl-C there keeps the result)
+        after_receipt.append(follow_up)
     return result
 
 
@@ -532,9 +544,12 @@ def export_resolved(
             if progress is not None:
                 progress(f"exporting to {name}", i, len(names))
             logger.info("%s: checking the receipt, then sending what the backend lacks", name)
-            result = _redacted(_export_one(run, target, plan, signatures, verify), secrets)
+            after_receipt: list[Callable[[], None]] = []
+            result = _redacted(_export_one(run, target, plan, signatures, verify, after_receipt), secrets)
             logger.info("%s: %s %s", name, result.status.value, result.backend_run_id or result.reason or "")
             results.append(result)
             if on_result is not None:
                 on_result(result)
+            for follow_up in after_receipt:  # e.g. the local report, once the result is recorded
+                follow_up()
     return results
