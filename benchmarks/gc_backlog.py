@@ -25,7 +25,7 @@ _PROBE = r"""
 import gc, json, sys, time
 from collections import deque
 sys.path.insert(0, REPO)
-from gym_artifacts import registry
+from gym_artifacts.contract import registry
 from gym_artifacts.live import live_exporters
 from tests.backends import UnansweringLive
 

@@ -17,7 +17,7 @@ def run(tiny: bool) -> list[Row]:
         out = make_run(tmp / "run", size, size)
         rollouts = out
         recording = tmp / "run" / "run_artifacts" / "recording.mp4"
-        from gym_artifacts.identity import hash_bytes_file, hash_jsonl_file
+        from gym_artifacts.run.identity import hash_bytes_file, hash_jsonl_file
 
         cases = [
             ("bytes", recording, "recording", hash_bytes_file, 1.5),
@@ -37,10 +37,10 @@ def run(tiny: bool) -> list[Row]:
                     sha / ours >= target,
                 )
             )
-        base = run_measured("import gym_artifacts.identity")
+        base = run_measured("import gym_artifacts.run.identity")
         used = run_measured(
-            "from gym_artifacts.identity import content_identities\n"
-            "from gym_artifacts.run import RunArtifacts\n"
+            "from gym_artifacts.run.identity import content_identities\n"
+            "from gym_artifacts.run.artifacts import RunArtifacts\n"
             f"content_identities(RunArtifacts.from_path({str(out)!r}), use_cache=False)"
         )
         delta = used["peak_rss_mb"] - base["peak_rss_mb"]
@@ -64,7 +64,7 @@ def _skip_seconds(tmp: Path, out: Path) -> float:
     """Best of 5 SKIPPED re-exports of ``out`` (exported once first)."""
     from omegaconf import OmegaConf
 
-    from gym_artifacts.export import export_run
+    from gym_artifacts import export_run
 
     cfg = OmegaConf.create(
         {"exporters": {"local": {"enabled": True, "root": str(tmp / "store"), "report": "off"}}}
@@ -78,8 +78,8 @@ def _skip_seconds(tmp: Path, out: Path) -> float:
 
 
 def _reexport(tmp: Path, out: Path, small: Path) -> list[Row]:
-    from gym_artifacts.identity import content_identities
-    from gym_artifacts.run import RunArtifacts
+    from gym_artifacts.run.artifacts import RunArtifacts
+    from gym_artifacts.run.identity import content_identities
 
     skip, skip_small = _skip_seconds(tmp, out), _skip_seconds(tmp, small)
     rehash = best_of(lambda: content_identities(RunArtifacts.from_path(out), use_cache=False), 2)

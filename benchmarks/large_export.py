@@ -15,8 +15,8 @@ from benchmarks.common import Row, make_run, median, mlflow_server, run_measured
 PRELUDE = """
 import time, shutil, os
 from omegaconf import OmegaConf
-from gym_artifacts.export import export_run
-import gym_artifacts.identity
+from gym_artifacts import export_run
+import gym_artifacts.run.identity
 {imports}
 __base = peak_rss_mb()
 """

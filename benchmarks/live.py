@@ -36,9 +36,9 @@ def _async_costs(cfg: dict, out: Path, calls: int, kill: object = None) -> tuple
 def _sync_costs(cfg: dict, out: Path, calls: int) -> list[float]:
     from omegaconf import OmegaConf
 
-    from gym_artifacts.config import normalize
-    from gym_artifacts.live import build_live_exporters
-    from gym_artifacts.run import RunArtifacts
+    from gym_artifacts.core.config import normalize
+    from gym_artifacts.live.fanout import build_live_exporters
+    from gym_artifacts.run.artifacts import RunArtifacts
 
     exporters = build_live_exporters(normalize(OmegaConf.create(cfg)))
     run = RunArtifacts.from_path(out)
@@ -54,7 +54,7 @@ def _sync_costs(cfg: dict, out: Path, calls: int) -> list[float]:
             e._log_metrics(dict(metrics), step, when)
         costs.append((time.perf_counter_ns() - t0) / 1000)
     for e in exporters:
-        from gym_artifacts.live import RunStatus
+        from gym_artifacts.contract.hooks import RunStatus
 
         e._teardown(RunStatus.FINISHED)
     return costs

@@ -28,8 +28,8 @@ PARTS = ("tensorboard", "langsmith", "phoenix")
 MEASURED = """
 import time
 from omegaconf import OmegaConf
-from gym_artifacts.export import export_run
-import gym_artifacts.identity, {imports}
+from gym_artifacts import export_run
+import gym_artifacts.run.identity, {imports}
 __base = peak_rss_mb()
 cfg = OmegaConf.create({{'exporters': {section!r}}})
 t = time.perf_counter()

@@ -93,8 +93,8 @@ def _server_capacity(uri: str, seconds: float = 5.0, clients: int = 4) -> float:
 
 def _hash_rate(out: Path) -> float:
     """Bytes per second of one run's content identity (cold, in this process)."""
-    from gym_artifacts.identity import content_identities
-    from gym_artifacts.run import RunArtifacts
+    from gym_artifacts.run.artifacts import RunArtifacts
+    from gym_artifacts.run.identity import content_identities
 
     _cold([out])
     run = RunArtifacts.from_path(out)

@@ -37,9 +37,9 @@ def _make_run(folder: Path, rows: int, recording_bytes: int) -> Path:
 
 
 def run(tiny: bool) -> list[Row]:
-    from gym_artifacts.export import export_run
-    from gym_artifacts.run import RunArtifacts
-    from gym_artifacts.snapshot import snapshot_copy
+    from gym_artifacts import export_run
+    from gym_artifacts.core.snapshot import snapshot_copy
+    from gym_artifacts.run.artifacts import RunArtifacts
 
     size = 20_000_000 if tiny else 300_000_000
     rows, recording = (2_000, 5_000_000) if tiny else (50_000, 200_000_000)
@@ -53,7 +53,7 @@ def run(tiny: bool) -> list[Row]:
             times["plain"].append(timed(lambda i=i: snapshot_copy(big, tmp / f"plain{i}.bin", method="read")))
         method_probe = tmp / "probe.bin"
         with open(big, "rb") as fin, open(method_probe, "wb") as fout:
-            from gym_artifacts.snapshot import copy_into
+            from gym_artifacts.core.snapshot import copy_into
 
             used = copy_into(fin, fout)
         for p in tmp.glob("*.bin"):

@@ -85,7 +85,7 @@ class FloorFanout:
     queues (journal and three backends) that nobody reads, cleared now and then."""
 
     def __init__(self) -> None:
-        from gym_artifacts.metric_records import encode_record
+        from gym_artifacts.run.metric_records import encode_record
 
         self._encode = encode_record
         self._queues: list[deque[bytes]] = [deque() for _ in range(4)]
@@ -130,7 +130,7 @@ class PipeFanout:
     """
 
     def __init__(self, fd: int) -> None:
-        from gym_artifacts.metric_records import encode_record
+        from gym_artifacts.run.metric_records import encode_record
 
         self._encode = encode_record
         self._fd = fd

@@ -30,9 +30,9 @@ PARTS = ("mlflow", "phoenix")
 EXPORT = """
 import time
 from omegaconf import OmegaConf
-from gym_artifacts.export import export_run
+from gym_artifacts import export_run
 from gym_artifacts._builtin_exporters import _mlflow_client as c
-import gym_artifacts.identity, {imports}
+import gym_artifacts.run.identity, {imports}
 spent = {{"otlp": 0.0, "start_trace": 0.0, "landed_wait": 0.0, "annotations": 0.0}}
 def timed(key, fn):
     def wrapper(*a, **kw):
@@ -68,8 +68,8 @@ import os, time
 os.environ["MLFLOW_ENABLE_ASYNC_TRACE_LOGGING"] = "false"
 import mlflow
 from mlflow import MlflowClient
-from gym_artifacts.jsonio import iter_jsonl
-from gym_artifacts.rollout_spans import rollout_trace
+from gym_artifacts.core.jsonio import iter_jsonl
+from gym_artifacts.run.rollout_spans import rollout_trace
 mlflow.set_tracking_uri({uri!r})
 client = MlflowClient({uri!r})
 exp = client.create_experiment("own-calls")

@@ -25,7 +25,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from gym_artifacts.config import load_yaml_config
+from gym_artifacts.core.config import load_yaml_config
 from gym_artifacts.live import live_exporters
 
 DEFAULT_CONFIG: dict[str, Any] = {

@@ -25,7 +25,7 @@ from urllib.parse import quote, unquote
 
 from gym_artifacts.plugin import adopted, current_watch, mask_secrets
 
-IDENTITY_TAG = "gym_artifacts.identity"
+IDENTITY_TAG = "gym_artifacts.run.identity"
 logger = logging.getLogger(__name__)
 
 
@@ -89,7 +89,7 @@ class Deadline:
             except BaseException as exc:  # handed to the caller's thread below
                 outcome["error"] = exc
 
-        # its connections belong to the export's watch (gym_artifacts.watchdog): cut off with it
+        # its connections belong to the export's watch (gym_artifacts.core.watchdog): cut off with it
         thread = threading.Thread(target=adopted(target), name="gym-artifacts-mlflow-request", daemon=True)
         thread.start()
         thread.join(left)

@@ -1,6 +1,6 @@
 """Rollouts as MLflow traces through MLflow's public ingestion paths, exactly once.
 
-Each rollout is a span tree (``gym_artifacts.rollout_spans``): the root ``AGENT`` span, an
+Each rollout is a span tree (``gym_artifacts.run.rollout_spans``): the root ``AGENT`` span, an
 ``LLM`` span per model turn (``mlflow.chat.tokenUsage``, ``mlflow.llm.model``) and a ``TOOL``
 span per function call; a failed rollout is an ERROR trace with its failure message. Per trace,
 one ``start_trace`` (MLflow's REST ``POST /api/3.0/mlflow/traces``) carries what only the trace

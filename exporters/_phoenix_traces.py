@@ -1,7 +1,7 @@
 """Rollouts as Phoenix traces: OTLP/HTTP with OpenInference attributes, verdicts as span
 annotations in batches, exactly once.
 
-Each rollout is the span tree of ``gym_artifacts.rollout_spans`` (root ``AGENT``, ``LLM`` per
+Each rollout is the span tree of ``gym_artifacts.run.rollout_spans`` (root ``AGENT``, ``LLM`` per
 model turn with its messages and token counts, ``TOOL`` per function call; a failed rollout an
 ERROR root span with its message), named in OpenInference's conventions
 (``openinference-semantic-conventions``): ``openinference.span.kind``, ``input.value`` /

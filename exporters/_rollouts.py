@@ -126,7 +126,7 @@ def payload_rollouts(payload: RunPayload) -> Iterator[Rollout]:
 
 def response_text(response: Any) -> str:
     """The response's text as a reader wants it: the Response's ``output[]`` message text (or
-    ``output_text``), see ``gym_artifacts.responses_api``."""
+    ``output_text``), see ``gym_artifacts.run.responses_api``."""
     text = api_response_text(response)
     if text:
         return text
@@ -158,7 +158,7 @@ def masked(value: Any, secrets: frozenset[str]) -> Any:
 
 
 def payload_traces(payload: RunPayload, scope: str, fallback_s: float) -> Iterator[RolloutTrace]:
-    """Every rollout of the export as a trace (``gym_artifacts.rollout_spans``): the scored rows
+    """Every rollout of the export as a trace (``gym_artifacts.run.rollout_spans``): the scored rows
     of ``OUT.jsonl`` in file order, then each row of ``OUT_failures.jsonl`` as an ERROR trace
     with its planned input; streamed (memory holds the failures' planned inputs only)."""
     from gym_artifacts.plugin import failure_trace, rollout_trace

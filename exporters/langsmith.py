@@ -4,7 +4,7 @@ Mapping (as NeMo Gym's own LangSmith exporter): a dataset with one example per t
 task's request, NeMo Gym's ``responses_create_params``), an experiment (a LangSmith project whose
 reference dataset is that dataset, its metadata holding the masked config, the aggregate
 metrics and ``coverage``: the ``coverage/*`` figures the trackers log), one trace per rollout from
-the span model (``gym_artifacts.rollout_spans``): a root ``chain`` run (inputs: the request
+the span model (``gym_artifacts.run.rollout_spans``): a root ``chain`` run (inputs: the request
 without null fields, conversation first; outputs: the response; the rollout's place and other
 fields as metadata; linked to its task's example), an ``llm`` run per model turn (messages,
 ``usage_metadata``) and a ``tool`` run per function call; a failed rollout is a root run with its
@@ -71,7 +71,7 @@ class LangsmithSettings(ExporterConfig):
     experiment_name: str | None = None
     request_timeout: float = Field(default=60.0, gt=0, le=3600)
     # The whole export (every request and retry) ends FAILED after this many seconds, even
-    # against a server that never answers or drips a byte at a time (gym_artifacts.watchdog).
+    # against a server that never answers or drips a byte at a time (gym_artifacts.core.watchdog).
     export_deadline: float = Field(default=600.0, gt=0, le=24 * 3600)
 
 
@@ -232,7 +232,7 @@ class LangsmithExporter(LiveExporter):
             dataset = client.create_dataset(
                 dataset_name,
                 description=f"Tasks of the eval run {run.name}",
-                metadata={"gym_artifacts.identity": plan.run_identity},
+                metadata={"gym_artifacts.run.identity": plan.run_identity},
             )
         try:
             project = client.read_project(project_name=project_name)
@@ -260,7 +260,7 @@ class LangsmithExporter(LiveExporter):
     @staticmethod
     def _experiment_metadata(run: RunArtifacts, plan: ExportPlan) -> dict[str, Any]:
         metadata: dict[str, Any] = {
-            "gym_artifacts.identity": plan.run_identity,
+            "gym_artifacts.run.identity": plan.run_identity,
             "config": plan.config,
             **RunPayload.of(run, plan).experiment_metadata,
         }

@@ -2,7 +2,7 @@
 
 The folder holds ``run.json`` (status, identities, coverage, times), ``config.json`` (masked),
 ``metrics.jsonl``, ``summary.json`` (the bounded aggregate values under NeMo Gym's names and
-``coverage/*``, see ``gym_artifacts.aggregate``), ``tables/<level>.jsonl`` (the per-task and
+``coverage/*``, see ``gym_artifacts.run.aggregate``), ``tables/<level>.jsonl`` (the per-task and
 per-repeat levels), ``nemo_gym/`` (NeMo Gym's sidecars: failures, materialized inputs, quality
 summary, verdicts), ``rollouts.jsonl`` and ``artifacts/``. Post-run files are published
 atomically as snapshot copies (never hard links: the run can never change the export, nor the

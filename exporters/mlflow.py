@@ -450,7 +450,7 @@ class MlflowExporter(LiveExporter):
             if report is not None:
                 sent += ml.log_artifact(run_id, report, None)
         if payload.coverage is not None:
-            tags["gym_artifacts.coverage"] = tag_value(payload.coverage.text())
+            tags["gym_artifacts.run.coverage"] = tag_value(payload.coverage.text())
             tags["gym_artifacts.partial"] = "true" if payload.coverage.partial else "false"
         for item in payload.sidecars:
             sent += self._upload_artifact(ml, run_id, item, "nemo_gym")

@@ -37,7 +37,7 @@ from gym_artifacts.plugin import (
 from ._phoenix_traces import send_traces
 from ._rollouts import Rollout, as_object, masked, payload_rollouts, payload_traces
 
-IDENTITY_KEY = "gym_artifacts.identity"
+IDENTITY_KEY = "gym_artifacts.run.identity"
 
 
 class PhoenixSettings(ExporterConfig):
@@ -49,7 +49,7 @@ class PhoenixSettings(ExporterConfig):
     experiment_name: str | None = None  # default the run's name
     request_timeout: int = Field(default=60, gt=0, le=3600)
     # The whole export (every request and retry) ends FAILED after this many seconds, even
-    # against a server that never answers or drips a byte at a time (gym_artifacts.watchdog).
+    # against a server that never answers or drips a byte at a time (gym_artifacts.core.watchdog).
     export_deadline: float = Field(default=600.0, gt=0, le=24 * 3600)
     # Every rollout as a trace (OpenInference span tree, failed rollouts as ERROR traces, verdicts
     # as span annotations) in the project ``project_name`` (default: the dataset's name).

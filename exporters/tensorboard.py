@@ -1,7 +1,7 @@
 """The TensorBoard backend: event files TensorBoard reads, live and post-run.
 
 Mapping: step metrics as scalars at their original steps and wall times; aggregate metrics as
-scalars under NeMo Gym's own exporter's names with ``coverage/*`` (``gym_artifacts.aggregate``;
+scalars under NeMo Gym's own exporter's names with ``coverage/*`` (``gym_artifacts.run.aggregate``;
 text leaves as text), the per-task and per-repeat levels as Markdown texts ``tables/<level>`` of
 a chosen few readable columns (index, counts, reward and token means), every column in
 ``tables/<level>.jsonl`` beside the event files; the NVML summary and series as ``system/...``

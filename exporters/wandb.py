@@ -70,7 +70,7 @@ class WandbSettings(ExporterConfig):
     init_timeout: float = Field(default=60.0, gt=0, le=600)
     finish_timeout: float = Field(default=60.0, gt=0, le=3600)
     # Online: the whole post-run export ends FAILED after this many seconds, even against a
-    # server that never answers or drips a byte at a time (gym_artifacts.watchdog).
+    # server that never answers or drips a byte at a time (gym_artifacts.core.watchdog).
     export_deadline: float = Field(default=600.0, gt=0, le=24 * 3600)
     table_max_rows: int = Field(default=10_000, ge=1, le=200_000)
     artifact_part_rows: int = Field(default=100_000, ge=1, le=200_000)

@@ -11,18 +11,18 @@ from typing import Any
 __version__ = "0.1.0"
 
 _LAZY = {
-    "RunArtifacts": "gym_artifacts.run",
-    "content_identities": "gym_artifacts.identity",
-    "Exporter": "gym_artifacts.exporter",
-    "ExportResult": "gym_artifacts.exporter",
-    "ExportStatus": "gym_artifacts.exporter",
-    "export_run": "gym_artifacts.export",
-    "export_runs": "gym_artifacts.executor",
-    "RunResults": "gym_artifacts.executor",
-    "run_status": "gym_artifacts.status",
-    "list_exporters": "gym_artifacts.registry",
-    "load_config": "gym_artifacts.config",
-    "mask_secrets": "gym_artifacts.secrets",
+    "RunArtifacts": "gym_artifacts.run.artifacts",
+    "content_identities": "gym_artifacts.run.identity",
+    "Exporter": "gym_artifacts.contract.exporter",
+    "ExportResult": "gym_artifacts.contract.exporter",
+    "ExportStatus": "gym_artifacts.contract.exporter",
+    "export_run": "gym_artifacts.export.engine",
+    "export_runs": "gym_artifacts.export.executors",
+    "RunResults": "gym_artifacts.export.executors",
+    "run_status": "gym_artifacts.export.status",
+    "list_exporters": "gym_artifacts.contract.registry",
+    "load_config": "gym_artifacts.core.config",
+    "mask_secrets": "gym_artifacts.core.secrets",
 }
 
 __all__ = ["__version__", *_LAZY]

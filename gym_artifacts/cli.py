@@ -23,12 +23,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from gym_artifacts.executor import RunResults
+    from gym_artifacts.export.executors import RunResults
 
-from gym_artifacts.flags import PARTIAL_OVERRIDE_FLAG, STALE_OVERRIDE_FLAG
-from gym_artifacts.progress import human_bytes
-from gym_artifacts.secrets import install_log_redaction
-from gym_artifacts.text_table import format_table
+from gym_artifacts.core.flags import PARTIAL_OVERRIDE_FLAG, STALE_OVERRIDE_FLAG
+from gym_artifacts.core.progress import human_bytes
+from gym_artifacts.core.secrets import install_log_redaction
+from gym_artifacts.core.text_table import format_table
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 EXIT_INTERRUPTED = 130  # Ctrl-C: what finished is printed, the rest cancelled
@@ -43,7 +43,7 @@ class _Parser(argparse.ArgumentParser):
     commands: dict[str, argparse.ArgumentParser]
 
     def error(self, message: str) -> None:  # type: ignore[override]
-        from gym_artifacts.suggest import did_you_mean
+        from gym_artifacts.core.suggest import did_you_mean
 
         if match := _INVALID_CHOICE.search(message):
             choices = [c.strip().strip("'\"") for c in match["choices"].split(",")]
@@ -195,7 +195,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _refuse_unknown(parser: _Parser, command: str, unknown: Sequence[str]) -> None:
     """Exit 2 with the command's own usage, suggesting the option closest to the first unknown one."""
-    from gym_artifacts.suggest import did_you_mean
+    from gym_artifacts.core.suggest import did_you_mean
 
     command_parser = parser.commands[command]
     actions = [*parser._actions, *command_parser._actions]
@@ -223,8 +223,8 @@ def _split_items(items: Sequence[str]) -> tuple[list[str], list[str]]:
 
 def cmd_export(ns: argparse.Namespace) -> int:
     """``export_runs`` with the parsed arguments; the results printed, the exit code chosen."""
-    from gym_artifacts.errors import ClusterError, GymArtifactsError
-    from gym_artifacts.executor import export_runs
+    from gym_artifacts.core.errors import ClusterError, GymArtifactsError
+    from gym_artifacts.export.executors import export_runs
 
     runs, overrides = _split_items(ns.items)  # no run at all: export_runs refuses it
     finished: list[RunResults] = []
@@ -310,9 +310,9 @@ def format_results_table(results: Sequence[dict[str, Any]]) -> str:
 
 
 def cmd_status(ns: argparse.Namespace) -> int:
-    from gym_artifacts.errors import GymArtifactsError, MissingRunError
-    from gym_artifacts.run_names import NO_CONFIG
-    from gym_artifacts.status import exports_table, run_status
+    from gym_artifacts.core.errors import GymArtifactsError, MissingRunError
+    from gym_artifacts.export.status import exports_table, run_status
+    from gym_artifacts.run.names import NO_CONFIG
 
     try:
         state = run_status(ns.run, verify=ns.verify)
@@ -340,7 +340,7 @@ def cmd_status(ns: argparse.Namespace) -> int:
 
 
 def cmd_report(ns: argparse.Namespace) -> int:
-    from gym_artifacts.errors import GymArtifactsError, MissingRunError
+    from gym_artifacts.core.errors import GymArtifactsError, MissingRunError
     from gym_artifacts.report import build_report
 
     try:
@@ -356,8 +356,8 @@ def cmd_report(ns: argparse.Namespace) -> int:
 
 
 def cmd_exporters(ns: argparse.Namespace) -> int:
-    from gym_artifacts.errors import GymArtifactsError
-    from gym_artifacts.registry import list_exporters
+    from gym_artifacts.contract.registry import list_exporters
+    from gym_artifacts.core.errors import GymArtifactsError
 
     logger.info("reading %s", ns.config or "the embedded default config")
     try:
@@ -437,7 +437,7 @@ def _backend_logs(verbose: bool) -> Iterator[None]:
 
 def _unexpected(exc: Exception, verbose: bool) -> int:
     """Print an error no command handles as one line (secrets masked); exit code 1."""
-    from gym_artifacts.secrets import redact_text
+    from gym_artifacts.core.secrets import redact_text
 
     if verbose:
         logger.error("traceback:", exc_info=exc)

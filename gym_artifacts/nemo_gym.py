@@ -41,9 +41,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gym_artifacts.errors import ConfigError
-from gym_artifacts.live import LiveExporter, LiveRun, NoOpLiveRun, at_interpreter_exit, live_exporters
-from gym_artifacts.live_channel import teardown_limits
+from gym_artifacts.contract.live_exporter import LiveExporter
+from gym_artifacts.core.errors import ConfigError
+from gym_artifacts.live.channel import teardown_limits
+from gym_artifacts.live.fanout import LiveRun, NoOpLiveRun, at_interpreter_exit, live_exporters
 
 logger = logging.getLogger(__name__)
 
@@ -158,7 +159,7 @@ def drop_in_config(global_config_dict: Any) -> dict[str, Any]:
 
 def _is_on(flag: Any) -> bool:
     """An ``enabled`` value read as the config reads it (``"true"`` is on); unreadable: off."""
-    from gym_artifacts.config import parse_flag
+    from gym_artifacts.core.config import parse_flag
 
     try:
         return parse_flag(flag, "enabled")
@@ -172,7 +173,7 @@ def _output_path(config: Mapping[str, Any]) -> str | None:
 
 
 def _anything_enabled(config: Mapping[str, Any]) -> bool:
-    from gym_artifacts.config import enabled_exporters, normalize
+    from gym_artifacts.core.config import enabled_exporters, normalize
 
     return bool(enabled_exporters(normalize(config)))
 

@@ -9,9 +9,41 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from gym_artifacts.contract.exporter import Exporter
+from gym_artifacts.contract.hooks import CannotCertify, ExportPlan, PartialBatch, RunStatus, Sent
+from gym_artifacts.contract.live_exporter import LiveExporter
+from gym_artifacts.contract.run_payload import PayloadArtifact, RunPayload
+from gym_artifacts.core.atomic import (
+    atomic_write_bytes,
+    atomic_write_json,
+    atomic_writer,
+    open_regular,
+    sync_barrier,
+)
+from gym_artifacts.core.config import ExporterConfig
+from gym_artifacts.core.destination import (
+    absolute_store_uri,
+    credential_free_uri,
+    dataset_service_destination,
+    resolved_path,
+)
+from gym_artifacts.core.errors import ConfigError, GymArtifactsError
+from gym_artifacts.core.flatten import flatten
+from gym_artifacts.core.jsonio import (
+    canonical_json,
+    count_lines,
+    iter_jsonl,
+    json_safe,
+    metric_value,
+    read_json,
+)
+from gym_artifacts.core.secrets import mask_secrets, mask_values, redact_text
+from gym_artifacts.core.snapshot import snapshot_copy
+from gym_artifacts.core.watchdog import adopted, current_watch
+
 # The contract and base classes, then what a backend reads from a run, where its settings point
 # (destinations), and how it keeps secrets out of what it sends. Nothing here imports an SDK.
-from gym_artifacts.aggregate import (
+from gym_artifacts.run.aggregate import (
     LevelTable,
     aggregate_metrics,
     level_tables,
@@ -19,40 +51,24 @@ from gym_artifacts.aggregate import (
     table_jsonl,
     table_split_json,
 )
-from gym_artifacts.atomic import (
-    atomic_write_bytes,
-    atomic_write_json,
-    atomic_writer,
-    open_regular,
-    sync_barrier,
+from gym_artifacts.run.artifacts import RunArtifacts, agent_label
+from gym_artifacts.run.journal import iter_journal, journal_line, repair_partial_last_line
+from gym_artifacts.run.layout import NVML_SERIES, NVML_SUMMARY, RECORDING
+from gym_artifacts.run.names import saved_config_run_name
+from gym_artifacts.run.receipts import utc_now_iso
+from gym_artifacts.run.responses_api import last_user_message, response_text
+from gym_artifacts.run.rollout_spans import (
+    AGENT,
+    LLM,
+    TOOL,
+    RolloutTrace,
+    Span,
+    failure_trace,
+    rollout_trace,
 )
-from gym_artifacts.backend import CannotCertify, ExportPlan, RunStatus, Sent
-from gym_artifacts.config import ExporterConfig
-from gym_artifacts.destination import (
-    absolute_store_uri,
-    credential_free_uri,
-    dataset_service_destination,
-    resolved_path,
-)
-from gym_artifacts.errors import ConfigError, GymArtifactsError
-from gym_artifacts.exporter import Exporter
-from gym_artifacts.journal import iter_journal, journal_line, repair_partial_last_line
-from gym_artifacts.jsonio import canonical_json, count_lines, iter_jsonl, json_safe, metric_value, read_json
-from gym_artifacts.layout import NVML_SERIES, NVML_SUMMARY, RECORDING
-from gym_artifacts.live_exporter import LiveExporter
-from gym_artifacts.payload import flatten, masked_artifact
-from gym_artifacts.receipts import utc_now_iso
-from gym_artifacts.responses_api import last_user_message, response_text
-from gym_artifacts.rollout_spans import AGENT, LLM, TOOL, RolloutTrace, Span, failure_trace, rollout_trace
-from gym_artifacts.run import RunArtifacts, agent_label
-from gym_artifacts.run_names import saved_config_run_name
-from gym_artifacts.run_payload import PayloadArtifact, RunPayload
-from gym_artifacts.run_times import eval_times, run_times
-from gym_artifacts.secrets import mask_secrets, mask_values, redact_text
-from gym_artifacts.snapshot import snapshot_copy
-from gym_artifacts.spool import RolloutSpool
-from gym_artifacts.watchdog import adopted, current_watch
-from gym_artifacts.worker import PartialBatch
+from gym_artifacts.run.sidecars import masked_artifact
+from gym_artifacts.run.spool import RolloutSpool
+from gym_artifacts.run.times import eval_times, run_times
 
 if TYPE_CHECKING:
     from gym_artifacts.report import build_report

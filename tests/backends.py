@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-from gym_artifacts.config import ExporterConfig
-from gym_artifacts.exporter import Exporter, ExportPlan, Sent
-from gym_artifacts.run import RunArtifacts
+from gym_artifacts.contract.exporter import Exporter
+from gym_artifacts.contract.hooks import ExportPlan, Sent
+from gym_artifacts.core.config import ExporterConfig
+from gym_artifacts.run.artifacts import RunArtifacts
 
 
 class CountingExporter(Exporter):
@@ -46,7 +47,8 @@ import threading  # noqa: E402
 import time  # noqa: E402
 from typing import Any  # noqa: E402
 
-from gym_artifacts.live import LiveExporter, RunStatus  # noqa: E402
+from gym_artifacts.contract.hooks import RunStatus  # noqa: E402
+from gym_artifacts.contract.live_exporter import LiveExporter  # noqa: E402
 
 
 class RecordingLive(LiveExporter):

@@ -157,7 +157,7 @@ def _isolated(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]
                 "POLICY_API_KEY"):  # fmt: skip
         monkeypatch.delenv(var, raising=False)
     yield
-    from gym_artifacts.ranks import set_rank
+    from gym_artifacts.core.ranks import set_rank
 
     set_rank(None)
 

@@ -35,10 +35,10 @@ def no_file_locks() -> None:
     keeps exports exactly once is then the backends' own guards alone."""
     import contextlib
 
-    import gym_artifacts.export
+    import gym_artifacts.export.engine
 
     @contextlib.contextmanager
     def not_a_lock(*args: object, **kwargs: object):  # type: ignore[no-untyped-def]
         yield
 
-    gym_artifacts.export.exclusive_lock = not_a_lock  # type: ignore[assignment]
+    gym_artifacts.export.engine.exclusive_lock = not_a_lock  # type: ignore[assignment]

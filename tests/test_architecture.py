@@ -28,16 +28,16 @@ if not LINT_IMPORTS.is_file():  # pragma: no cover - the test extra installs it
 
 # One forbidden import per contract: (contract id, file, line appended to it).
 PLANTED = [
-    # A cycle: config imports jsonio; jsonio importing config closes it (one layer, so only the
+    # A cycle: config imports jsonio; jsonio importing config closes it (one package, so only the
     # acyclic contract sees it).
-    ("acyclic", "gym_artifacts/jsonio.py", "from gym_artifacts import config as _planted_cycle"),
+    ("acyclic", "gym_artifacts/core/jsonio.py", "from gym_artifacts.core import config as _planted_cycle"),
     # A lower layer importing a higher one: the run model importing the export engine.
-    ("layers", "gym_artifacts/run.py", "from gym_artifacts import export as _planted_upward"),
+    ("layers", "gym_artifacts/run/artifacts.py", "from gym_artifacts.export import engine as _planted_upward"),
     # A backend reaching past the plugin API into the core.
-    ("backends-plugin-only", "exporters/phoenix.py", "from gym_artifacts.run import RunArtifacts as _Planted"),
-    ("runtime-apart", "gym_artifacts/runtime/stats.py", "from gym_artifacts import live as _planted_live"),
-    ("report-apart", "gym_artifacts/report/charts.py", "from gym_artifacts import export as _planted_export"),
-    ("paths-apart", "gym_artifacts/live_handle.py", "from gym_artifacts import export as _planted_export"),
+    ("backends-plugin-only", "exporters/phoenix.py", "from gym_artifacts.run.artifacts import RunArtifacts as _Planted"),
+    ("runtime-apart", "gym_artifacts/runtime/stats.py", "from gym_artifacts.live import fanout as _planted_live"),
+    ("report-apart", "gym_artifacts/report/charts.py", "from gym_artifacts.export import engine as _planted_export"),
+    ("paths-apart", "gym_artifacts/live/handle.py", "from gym_artifacts.export import status as _planted_export"),
 ]
 
 
@@ -80,5 +80,21 @@ def test_every_contract_fails_on_a_planted_violation(tmp_path: Path) -> None:
     assert proc.returncode != 0, proc.stdout
     assert verdicts(proc.stdout) == {c["id"]: "BROKEN" for c in CONTRACTS}, proc.stdout
     # The copy was checked, not the installed package: the report names the planted imports.
-    assert "gym_artifacts.run -> gym_artifacts.export" in proc.stdout, proc.stdout
-    assert "exporters.phoenix -> gym_artifacts.run" in proc.stdout, proc.stdout
+    assert "gym_artifacts.run.artifacts -> gym_artifacts.export.engine" in proc.stdout, proc.stdout
+    assert "exporters.phoenix -> gym_artifacts.run.artifacts" in proc.stdout, proc.stdout
+
+
+# The only modules at the package's top: the entry points, the NeMo Gym import swap and the facade
+# a backend imports. Everything else lives in a subpackage that names its part of the architecture.
+TOP_LEVEL_MODULES = {"__init__", "__main__", "cli", "nemo_gym", "plugin"}
+
+
+def test_the_package_is_its_subpackages_and_each_has_a_layer() -> None:
+    package = REPO / "gym_artifacts"
+    modules = {p.stem for p in package.glob("*.py")}
+    assert modules == TOP_LEVEL_MODULES, f"flat modules outside a subpackage: {sorted(modules - TOP_LEVEL_MODULES)}"
+    parts = {p.name for p in package.iterdir() if (p / "__init__.py").is_file()} | modules - {"__init__"}
+    (layers,) = [c for c in CONTRACTS if c["id"] == "layers"]
+    in_layers = {name.strip() for layer in layers["layers"] for name in layer.split(":")}
+    # _builtin_exporters is the wheel's name for exporters/, checked by its own contract.
+    assert parts - {"_builtin_exporters"} == in_layers, "each subpackage and top module sits in exactly one layer"

@@ -100,7 +100,7 @@ def test_a_runs_own_saved_config_may_hold_anything(
 def test_progress_line_counts_exporters_as_exporters_and_bytes_as_bytes() -> None:
     import io
 
-    from gym_artifacts.progress import Progress
+    from gym_artifacts.core.progress import Progress
 
     stream = io.StringIO()
     progress = Progress(stream=stream, enabled=True)

@@ -12,8 +12,8 @@ import pytest
 import yaml
 
 from gym_artifacts.cli import main
-from gym_artifacts.identity import content_identities, run_identity
-from gym_artifacts.run import RunArtifacts
+from gym_artifacts.run.artifacts import RunArtifacts
+from gym_artifacts.run.identity import content_identities, run_identity
 from tests.fixture_paths import NEMO_GYM_FIXTURES
 from tests.wandb_records import offline_runs
 

@@ -8,7 +8,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from gym_artifacts._builtin_exporters.local import LocalSettings
-from gym_artifacts.config import (
+from gym_artifacts.core.config import (
     build_export_config,
     enabled_exporters,
     exporter_section,
@@ -20,7 +20,7 @@ from gym_artifacts.config import (
     resolve_upload_rollouts,
     validate_settings,
 )
-from gym_artifacts.errors import ConfigError
+from gym_artifacts.core.errors import ConfigError
 
 
 @pytest.mark.parametrize("text", ["false", "False", "0", "no", "off", " NO ", "n", False, 0])

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from gym_artifacts import registry
+from gym_artifacts.contract import registry
 from gym_artifacts.testing.contract import *  # noqa: F403  (the suite's fixtures and tests)
 from gym_artifacts.testing.contract import ContractService, contract_exporters
 

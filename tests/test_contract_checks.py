@@ -21,7 +21,8 @@ from typing import Any
 
 from pydantic import SecretStr
 
-from gym_artifacts import plugin as ga, registry
+from gym_artifacts import plugin as ga
+from gym_artifacts.contract import registry
 
 
 class Settings(ga.ExporterConfig):

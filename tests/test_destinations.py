@@ -22,9 +22,9 @@ from mlflow.tracking import MlflowClient
 from omegaconf import OmegaConf
 
 from gym_artifacts.cli import main
-from gym_artifacts.destination import credential_free_uri, destination_key
-from gym_artifacts.receipts import read_receipts
-from gym_artifacts.run import RunArtifacts
+from gym_artifacts.core.destination import credential_free_uri, destination_key
+from gym_artifacts.run.artifacts import RunArtifacts
+from gym_artifacts.run.receipts import read_receipts
 from tests.mlflow_server import MlflowServer
 
 V1_RECEIPTS = Path(__file__).resolve().parent / "fixtures" / "receipts_v1"
@@ -121,7 +121,7 @@ def test_a_deleted_backend_run_is_skipped_then_found_by_verify(
 def test_version_1_receipts_are_honoured_for_the_run_config_destination_and_upgraded(
     quickstart_run: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from gym_artifacts.identity import content_identities, run_identity
+    from gym_artifacts.run.identity import content_identities, run_identity
 
     run = RunArtifacts.from_path(quickstart_run)
     identities = content_identities(run)
@@ -164,8 +164,8 @@ def test_destinations_hold_no_credentials() -> None:
 def test_a_third_party_backend_gets_the_default_destination(quickstart_run: Path) -> None:
     from omegaconf import OmegaConf
 
-    from gym_artifacts import registry
-    from gym_artifacts.export import build_target
+    from gym_artifacts.contract import registry
+    from gym_artifacts.export.engine import build_target
     from tests.backends import CountingExporter
 
     registry.register(CountingExporter)
@@ -180,8 +180,8 @@ def test_a_third_party_backend_gets_the_default_destination(quickstart_run: Path
 def test_the_default_destination_resolves_path_settings(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A plugin's ``folder: Path`` setting: one place however it is spelled, two places for one
     relative spelling in two working folders."""
-    from gym_artifacts.config import ExporterConfig
-    from gym_artifacts.destination import default_destination
+    from gym_artifacts.core.config import ExporterConfig
+    from gym_artifacts.core.destination import default_destination
 
     class FolderSettings(ExporterConfig):
         folder: Path = Path("./ledgers")
@@ -221,7 +221,7 @@ def test_dataset_service_destination_is_url_and_names_without_credentials(
     """LangSmith and Phoenix: a key in the URL, in its query or in ``api_key``: none reaches the
     receipt's destination, while the names that select where runs go do; a timeout is not a
     destination."""
-    from gym_artifacts.registry import get_entry
+    from gym_artifacts.contract.registry import get_entry
 
     cls = get_entry(exporter).load()
     url_field = "api_url" if exporter == "langsmith" else "base_url"
@@ -247,7 +247,7 @@ def test_one_folder_reached_through_a_link_or_home_is_one_destination(
     """A folder named through a symbolic link, ``~`` or ``..`` is where the files land: one
     destination for the local root, TensorBoard's log folder and W&B's offline folder; the W&B
     server comes from ``WANDB_BASE_URL`` when the settings name none, as the SDK takes it."""
-    from gym_artifacts.registry import get_entry
+    from gym_artifacts.contract.registry import get_entry
 
     real = tmp_path / "roots" / "A"
     real.mkdir(parents=True)

@@ -212,7 +212,7 @@ def stale_names(markdown_file: Path) -> list[str]:
     """Each code span naming a repository path, a test or a Python name that does not exist.
 
     A dotted name counts as code when it is called, run with ``python -m``, imported from, or
-    has a module and an attribute (``gym_artifacts.config.build_export_config``); two-part names
+    has a module and an attribute (``gym_artifacts.core.config.build_export_config``); two-part names
     such as the MLflow tag ``gym_artifacts.partial`` are left alone.
     """
     problems = []
@@ -259,12 +259,12 @@ def test_paths_tests_and_python_names_in_the_docs_exist(markdown_file: Path) -> 
 def test_the_name_check_catches_a_moved_module_a_renamed_test_and_a_missing_file(tmp_path: Path) -> None:
     planted = tmp_path / "page.md"
     planted.write_text(
-        "`gym_artifacts.config.build_export_config` `gym_artifacts.partial` `python -m gym_artifacts.testing`\n"
-        "`gym_artifacts.config.no_such_function` `gym_artifacts.no_such_module.thing` "
+        "`gym_artifacts.core.config.build_export_config` `gym_artifacts.partial` `python -m gym_artifacts.testing`\n"
+        "`gym_artifacts.core.config.no_such_function` `gym_artifacts.no_such_module.thing` "
         "`tests/test_docs.py::no_such_test` `scripts/no_such_script.py` `gym_artifacts.export_runs(...)`\n"
     )
     assert stale_names(planted) == [
-        "gym_artifacts.config.no_such_function: no such module or attribute",
+        "gym_artifacts.core.config.no_such_function: no such module or attribute",
         "gym_artifacts.no_such_module.thing: no such module or attribute",
         "tests/test_docs.py::no_such_test: no such test",
         "scripts/no_such_script.py: no such path",

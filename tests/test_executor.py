@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from gym_artifacts.cli import main
-from gym_artifacts.executor import export_runs
+from gym_artifacts.export.executors import export_runs
 from tests.sweep import make_sweep
 
 REPO = Path(__file__).resolve().parent.parent
@@ -106,7 +106,7 @@ def test_a_flag_that_is_not_a_bool_is_refused_before_anything_is_sent(
     flag: dict[str, object], quickstart_run: Path, tmp_path: Path
 ) -> None:
     """``upload_rollouts='no'`` is truthy: taken as given it would upload; it is refused instead."""
-    from gym_artifacts.errors import ConfigError
+    from gym_artifacts.core.errors import ConfigError
 
     config = {"exporters": {"local": {"enabled": True, "root": str(tmp_path / "store")}}}
     with pytest.raises(ConfigError, match=next(iter(flag))):
@@ -130,7 +130,7 @@ WRONG_TYPES = {
 @pytest.mark.parametrize("case", list(WRONG_TYPES))
 def test_a_wrong_type_through_the_api_is_a_config_error(case: str, quickstart_run: Path) -> None:
     """The CLI's exit-2 error (ConfigError, naming what is wrong), never a raw TypeError."""
-    from gym_artifacts.errors import ConfigError
+    from gym_artifacts.core.errors import ConfigError
 
     with pytest.raises(ConfigError):
         WRONG_TYPES[case](quickstart_run)

@@ -13,13 +13,13 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
-from gym_artifacts import registry
-from gym_artifacts.atomic import atomic_writer
-from gym_artifacts.export import export_run
-from gym_artifacts.exporter import ExportStatus
-from gym_artifacts.identity import content_identities
-from gym_artifacts.receipts import read_receipt
-from gym_artifacts.run import RunArtifacts
+from gym_artifacts import export_run
+from gym_artifacts.contract import registry
+from gym_artifacts.contract.hooks import ExportStatus
+from gym_artifacts.core.atomic import atomic_writer
+from gym_artifacts.run.artifacts import RunArtifacts
+from gym_artifacts.run.identity import content_identities
+from gym_artifacts.run.receipts import read_receipt
 from tests.backends import CountingExporter, CrashingExporter, ExplodingExporter
 
 
@@ -163,9 +163,10 @@ def test_process_killed_before_receipt_leaves_no_receipt(quickstart_run: Path) -
         f"""
         import os, signal
         from omegaconf import OmegaConf
-        from gym_artifacts import registry
-        from gym_artifacts.exporter import Exporter, Sent
-        from gym_artifacts.export import export_run
+        from gym_artifacts.contract import registry
+        from gym_artifacts.contract.hooks import Sent
+        from gym_artifacts.contract.exporter import Exporter
+        from gym_artifacts import export_run
 
         class Dying(Exporter):
             name = "counting"
@@ -192,7 +193,7 @@ def test_explicit_names_select_exporters(quickstart_run: Path) -> None:
 
 
 def test_unknown_exporter_lists_known(quickstart_run: Path) -> None:
-    from gym_artifacts.errors import ConfigError
+    from gym_artifacts.core.errors import ConfigError
 
     with pytest.raises(ConfigError, match=r"unknown exporter 'nope' \(known: .*counting.*local"):
         export_run(quickstart_run, cfg(counting=True), exporters=["nope"])

@@ -14,7 +14,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from benchmarks.gc_backlog import measure
-from gym_artifacts.worker import BackgroundWorker
+from gym_artifacts.live.worker import BackgroundWorker
 
 BACKLOG = 100_000
 MAX_BATCH = BackgroundWorker.MAX_BATCH  # the one batch in flight may be tracked

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from gym_artifacts.errors import RunError
-from gym_artifacts.identity import content_identities, hash_jsonl_file, run_identity
-from gym_artifacts.run import RunArtifacts
+from gym_artifacts.core.errors import RunError
+from gym_artifacts.run.artifacts import RunArtifacts
+from gym_artifacts.run.identity import content_identities, hash_jsonl_file, run_identity
 
 
 def identities(rollouts: Path, *, use_cache: bool = False) -> dict[str, str]:
@@ -150,7 +150,7 @@ def test_symlink_leaving_the_run_is_refused(quickstart_run: Path, tmp_path: Path
 def test_unchanged_files_are_not_read_again(quickstart_run: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import os
 
-    from gym_artifacts import identity
+    from gym_artifacts.run import identity
 
     old = time.time() - 60
     for p in [quickstart_run, *quickstart_run.parent.rglob("*")]:

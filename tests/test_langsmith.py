@@ -19,11 +19,11 @@ pytest.importorskip("langsmith")
 
 from langsmith import Client
 
-from gym_artifacts.export import export_run
-from gym_artifacts.exporter import ExportStatus
-from gym_artifacts.receipts import read_receipts
-from gym_artifacts.rollout_spans import conversation_first, without_nulls
-from gym_artifacts.run import RunArtifacts
+from gym_artifacts import export_run
+from gym_artifacts.contract.hooks import ExportStatus
+from gym_artifacts.run.artifacts import RunArtifacts
+from gym_artifacts.run.receipts import read_receipts
+from gym_artifacts.run.rollout_spans import conversation_first, without_nulls
 from tests.langsmith_api import LangsmithApi
 
 # The client's older read methods (list_runs, list_feedback) warn of a migration; they still

@@ -12,11 +12,12 @@ from pathlib import Path
 
 import pytest
 
-from gym_artifacts import registry
-from gym_artifacts.live import LiveRun, NoOpLiveRun, RunStatus, live_exporters
-from gym_artifacts.receipts import read_marker
-from gym_artifacts.run import RunArtifacts
-from gym_artifacts.worker import BackgroundWorker, Call
+from gym_artifacts.contract import registry
+from gym_artifacts.contract.hooks import RunStatus
+from gym_artifacts.live.fanout import LiveRun, NoOpLiveRun, live_exporters
+from gym_artifacts.live.worker import BackgroundWorker, Call
+from gym_artifacts.run.artifacts import RunArtifacts
+from gym_artifacts.run.receipts import read_marker
 from tests.backends import HOSTILE, FailingLive, HangingTeardownLive, RecordingLive
 
 
@@ -164,7 +165,7 @@ def test_other_ranks_get_a_noop(tmp_path: Path, monkeypatch: pytest.MonkeyPatch)
 def test_rank_from_slurm_and_from_the_caller(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, env: dict[str, str], declared: int | None, rank_zero: bool
 ) -> None:
-    from gym_artifacts.ranks import set_rank
+    from gym_artifacts.core.ranks import set_rank
 
     for var, value in env.items():
         monkeypatch.setenv(var, value)
@@ -177,7 +178,7 @@ def test_rank_from_slurm_and_from_the_caller(
 
 @pytest.mark.parametrize("bad", [-1, 1.0, "0", True])
 def test_declared_rank_must_be_a_rank(bad: object) -> None:
-    from gym_artifacts.ranks import set_rank
+    from gym_artifacts.core.ranks import set_rank
 
     with pytest.raises(ValueError, match="rank must be a non-negative integer"):
         set_rank(bad)  # type: ignore[arg-type]

@@ -1,8 +1,8 @@
 """The live split: LiveRun -> LiveChannel -> backend hooks.
 
-A backend written only against the public contract (``gym_artifacts.plugin`` / ``backend.py``)
+A backend written only against the public contract (``gym_artifacts.plugin`` / ``contract/hooks.py``)
 runs live end to end; the fan-out reaches a backend only through its channel (no private
-method of the backend is touched from ``gym_artifacts.live``), hooks run only on the channel's
+method of the backend is touched from ``gym_artifacts.live.fanout``), hooks run only on the channel's
 worker thread, and a backend whose hooks hang or raise never blocks or fails the caller.
 """
 
@@ -18,15 +18,15 @@ from typing import Any, ClassVar
 
 import pytest
 
+from gym_artifacts import export_run
 from gym_artifacts import plugin as ga
-from gym_artifacts import registry
-from gym_artifacts.backend import LiveHooks, PostRunHooks
-from gym_artifacts.export import export_run
-from gym_artifacts.exporter import CERTIFIED_NOTE, ExportStatus
-from gym_artifacts.live import LiveRun, live_exporters
-from gym_artifacts.live_channel import LiveChannel
-from gym_artifacts.receipts import read_marker, write_marker
-from gym_artifacts.run import RunArtifacts
+from gym_artifacts.contract import registry
+from gym_artifacts.contract.exporter import CERTIFIED_NOTE
+from gym_artifacts.contract.hooks import ExportStatus, LiveHooks, PostRunHooks
+from gym_artifacts.live.channel import LiveChannel
+from gym_artifacts.live.fanout import LiveRun, live_exporters
+from gym_artifacts.run.artifacts import RunArtifacts
+from gym_artifacts.run.receipts import read_marker, write_marker
 from tests.conftest import QUICKSTART
 
 # Every hook name of the contract (required and optional): the only private names a channel may use.
@@ -161,7 +161,7 @@ def test_a_public_contract_backend_runs_live_end_to_end_through_its_channel(tmp_
     # every hook ran on the channel's worker, never on the eval's thread
     assert {thread for _, _, thread in ProbeLive.calls} == {"gym-artifacts-probe"}
     # the fan-out touched no private attribute of the backend; the channel only its hooks
-    by_live = [attr for module, attr in ProbeLive.touched if module == "gym_artifacts.live"]
+    by_live = [attr for module, attr in ProbeLive.touched if module == "gym_artifacts.live.fanout"]
     assert by_live == []
     not_hooks = {attr for module, attr in ProbeLive.touched if attr not in HOOKS}
     assert not_hooks == set(), not_hooks
@@ -171,6 +171,48 @@ def test_a_public_contract_backend_runs_live_end_to_end_through_its_channel(tmp_
     [result] = export_run(out, cfg)  # the post-run algorithm certifies through the backend's hook
     assert (result.status, result.backend_run_id, result.reason) == (ExportStatus.EXPORTED, "probe-1", CERTIFIED_NOTE)
     assert [h for h, _, _ in ProbeLive.calls][-1] == "certify"
+
+
+CONTEXT = ("run", "resume_run_id", "secrets", "last_step_source", "run_id", "reopened")
+
+
+class ContextProbe(ProbeLive):
+    """Records every assignment of a context attribute after construction, with its thread."""
+
+    name = "context_probe"
+    assigned: ClassVar[list[tuple[str, str]]] = []
+
+    def __init__(self, settings: Any) -> None:
+        super().__init__(settings)
+        object.__setattr__(self, "constructed", True)
+
+    def __setattr__(self, attr: str, value: Any) -> None:
+        if attr in CONTEXT and vars(self).get("constructed"):
+            ContextProbe.assigned.append((attr, threading.current_thread().name))
+        object.__setattr__(self, attr, value)
+
+
+def test_a_backends_context_is_set_once_per_setup_on_its_worker_thread(tmp_path: Path) -> None:
+    registry.register(ContextProbe)
+    ContextProbe.assigned.clear()
+    try:
+        out = tmp_path / "eval.jsonl"
+        cfg = {"exporters": {"context_probe": {"enabled": True}}}
+        with live_exporters(cfg, out, teardown_timeout=60) as live:
+            live.export_config({"api_key": "sk-secret-value-123456", "lr": 1})
+            live.export_metrics({"reward": 1.0}, step=0)
+            write_eval_output(out)
+            live.complete()
+        [report] = live.reports
+        assert report.run_id == "probe-1" and report.lost == 0
+        threads = {thread for _, thread in ContextProbe.assigned}
+        assert threads == {"gym-artifacts-context_probe"}, ContextProbe.assigned  # never the eval's thread
+        counts = {attr: [a for a, _ in ContextProbe.assigned].count(attr) for attr in CONTEXT}
+        # bound once (bind_live_context); run_id and reopened once more by the setup's outcome
+        assert counts == {"run": 1, "resume_run_id": 1, "secrets": 1, "last_step_source": 1, "run_id": 2, "reopened": 2}
+        assert ("config", ["api_key", "lr"]) in [(hook, value) for hook, value, _ in ProbeLive.calls]
+    finally:
+        registry.unregister(ContextProbe.name)
 
 
 def test_a_live_run_that_lost_calls_is_superseded_by_the_post_run_policy(tmp_path: Path) -> None:

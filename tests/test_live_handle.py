@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from gym_artifacts.live import live_exporters
-from gym_artifacts.live_handle import HandleReceiver, LiveHandle, _send_frame
+from gym_artifacts.live.handle import HandleReceiver, LiveHandle, _send_frame
 
 
 def _log_from_child(handle: LiveHandle, calls: int, queue: Any) -> None:

@@ -26,12 +26,12 @@ pytest.importorskip("wandb")
 
 from mlflow.tracking import MlflowClient
 
+from gym_artifacts import export_run
 from gym_artifacts.cli import main
-from gym_artifacts.export import export_run
-from gym_artifacts.exporter import ExportStatus
-from gym_artifacts.live import NoOpLiveRun, live_exporters
-from gym_artifacts.receipts import read_marker
-from gym_artifacts.run import RunArtifacts
+from gym_artifacts.contract.hooks import ExportStatus
+from gym_artifacts.live.fanout import NoOpLiveRun, live_exporters
+from gym_artifacts.run.artifacts import RunArtifacts
+from gym_artifacts.run.receipts import read_marker
 from tests.conftest import QUICKSTART
 from tests.wandb_records import offline_runs
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from gym_artifacts.live import NoOpLiveRun, live_exporters
+from gym_artifacts.live.fanout import NoOpLiveRun, live_exporters
 
 ADDRESS = re.compile(r" object at 0x[0-9a-f]+")
 

@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
-from gym_artifacts.export import export_run
-from gym_artifacts.exporter import ExportStatus
-from gym_artifacts.run import RunArtifacts
+from gym_artifacts import export_run
+from gym_artifacts.contract.hooks import ExportStatus
+from gym_artifacts.run.artifacts import RunArtifacts
 from tests.media import decode_frame_count
 
 

@@ -10,7 +10,7 @@ import numpy as np
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gym_artifacts.metric_records import decode_record, encode_record
+from gym_artifacts.run.metric_records import decode_record, encode_record
 
 plain_values = st.one_of(
     st.floats(allow_nan=True, allow_infinity=True),
@@ -70,7 +70,7 @@ def test_a_record_is_a_snapshot_later_changes_to_the_callers_dict_do_not_leak_in
 def test_queued_records_keep_the_workers_priorities_order_and_loss_accounting() -> None:
     import threading
 
-    from gym_artifacts.worker import BackgroundWorker, Call, RecordSink
+    from gym_artifacts.live.worker import BackgroundWorker, Call, RecordSink
 
     applied: list[Any] = []
     gate = threading.Event()

@@ -21,10 +21,10 @@ pytest.importorskip("mlflow")
 
 from mlflow.tracking import MlflowClient
 
-from gym_artifacts.export import export_run
-from gym_artifacts.exporter import ExportStatus
-from gym_artifacts.rollout_spans import conversation_first
-from gym_artifacts.run import RunArtifacts
+from gym_artifacts import export_run
+from gym_artifacts.contract.hooks import ExportStatus
+from gym_artifacts.run.artifacts import RunArtifacts
+from gym_artifacts.run.rollout_spans import conversation_first
 from tests.fixture_paths import NEMO_GYM_FIXTURES
 
 REPO = Path(__file__).resolve().parent.parent

@@ -17,8 +17,8 @@ pytest.importorskip("mlflow")
 
 from mlflow.tracking import MlflowClient
 
-from gym_artifacts.export import export_run
-from gym_artifacts.exporter import ExportStatus
+from gym_artifacts import export_run
+from gym_artifacts.contract.hooks import ExportStatus
 from tests.test_mlflow_traces import fixture_run, traces_cfg
 from tests.test_report import (
     SCREENSHOTS,

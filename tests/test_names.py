@@ -7,7 +7,7 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
-from gym_artifacts.export import export_run
+from gym_artifacts import export_run
 from tests.test_wandb import wandb_section
 from tests.wandb_records import offline_runs
 

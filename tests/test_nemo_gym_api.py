@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
-from gym_artifacts.receipts import read_marker
-from gym_artifacts.run import RunArtifacts
+from gym_artifacts.run.artifacts import RunArtifacts
+from gym_artifacts.run.receipts import read_marker
 
 # A NeMo Gym-style eval: module functions, config as a dict with NeMo Gym's own keys.
 NEMO_GYM_STYLE = """

@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 from omegaconf import OmegaConf
 
-from gym_artifacts.export import export_run
-from gym_artifacts.exporter import ExportStatus
+from gym_artifacts import export_run
+from gym_artifacts.contract.hooks import ExportStatus
 from tests.test_nemo_gym import COVERAGE, copy_fixture
 
 FIXTURES = ["clean", "with-failures"]
@@ -97,9 +97,9 @@ def test_langsmith_project_metadata_has_coverage(name: str, tmp_path: Path) -> N
 def test_phoenix_experiment_metadata_has_coverage(name: str, tmp_path: Path) -> None:
     """What the Phoenix client is asked to create: the experiment's metadata carry ``coverage/*``."""
     from gym_artifacts._builtin_exporters.phoenix import PhoenixExporter
-    from gym_artifacts.backend import ExportPlan
-    from gym_artifacts.coverage import coverage_of
-    from gym_artifacts.run import RunArtifacts
+    from gym_artifacts.contract.hooks import ExportPlan
+    from gym_artifacts.run.artifacts import RunArtifacts
+    from gym_artifacts.run.coverage import coverage_of
 
     run = RunArtifacts.from_path(copy_fixture(name, tmp_path))
     plan = ExportPlan(

@@ -26,7 +26,7 @@ from hypothesis import strategies as st
 
 from gym_artifacts import nemo_gym
 from gym_artifacts._builtin_exporters._mlflow_mapping import config_params, flatten_config, sanitize_key
-from gym_artifacts.config import enabled_exporters, normalize
+from gym_artifacts.core.config import enabled_exporters, normalize
 
 MAX_ENTITY_KEY_LENGTH = 250  # mlflow.utils.validation
 MAX_PARAM_VAL_LENGTH = 6000
@@ -465,8 +465,8 @@ def test_langsmith_opens_live_from_nemo_gyms_keys(tmp_path: Path) -> None:
     from langsmith import Client
     from omegaconf import OmegaConf
 
-    from gym_artifacts.export import export_run
-    from gym_artifacts.exporter import ExportStatus
+    from gym_artifacts import export_run
+    from gym_artifacts.contract.hooks import ExportStatus
     from tests.fixture_paths import NEMO_GYM_FIXTURES
     from tests.langsmith_api import LangsmithApi
 
@@ -588,7 +588,7 @@ def test_a_run_config_that_cannot_be_read_is_refused_up_front(
 def test_without_a_config_the_export_logs_what_the_files_tell(tmp_path: Path) -> None:
     from omegaconf import OmegaConf
 
-    from gym_artifacts.export import export_run
+    from gym_artifacts import export_run
     from tests.test_nemo_gym import copy_fixture
 
     out = copy_fixture("clean", tmp_path)
@@ -665,7 +665,7 @@ def test_a_post_run_export_has_nemo_gyms_rollout_tables(tmp_path: Path) -> None:
     ``rollouts.json``, one JSON document per line of ``rollouts.jsonl``, as NeMo Gym logs them."""
     from omegaconf import OmegaConf
 
-    from gym_artifacts.export import export_run
+    from gym_artifacts import export_run
     from tests.test_nemo_gym import copy_fixture
 
     out = copy_fixture("clean", tmp_path)

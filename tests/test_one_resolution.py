@@ -20,22 +20,22 @@ import pytest
 
 pytest.importorskip("mlflow")
 
-from gym_artifacts import config as config_module
-from gym_artifacts import registry
 from gym_artifacts.cli import main
-from gym_artifacts.receipts import read_receipts
-from gym_artifacts.run import RunArtifacts
+from gym_artifacts.contract import registry
+from gym_artifacts.core import config as config_module
+from gym_artifacts.run.artifacts import RunArtifacts
+from gym_artifacts.run.receipts import read_receipts
 
 # Every module an export goes through that could bind the counted functions under its own name.
 EXPORT_MODULES = (
     "gym_artifacts._builtin_exporters.local",
     "gym_artifacts._builtin_exporters.mlflow",
-    "gym_artifacts.executor",
-    "gym_artifacts.export",
-    "gym_artifacts.payload",
+    "gym_artifacts.export.executors",
+    "gym_artifacts.export.engine",
+    "gym_artifacts.run.run_config",
     "gym_artifacts.report.build",
-    "gym_artifacts.run_names",
-    "gym_artifacts.status",
+    "gym_artifacts.run.names",
+    "gym_artifacts.export.status",
 )
 
 
@@ -129,7 +129,7 @@ def test_the_config_an_export_read_is_shared_as_copies_and_only_for_its_run(make
     """While an export sends, a backend asking for the run's config gets a copy of what the
     export read (changing it changes nothing for the next backend); another run's config is
     still read from its own file, and after the export the file is read again."""
-    from gym_artifacts.payload import load_run_config, run_config_of_export
+    from gym_artifacts.run.run_config import load_run_config, run_config_of_export
 
     run, other = RunArtifacts.from_path(make_run()), RunArtifacts.from_path(make_run("other"))
     read = load_run_config(run)

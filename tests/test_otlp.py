@@ -17,7 +17,7 @@ pytest.importorskip("opentelemetry.proto")
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
 from gym_artifacts._builtin_exporters._otlp import export_request
-from gym_artifacts.rollout_spans import rollout_trace
+from gym_artifacts.run.rollout_spans import rollout_trace
 
 
 def decoded(pb: Any) -> Any:

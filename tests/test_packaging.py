@@ -25,7 +25,7 @@ CHECK = """
 import inspect, json, sys
 import exporters
 from gym_artifacts.cli import main
-from gym_artifacts.registry import discover
+from gym_artifacts.contract.registry import discover
 loaded = {name: inspect.getfile(discover()[name].load()) for name in ("local", "mlflow", "wandb")}
 import gym_artifacts
 code = main(sys.argv[1:])

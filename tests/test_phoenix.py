@@ -17,11 +17,11 @@ pytest.importorskip("phoenix.client")
 
 from phoenix.client import Client
 
+from gym_artifacts import export_run
 from gym_artifacts._builtin_exporters.phoenix import PhoenixExporter
-from gym_artifacts.export import export_run
-from gym_artifacts.exporter import ExportStatus
-from gym_artifacts.receipts import read_receipts
-from gym_artifacts.run import RunArtifacts
+from gym_artifacts.contract.hooks import ExportStatus
+from gym_artifacts.run.artifacts import RunArtifacts
+from gym_artifacts.run.receipts import read_receipts
 from tests.phoenix_server import PhoenixServer
 
 REPO = Path(__file__).resolve().parent.parent

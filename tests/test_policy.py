@@ -21,14 +21,13 @@ pytest.importorskip("mlflow")
 
 from mlflow.tracking import MlflowClient
 
-from gym_artifacts import export_runs
+from gym_artifacts import export_run, export_runs
 from gym_artifacts.cli import main
-from gym_artifacts.config import build_export_config
-from gym_artifacts.errors import GymArtifactsError
-from gym_artifacts.export import export_run
-from gym_artifacts.payload import load_run_config
-from gym_artifacts.receipts import read_receipts, write_marker
-from gym_artifacts.run import RunArtifacts
+from gym_artifacts.core.config import build_export_config
+from gym_artifacts.core.errors import GymArtifactsError
+from gym_artifacts.run.artifacts import RunArtifacts
+from gym_artifacts.run.receipts import read_receipts, write_marker
+from gym_artifacts.run.run_config import load_run_config
 from tests.conftest import copy_quickstart
 
 LOCAL_ONLY = ["-e", "local"]
@@ -92,8 +91,8 @@ def prepare(side: Path, spec: dict[str, Any], empty_db: Path) -> Path:
         shutil.copy(empty_db, side / name)
     run = copy_quickstart(side / "runs")
     if spec.get("live_marker"):  # a live local run that completed losslessly with these identities
-        from gym_artifacts.identity import content_identities
-        from gym_artifacts.receipts import RunIdMarker
+        from gym_artifacts.run.identity import content_identities
+        from gym_artifacts.run.receipts import RunIdMarker
 
         live = side / "gym-artifacts-runs" / "default" / "eval-live-1"
         live.mkdir(parents=True)

@@ -16,8 +16,8 @@ from typing import Any
 
 import pytest
 
-from gym_artifacts.receipts import read_receipt
-from gym_artifacts.run import RunArtifacts
+from gym_artifacts.run.artifacts import RunArtifacts
+from gym_artifacts.run.receipts import read_receipt
 from tests.mlflow_server import MlflowServer
 from tests.ray_cluster import RayCluster
 from tests.sweep import make_sweep
@@ -135,7 +135,7 @@ def assert_once_each(server: MlflowServer, experiment: str, runs: list[Path], st
     from mlflow.tracking import MlflowClient
 
     found = mlflow_runs(server, experiment)
-    identities = [r.data.tags.get("gym_artifacts.identity") for r in found]
+    identities = [r.data.tags.get("gym_artifacts.run.identity") for r in found]
     assert len(found) == len(runs) == len(set(identities)), (len(found), len(runs))
     client = MlflowClient(server.uri)
     for mlrun in found:
@@ -170,7 +170,7 @@ HOOKED_DRIVER = textwrap.dedent(
     """
     import json, sys
     import ray
-    from gym_artifacts.executor import export_runs
+    from gym_artifacts.export.executors import export_runs
     address, hook, env_vars, runs, overrides, retries = json.loads(sys.argv[1])
     ray.init(address=address, logging_level="ERROR",
              runtime_env={"worker_process_setup_hook": hook, "env_vars": env_vars})

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from gym_artifacts.cli import main
-from gym_artifacts.flags import PARTIAL_OVERRIDE_FLAG, STALE_OVERRIDE_FLAG
-from gym_artifacts.torn import partial_last_line
+from gym_artifacts.core.flags import PARTIAL_OVERRIDE_FLAG, STALE_OVERRIDE_FLAG
+from gym_artifacts.run.torn import partial_last_line
 
 TORN = b'{"task_index": 999, "agent_ref": {"name": "arithmetic_agent"}, "rew'
 
@@ -174,7 +174,7 @@ def test_reactor_folder_exports_its_derived_config_as_params(reactor_fixture, tm
     from mlflow.tracking import MlflowClient
     from omegaconf import OmegaConf
 
-    from gym_artifacts.export import export_run
+    from gym_artifacts import export_run
     from gym_artifacts.report import build_report
 
     folder = reactor_fixture(name)
@@ -199,7 +199,7 @@ def _mlflow_export(run: Path, tmp_path: Path) -> object:
     from mlflow.tracking import MlflowClient
     from omegaconf import OmegaConf
 
-    from gym_artifacts.export import export_run
+    from gym_artifacts import export_run
 
     store = f"sqlite:///{tmp_path / 'times.db'}"
     cfg = OmegaConf.create({"exporters": {"mlflow": {"enabled": True, "tracking_uri": store}}})

@@ -10,7 +10,7 @@ import pytest
 
 pytest.importorskip("av")
 
-from gym_artifacts.errors import RunError
+from gym_artifacts.core.errors import RunError
 from gym_artifacts.runtime.recording import assemble_recording
 from tests.media import decode_frame_count, write_dash_chunks
 

@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import pytest
 
-from gym_artifacts import registry
-from gym_artifacts.errors import ConfigError
-from gym_artifacts.exporter import Exporter, ExportPlan, Sent
+from gym_artifacts.contract import registry
+from gym_artifacts.contract.exporter import Exporter
+from gym_artifacts.contract.hooks import ExportPlan, Sent
+from gym_artifacts.core.errors import ConfigError
 
 
 def test_builtin_local_is_registered_by_entry_point() -> None:
@@ -37,8 +38,8 @@ def test_unknown_name_lists_known() -> None:
 
 
 # -- the backend contract, checked when a class is loaded -----------------------------------------
-from gym_artifacts.backend import CannotCertify  # noqa: E402
-from gym_artifacts.live import LiveExporter  # noqa: E402
+from gym_artifacts.contract.hooks import CannotCertify  # noqa: E402
+from gym_artifacts.contract.live_exporter import LiveExporter  # noqa: E402
 from tests.backends import RecordingLive  # noqa: E402
 
 

@@ -14,8 +14,8 @@ import pytest
 from omegaconf import OmegaConf
 
 from benchmarks.common import write_rollouts
+from gym_artifacts import export_run
 from gym_artifacts.cli import main
-from gym_artifacts.export import export_run
 from gym_artifacts.report import build_report
 from tests.fixture_paths import NEMO_GYM_FIXTURES
 
@@ -197,9 +197,9 @@ def test_large_report_becomes_interactive(
 REPORT_MEMORY = """
 import sys
 from benchmarks.common import peak_rss_mb
-from gym_artifacts.coverage import coverage_of
+from gym_artifacts.run.coverage import coverage_of
 from gym_artifacts.report import build_report
-from gym_artifacts.run import RunArtifacts
+from gym_artifacts.run.artifacts import RunArtifacts
 run = RunArtifacts.from_path(sys.argv[1])
 coverage = coverage_of(run, {})
 base = peak_rss_mb()

@@ -22,10 +22,10 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from gym_artifacts.aggregate import level_tables
 from gym_artifacts.cli import main
 from gym_artifacts.report import build_report, charts
 from gym_artifacts.report.page import rollout_data_element
+from gym_artifacts.run.aggregate import level_tables
 from tests.fixture_paths import NEMO_GYM_FIXTURES
 from tests.test_report import browser, open_report, table_cells  # noqa: F401 - the shared Chromium fixture
 

@@ -13,12 +13,12 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
-from gym_artifacts import registry
-from gym_artifacts.export import export_run
-from gym_artifacts.exporter import ExportStatus
+from gym_artifacts import export_run
+from gym_artifacts.contract import registry
+from gym_artifacts.contract.hooks import ExportStatus
 from gym_artifacts.live import live_exporters
-from gym_artifacts.receipts import RunIdMarker, read_marker, write_marker
-from gym_artifacts.run import RunArtifacts
+from gym_artifacts.run.artifacts import RunArtifacts
+from gym_artifacts.run.receipts import RunIdMarker, read_marker, write_marker
 from tests.backends import FailingLive
 
 REPO = Path(__file__).resolve().parent.parent

@@ -1,4 +1,4 @@
-"""The span model of a rollout (gym_artifacts.rollout_spans) on NeMo Gym 0.7.0's real output and on
+"""The span model of a rollout (gym_artifacts.run.rollout_spans) on NeMo Gym 0.7.0's real output and on
 any JSON a line may hold."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gym_artifacts.rollout_spans import AGENT, LLM, TOOL, failure_trace, rollout_trace, without_nulls
+from gym_artifacts.run.rollout_spans import AGENT, LLM, TOOL, failure_trace, rollout_trace, without_nulls
 from tests.fixture_paths import NEMO_GYM_FIXTURES
 
 RUN = NEMO_GYM_FIXTURES / "with-failures"

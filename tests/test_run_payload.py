@@ -16,11 +16,11 @@ from typing import Any
 import pytest
 from omegaconf import OmegaConf
 
-from gym_artifacts.backend import ExportPlan
-from gym_artifacts.export import export_run
-from gym_artifacts.exporter import Exporter
-from gym_artifacts.run import RunArtifacts
-from gym_artifacts.run_payload import RunPayload
+from gym_artifacts import export_run
+from gym_artifacts.contract.exporter import Exporter
+from gym_artifacts.contract.hooks import ExportPlan
+from gym_artifacts.contract.run_payload import RunPayload
+from gym_artifacts.run.artifacts import RunArtifacts
 
 _WATCHED: dict[str, Any] = {"path": None, "backend": None, "opens": Counter()}
 

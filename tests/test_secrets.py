@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
-from gym_artifacts.export import export_run
-from gym_artifacts.exporter import ExportStatus
-from gym_artifacts.secrets import MASK, collect_secret_values, is_secret_key, mask_secrets, redact_text
+from gym_artifacts import export_run
+from gym_artifacts.contract.hooks import ExportStatus
+from gym_artifacts.core.secrets import MASK, collect_secret_values, is_secret_key, mask_secrets, redact_text
 
 
 @pytest.mark.parametrize(
@@ -176,7 +176,7 @@ def test_ordinary_values_are_not_masked() -> None:
 
 
 def test_env_interpolation_under_ordinary_key_logged_unresolved(monkeypatch: pytest.MonkeyPatch) -> None:
-    from gym_artifacts.payload import backend_config
+    from gym_artifacts.run.run_config import backend_config
 
     monkeypatch.setenv("SOME_VAR", CANARY)
     monkeypatch.setenv("MODEL_VAR", "my-model")
@@ -193,7 +193,7 @@ def test_env_interpolation_under_ordinary_key_logged_unresolved(monkeypatch: pyt
 def test_redacting_log_records(caplog: pytest.LogCaptureFixture) -> None:
     import logging
 
-    from gym_artifacts.secrets import install_log_redaction, remember_secrets
+    from gym_artifacts.core.secrets import install_log_redaction, remember_secrets
 
     install_log_redaction()
     remember_secrets({"plainsecretvalue123"})

@@ -25,7 +25,7 @@ def _run(code: str, *args: str) -> subprocess.CompletedProcess[str]:
 def test_warnings_warn_is_redacted_printed_and_captured_by_logging() -> None:
     proc = _run(f"""
         import logging, warnings
-        from gym_artifacts.secrets import install_log_redaction, remember_secrets
+        from gym_artifacts.core.secrets import install_log_redaction, remember_secrets
         install_log_redaction()
         remember_secrets({{"{CANARY}"}})
         warnings.warn("printed: key {CANARY} for http://u:{URI_PW}@h/x")

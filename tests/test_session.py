@@ -16,8 +16,8 @@ from typing import Any
 import pytest
 from omegaconf import OmegaConf
 
-from gym_artifacts.export import export_run
-from gym_artifacts.exporter import ExportStatus
+from gym_artifacts import export_run
+from gym_artifacts.contract.hooks import ExportStatus
 from gym_artifacts.runtime.nvml import NVMLSampler
 from gym_artifacts.runtime.session import ExperimentSession, maybe_build_session
 from tests.fake_pynvml import FakeGpu, FakeNvml

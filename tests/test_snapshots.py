@@ -11,11 +11,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gym_artifacts.export import export_run
-from gym_artifacts.exporter import ExportStatus
-from gym_artifacts.identity import identity_of
-from gym_artifacts.jsonio import read_json
-from gym_artifacts.snapshot import snapshot_copy
+from gym_artifacts import export_run
+from gym_artifacts.contract.hooks import ExportStatus
+from gym_artifacts.core.jsonio import read_json
+from gym_artifacts.core.snapshot import snapshot_copy
+from gym_artifacts.run.identity import identity_of
 
 METHODS = ["reflink", "copy_file_range", "sendfile", "read", None]
 

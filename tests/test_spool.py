@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import tracemalloc
 
-from gym_artifacts.spool import RolloutSpool
+from gym_artifacts.run.spool import RolloutSpool
 
 
 def test_rollouts_round_trip_and_discard() -> None:

@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
+from gym_artifacts import export_run
 from gym_artifacts.cli import main
-from gym_artifacts.errors import MissingRunError
-from gym_artifacts.export import export_run
-from gym_artifacts.status import run_status
+from gym_artifacts.core.errors import MissingRunError
+from gym_artifacts.export.status import run_status
 
 
 def test_status_before_and_after_an_export(quickstart_run: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -14,9 +14,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from omegaconf import OmegaConf
 
-from gym_artifacts.atomic import TEMP_PREFIX, atomic_write_bytes, sync_barrier
-from gym_artifacts.export import export_run
-from gym_artifacts.exporter import ExportStatus
+from gym_artifacts import export_run
+from gym_artifacts.contract.hooks import ExportStatus
+from gym_artifacts.core.atomic import TEMP_PREFIX, atomic_write_bytes, sync_barrier
 
 
 class FsyncLog:

@@ -10,8 +10,8 @@ import threading
 import time
 from pathlib import Path
 
-from gym_artifacts.live import teardown_limits
-from gym_artifacts.worker import BackgroundWorker, Call
+from gym_artifacts.live.channel import teardown_limits
+from gym_artifacts.live.worker import BackgroundWorker, Call
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -64,7 +64,7 @@ def test_limits_come_from_arguments_then_environment(monkeypatch) -> None:  # ty
 SCRIPT = textwrap.dedent(
     """
     import json, sys, time
-    from gym_artifacts.config import load_default_config
+    from gym_artifacts.core.config import load_default_config
     from gym_artifacts.live import live_exporters
     cfg = load_default_config()
     with live_exporters(cfg, "results/eval.jsonl") as live:

@@ -24,12 +24,12 @@ from tensorboard.backend.event_processing.event_accumulator import (
     EventAccumulator,
 )
 
+from gym_artifacts import export_run
 from gym_artifacts._builtin_exporters.tensorboard import TensorboardExporter
-from gym_artifacts.export import export_run
-from gym_artifacts.exporter import ExportStatus
+from gym_artifacts.contract.hooks import ExportStatus
 from gym_artifacts.live import live_exporters
-from gym_artifacts.receipts import read_receipts
-from gym_artifacts.run import RunArtifacts
+from gym_artifacts.run.artifacts import RunArtifacts
+from gym_artifacts.run.receipts import read_receipts
 
 REPO = Path(__file__).resolve().parent.parent
 CANARY = "sk-tensorboard-canary-3f9d2e"
@@ -306,7 +306,7 @@ def test_level_table_stays_a_few_columns_whatever_the_level_holds(
     """Any column names and cells (pipes, newlines, 40 extra columns): one Markdown row per
     level row, the same number of cells in each, never more than the chosen columns."""
     from gym_artifacts._builtin_exporters.tensorboard import LEVEL_COLUMNS, level_markdown
-    from gym_artifacts.aggregate import LevelTable
+    from gym_artifacts.run.aggregate import LevelTable
 
     names = [n for n in extra if n not in ("agent", "_ng_task_index", "mean/reward")]
     columns = ["agent", "_ng_task_index", "mean/reward", *names]

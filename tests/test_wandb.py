@@ -17,10 +17,10 @@ from omegaconf import OmegaConf
 
 pytest.importorskip("wandb")
 
-from gym_artifacts.export import export_run
-from gym_artifacts.exporter import ExportStatus
+from gym_artifacts import export_run
+from gym_artifacts.contract.hooks import ExportStatus
 from gym_artifacts.live import live_exporters
-from gym_artifacts.run import RunArtifacts
+from gym_artifacts.run.artifacts import RunArtifacts
 from tests.mlflow_server import free_port
 from tests.wandb_records import offline_runs
 
@@ -336,9 +336,9 @@ def test_interpreter_exit_tears_down_before_wandb_exit_hook(tmp_path: Path) -> N
     script = textwrap.dedent(
         f"""
         from omegaconf import OmegaConf
-        from gym_artifacts.config import normalize
-        from gym_artifacts.live import LiveRun, build_live_exporters
-        from gym_artifacts.run import RunArtifacts
+        from gym_artifacts.core.config import normalize
+        from gym_artifacts.live.fanout import LiveRun, build_live_exporters
+        from gym_artifacts.run.artifacts import RunArtifacts
         cfg = normalize(OmegaConf.create({{"exporters": {{
             "wandb": {{"enabled": True, "mode": "offline", "project": "t", "dir": {str(tmp_path / "wb")!r}}},
             "local": {{"enabled": True, "root": {str(tmp_path / "local")!r}}}}}}}))

@@ -8,8 +8,8 @@ import time
 
 import pytest
 
-from gym_artifacts.metric_records import encode_record
-from gym_artifacts.worker import BackgroundWorker, RecordSink
+from gym_artifacts.live.worker import BackgroundWorker, RecordSink
+from gym_artifacts.run.metric_records import encode_record
 
 
 def accounted(worker: BackgroundWorker) -> int:
@@ -53,7 +53,7 @@ def test_a_failing_backend_in_backoff_is_accounted_exactly_once(stop_after: floa
 
 @pytest.mark.parametrize("poison", [0, 1, 4, 7])
 def test_a_batch_that_reports_partial_progress_is_never_applied_twice(poison: int) -> None:
-    from gym_artifacts.worker import PartialBatch
+    from gym_artifacts.contract.hooks import PartialBatch
 
     stored: list[int] = []
     gate = threading.Event()

@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from gym_artifacts.text_table import format_table
+from gym_artifacts.core.text_table import format_table
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 
@@ -94,7 +94,7 @@ def cmd_compare(ns: argparse.Namespace) -> int:
     """``compare_runs`` with the parsed arguments; the page written, the result printed."""
     from gym_artifacts.compare.comparison import compare_runs
     from gym_artifacts.compare.page import write_compare_page
-    from gym_artifacts.errors import GymArtifactsError, MissingRunError
+    from gym_artifacts.core.errors import GymArtifactsError, MissingRunError
 
     try:
         comparison = compare_runs(ns.base, ns.candidates, metrics=ns.metric, alpha=ns.alpha, margin=ns.margin)

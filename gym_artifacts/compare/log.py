@@ -7,7 +7,7 @@ the same experiment), holding the results and per-task tables and the page; a W&
 skipped (refused when named with ``-e``).
 
 Exactly once, like an export: the comparison's identity is a hash of the base's and every
-candidate's content identity (``identity.run_identity``) and the test's settings (metrics,
+candidate's content identity (``run.identity.run_identity``) and the test's settings (metrics,
 alpha, margin). A receipt per identity and destination is kept beside the base run
 (``STEM_compare_receipts.json``); a rerun with a receipt is SKIPPED without contacting the
 tracker. Sends of one identity to one destination are serialized by the export's identity
@@ -28,14 +28,14 @@ from typing import Any
 
 import blake3
 
-from gym_artifacts.atomic import atomic_write_json
 from gym_artifacts.compare.comparison import CompareError, Comparison
-from gym_artifacts.config import build_export_config
-from gym_artifacts.identity import content_identities, run_identity
-from gym_artifacts.jsonio import canonical_json, json_safe, read_json
-from gym_artifacts.locking import LockBusy, exclusive_lock
-from gym_artifacts.receipts import utc_now_iso
-from gym_artifacts.secrets import redact_text
+from gym_artifacts.core.atomic import atomic_write_json
+from gym_artifacts.core.config import build_export_config
+from gym_artifacts.core.jsonio import canonical_json, json_safe, read_json
+from gym_artifacts.core.locking import LockBusy, exclusive_lock
+from gym_artifacts.core.secrets import redact_text
+from gym_artifacts.run.identity import content_identities, run_identity
+from gym_artifacts.run.receipts import utc_now_iso
 
 logger = logging.getLogger(__name__)
 
@@ -99,7 +99,7 @@ def _split_json(columns: list[str], rows: list[list[Any]]) -> bytes:
 # -- MLflow --------------------------------------------------------------------------------------
 def _log_mlflow(settings: Any, comparison: Comparison, ident: dict[str, Any], page: Path) -> tuple[str, str]:
     from gym_artifacts._builtin_exporters._mlflow_client import IDENTITY_TAG, RequestLimits, ScopedMlflow
-    from gym_artifacts.destination import absolute_store_uri
+    from gym_artifacts.core.destination import absolute_store_uri
 
     s = settings
     token = s.tracking_token.get_secret_value() if s.tracking_token else None
@@ -278,8 +278,8 @@ def log_comparison(
     else the base run's saved config, else the embedded default). CompareError for a tracker
     named with ``-e`` that has no place for a comparison.
     """
-    from gym_artifacts.export import build_target, identity_lock_fpath, select_exporters
-    from gym_artifacts.payload import load_run_config
+    from gym_artifacts.export.engine import build_target, identity_lock_fpath, select_exporters
+    from gym_artifacts.run.run_config import load_run_config
 
     cfg, _ = build_export_config(config, load_run_config(comparison.base.run))
     names = select_exporters(cfg, list(exporters) or None)

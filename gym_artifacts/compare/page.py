@@ -16,9 +16,9 @@ import os
 from pathlib import Path
 from typing import Any
 
-from gym_artifacts.atomic import atomic_write_bytes
 from gym_artifacts.compare.comparison import CandidateComparison, Comparison, TaskRow
 from gym_artifacts.compare.tasks import RunTasks, TaskKey, read_samples
+from gym_artifacts.core.atomic import atomic_write_bytes
 from gym_artifacts.report import charts
 from gym_artifacts.report.page import render_page
 
@@ -338,14 +338,14 @@ def render_compare_page(comparison: Comparison) -> str:
         extra_style=EXTRA_STYLE,
     )
     # Secret values from either run's config never reach the page (it may be logged to a tracker).
-    from gym_artifacts.secrets import redact_secret_values
+    from gym_artifacts.core.secrets import redact_secret_values
 
     return redact_secret_values(page, _secrets(comparison))
 
 
 def _secrets(comparison: Comparison) -> frozenset[str]:
-    from gym_artifacts.errors import GymArtifactsError
-    from gym_artifacts.payload import backend_config, load_run_config
+    from gym_artifacts.core.errors import GymArtifactsError
+    from gym_artifacts.run.run_config import backend_config, load_run_config
 
     found: set[str] = set()
     for tasks in (comparison.base, *(c.candidate for c in comparison.candidates)):

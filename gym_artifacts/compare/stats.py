@@ -40,7 +40,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from gym_artifacts.errors import GymArtifactsError
+from gym_artifacts.core.errors import GymArtifactsError
 
 MDE_POWER = 0.8  # the power the minimum detectable effect is quoted at
 EPS = 1e-12  # differences this small are float64 rounding noise, not signal

@@ -24,12 +24,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gym_artifacts.coverage import Coverage, coverage_of
-from gym_artifacts.errors import RunError
-from gym_artifacts.jsonio import iter_jsonl
-from gym_artifacts.responses_api import last_user_message, response_text, tool_calls
-from gym_artifacts.run import RunArtifacts, agent_label
-from gym_artifacts.torn import PartialLine
+from gym_artifacts.core.errors import RunError
+from gym_artifacts.core.jsonio import iter_jsonl
+from gym_artifacts.run.artifacts import RunArtifacts, agent_label
+from gym_artifacts.run.coverage import Coverage, coverage_of
+from gym_artifacts.run.responses_api import last_user_message, response_text, tool_calls
+from gym_artifacts.run.torn import PartialLine
 
 TASK_KEYS = ("_ng_task_index", "task_index", "task_id")
 USAGE_METRICS = ("input_tokens", "output_tokens", "total_tokens")

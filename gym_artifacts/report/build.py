@@ -11,26 +11,22 @@ import os
 from pathlib import Path
 from typing import Any
 
-from gym_artifacts.aggregate import agent_labels, level_tables, tracker_values
-from gym_artifacts.atomic import atomic_write_bytes
-from gym_artifacts.coverage import Coverage, coverage_of
-from gym_artifacts.identity import content_identities
-from gym_artifacts.journal import iter_journal
-from gym_artifacts.jsonio import json_safe, metric_value, read_json
-from gym_artifacts.layout import RECORDING, SESSION_TIMES
-from gym_artifacts.payload import (
-    backend_config,
-    iter_nvml_series,
-    load_run_config,
-    nvml_summary,
-)
+from gym_artifacts.core.atomic import atomic_write_bytes
+from gym_artifacts.core.jsonio import json_safe, metric_value, read_json
+from gym_artifacts.export.status import exporter_states, exports_table
 from gym_artifacts.report import charts
 from gym_artifacts.report.levels import cell_text, level_table_html
 from gym_artifacts.report.page import render_page, rollout_data_element
 from gym_artifacts.report.rollouts import RolloutTable, rollout_lines
-from gym_artifacts.run import RunArtifacts, agent_label
-from gym_artifacts.run_names import NO_CONFIG
-from gym_artifacts.status import exporter_states, exports_table
+from gym_artifacts.run.aggregate import agent_labels, level_tables, tracker_values
+from gym_artifacts.run.artifacts import RunArtifacts, agent_label
+from gym_artifacts.run.coverage import Coverage, coverage_of
+from gym_artifacts.run.identity import content_identities
+from gym_artifacts.run.journal import iter_journal
+from gym_artifacts.run.layout import RECORDING, SESSION_TIMES
+from gym_artifacts.run.names import NO_CONFIG
+from gym_artifacts.run.run_config import backend_config, load_run_config
+from gym_artifacts.run.sidecars import iter_nvml_series, nvml_summary
 
 logger = logging.getLogger(__name__)
 EMBED_VIDEO_MAX = 5 << 20
@@ -114,7 +110,7 @@ def _aggregate(run: RunArtifacts) -> str:
 
 
 def _level_of(tracker_name: str, agent: str) -> tuple[str, str]:
-    """``(level, metric)`` of one agent's tracker name (see ``gym_artifacts.aggregate``)."""
+    """``(level, metric)`` of one agent's tracker name (see ``gym_artifacts.run.aggregate``)."""
     for level in ("key_metrics", "perf_summary"):
         if tracker_name.startswith(f"{level}/{agent}/"):
             return level, tracker_name[len(level) + len(agent) + 2 :]
@@ -308,8 +304,8 @@ def _trace_table(trace: Path) -> str:
 
 def _run_config_secrets(run: RunArtifacts) -> frozenset[str]:
     """The secrets the run's saved config holds (none when it has no readable config)."""
-    from gym_artifacts.errors import GymArtifactsError
-    from gym_artifacts.payload import backend_config, load_run_config
+    from gym_artifacts.core.errors import GymArtifactsError
+    from gym_artifacts.run.run_config import backend_config, load_run_config
 
     try:
         return backend_config(load_run_config(run))[1]
@@ -358,7 +354,7 @@ def build_report(
         title=f"gym-artifacts report: {run.name}", sections=sections, rollout_data=rollout_data
     )
     if secrets:  # by value: one scan in C, however many rollouts the page shows
-        from gym_artifacts.secrets import redact_secret_values
+        from gym_artifacts.core.secrets import redact_secret_values
 
         page = redact_secret_values(page, secrets)
     logger.info("writing %s", dest)

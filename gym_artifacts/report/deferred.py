@@ -22,9 +22,9 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from gym_artifacts.atomic import atomic_writer
-from gym_artifacts.coverage import Coverage
-from gym_artifacts.run import RunArtifacts
+from gym_artifacts.core.atomic import atomic_writer
+from gym_artifacts.run.artifacts import RunArtifacts
+from gym_artifacts.run.coverage import Coverage
 
 logger = logging.getLogger(__name__)
 MODULE = "gym_artifacts.report.deferred"

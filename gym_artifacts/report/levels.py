@@ -13,7 +13,7 @@ from __future__ import annotations
 import html
 from typing import Any
 
-from gym_artifacts.aggregate import LevelTable
+from gym_artifacts.run.aggregate import LevelTable
 
 SHOWN_COLUMNS = 10
 MAX_ROWS = 200

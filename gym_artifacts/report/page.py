@@ -156,7 +156,7 @@ def rollout_data_element(columns: list[str], rows: Iterable[list[Any]], secrets:
     the rows are never held whole. Each chunk has the known secret values redacted before it is
     compressed (the page-wide redaction cannot see inside the packed rows).
     """
-    from gym_artifacts.secrets import redact_secret_values
+    from gym_artifacts.core.secrets import redact_secret_values
 
     plain: list[str] = []
     size = 0

@@ -18,9 +18,9 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from gym_artifacts.jsonio import parse_jsonl_line, read_line
-from gym_artifacts.responses_api import last_user_message, response_text, tool_calls
-from gym_artifacts.run import agent_label
+from gym_artifacts.core.jsonio import parse_jsonl_line, read_line
+from gym_artifacts.run.artifacts import agent_label
+from gym_artifacts.run.responses_api import last_user_message, response_text, tool_calls
 
 TEXT_CHARS = 400
 PREVIEW_CHARS = 160

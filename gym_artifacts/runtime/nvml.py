@@ -22,8 +22,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
-from gym_artifacts.atomic import open_regular
-from gym_artifacts.jsonio import canonical_json
+from gym_artifacts.core.atomic import open_regular
+from gym_artifacts.core.jsonio import canonical_json
 from gym_artifacts.runtime.stats import SeriesStats
 
 logger = logging.getLogger(__name__)

@@ -19,9 +19,9 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from gym_artifacts.atomic import atomic_write_bytes, atomic_writer
-from gym_artifacts.layout import PROFILER_TRACE
-from gym_artifacts.ranks import is_rank_zero
+from gym_artifacts.core.atomic import atomic_write_bytes, atomic_writer
+from gym_artifacts.core.ranks import is_rank_zero
+from gym_artifacts.run.layout import PROFILER_TRACE
 
 logger = logging.getLogger(__name__)
 

@@ -14,9 +14,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from gym_artifacts.atomic import atomic_writer
-from gym_artifacts.errors import RunError
-from gym_artifacts.snapshot import kernel_copy_loop
+from gym_artifacts.core.atomic import atomic_writer
+from gym_artifacts.core.errors import RunError
+from gym_artifacts.core.snapshot import kernel_copy_loop
 
 CHUNK_RE = re.compile(r"^chunk[_-](\d+)\.m4s$")
 
@@ -47,7 +47,7 @@ def _copy_fd(src_fd: int, dst_fd: int, size: int, method: list[str]) -> int:
     """Copy ``size`` bytes at the current offsets, in the kernel when the system allows.
 
     ``method`` holds the way that works here; it falls back (and remembers) when the kernel or
-    the filesystem refuses one (``snapshot.kernel_copy_loop`` decides what counts as refused).
+    the filesystem refuses one (``core.snapshot.kernel_copy_loop`` decides what counts as refused).
     """
     start = os.lseek(src_fd, 0, os.SEEK_CUR)
     kernel_steps: dict[str, Callable[[int, int], int]] = {

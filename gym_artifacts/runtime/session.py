@@ -20,9 +20,10 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from gym_artifacts.atomic import TEMP_PREFIX, atomic_write_bytes, atomic_write_json
-from gym_artifacts.identity import identity_of
-from gym_artifacts.layout import (
+from gym_artifacts.core.atomic import TEMP_PREFIX, atomic_write_bytes, atomic_write_json
+from gym_artifacts.core.ranks import is_rank_zero
+from gym_artifacts.run.identity import identity_of
+from gym_artifacts.run.layout import (
     ARTIFACTS_SUFFIX,
     DERIVED_CONFIG,
     MANIFEST,
@@ -32,7 +33,6 @@ from gym_artifacts.layout import (
     SESSION_START,
     SESSION_TIMES,
 )
-from gym_artifacts.ranks import is_rank_zero
 from gym_artifacts.runtime.nvml import NVMLSampler
 from gym_artifacts.runtime.recording import assemble_recording
 

@@ -31,8 +31,8 @@ class _NameCheck:
     def pytest_configure(self, config: object) -> None:
         import pytest
 
-        from gym_artifacts import registry
-        from gym_artifacts.errors import GymArtifactsError
+        from gym_artifacts.contract import registry
+        from gym_artifacts.core.errors import GymArtifactsError
 
         try:
             registered = registry.discover()

@@ -23,15 +23,16 @@ from urllib.parse import urlsplit, urlunsplit
 
 import pytest
 
-from gym_artifacts import registry
-from gym_artifacts.backend import ExportStatus, missing_hooks
-from gym_artifacts.destination import destination_key
-from gym_artifacts.export import export_run
-from gym_artifacts.jsonio import canonical_json
-from gym_artifacts.live import LiveExporter, LiveRun, live_exporters
-from gym_artifacts.receipts import read_marker, read_receipts
-from gym_artifacts.run import RunArtifacts
-from gym_artifacts.secrets import is_secret_key
+from gym_artifacts import export_run
+from gym_artifacts.contract import registry
+from gym_artifacts.contract.hooks import ExportStatus, missing_hooks
+from gym_artifacts.contract.live_exporter import LiveExporter
+from gym_artifacts.core.destination import destination_key
+from gym_artifacts.core.jsonio import canonical_json
+from gym_artifacts.core.secrets import is_secret_key
+from gym_artifacts.live.fanout import LiveRun, live_exporters
+from gym_artifacts.run.artifacts import RunArtifacts
+from gym_artifacts.run.receipts import read_marker, read_receipts
 from gym_artifacts.testing.sample_run import (
     ROLLOUTS,
     SECRET_CANARY,
@@ -357,7 +358,7 @@ def test_listing_imports_no_sdk(backend: Backend) -> None:
     sdk = backend.cls.sdk_module or "gym_artifacts_no_sdk"
     code = (
         "import sys; from gym_artifacts.cli import main; main(['exporters']); "
-        f"from gym_artifacts.registry import get_entry; get_entry({backend.name!r}).load(); "
+        f"from gym_artifacts.contract.registry import get_entry; get_entry({backend.name!r}).load(); "
         f"sys.exit(3 if {sdk!r} in sys.modules else 0)"
     )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)

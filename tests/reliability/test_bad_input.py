@@ -15,10 +15,10 @@ import pytest
 from hypothesis import HealthCheck, assume, example, given, settings
 from hypothesis import strategies as st
 
-from gym_artifacts import registry
 from gym_artifacts.cli import main
+from gym_artifacts.contract import registry
 from gym_artifacts.live import live_exporters
-from gym_artifacts.run import RunArtifacts
+from gym_artifacts.run.artifacts import RunArtifacts
 from tests.backends import CountingExporter
 from tests.conftest import copy_quickstart
 

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from gym_artifacts.receipts import read_receipt
-from gym_artifacts.run import RunArtifacts
+from gym_artifacts.run.artifacts import RunArtifacts
+from gym_artifacts.run.receipts import read_receipt
 from tests.mlflow_server import MlflowServer
 
 REPO = Path(__file__).resolve().parents[2]
@@ -59,7 +59,7 @@ def test_a_killed_lock_holder_does_not_block_the_next_export(quickstart_run: Pat
         [sys.executable, "-c", textwrap.dedent(f"""
             import time
             from pathlib import Path
-            from gym_artifacts.locking import exclusive_lock
+            from gym_artifacts.core.locking import exclusive_lock
             with exclusive_lock(Path({str(run.export_lock_fpath("local"))!r})):
                 print("locked", flush=True)
                 time.sleep(120)
@@ -79,9 +79,9 @@ def test_a_killed_lock_holder_does_not_block_the_next_export(quickstart_run: Pat
 def test_a_live_holder_makes_others_wait_or_report(quickstart_run: Path, tmp_path: Path) -> None:
     from omegaconf import OmegaConf
 
-    import gym_artifacts.export as export_module
-    from gym_artifacts.export import export_run
-    from gym_artifacts.locking import exclusive_lock
+    import gym_artifacts.export.engine as export_module
+    from gym_artifacts import export_run
+    from gym_artifacts.core.locking import exclusive_lock
 
     run = RunArtifacts.from_path(quickstart_run)
     cfg = OmegaConf.create({"exporters": {"local": {"enabled": True, "root": str(tmp_path / "store")}}})

@@ -15,11 +15,11 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
-from gym_artifacts.export import export_run
-from gym_artifacts.exporter import ExportStatus
-from gym_artifacts.identity import content_identities
-from gym_artifacts.receipts import read_receipt
-from gym_artifacts.run import RunArtifacts
+from gym_artifacts import export_run
+from gym_artifacts.contract.hooks import ExportStatus
+from gym_artifacts.run.artifacts import RunArtifacts
+from gym_artifacts.run.identity import content_identities
+from gym_artifacts.run.receipts import read_receipt
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -50,7 +50,7 @@ KILLER = textwrap.dedent(
             dst.write(data[: len(data) // 2]); dst.flush()
             die()
         if when == "during-json":          # atomic_write_json(path, obj): half a temp file, then die
-            from gym_artifacts.atomic import atomic_writer, dumps_pretty
+            from gym_artifacts.core.atomic import atomic_writer, dumps_pretty
             data = dumps_pretty(args[1])
             with atomic_writer(args[0]) as fh:
                 fh.write(data[: len(data) // 2]); fh.flush()
@@ -87,11 +87,11 @@ def killed(target: str, nth: int, when: str, argv: list[str], env: dict[str, str
 
 LOCAL_POINTS = [
     ("gym_artifacts._builtin_exporters.local:atomic_write_json", 1, "after"),  # the run folder exists, nothing in it
-    ("gym_artifacts.snapshot:copy_into", 2, "during-copy"),  # mid-rollouts
-    ("gym_artifacts.snapshot:copy_into", 5, "during-copy"),  # mid-artifact (the recording)
+    ("gym_artifacts.core.snapshot:copy_into", 2, "during-copy"),  # mid-rollouts
+    ("gym_artifacts.core.snapshot:copy_into", 5, "during-copy"),  # mid-artifact (the recording)
     ("gym_artifacts._builtin_exporters.local:snapshot_copy", 1, "before"),  # config, metrics, aggregate sent; rollouts not
-    ("gym_artifacts.export:publish_receipt", 1, "before"),
-    ("gym_artifacts.export:publish_receipt", 1, "after"),
+    ("gym_artifacts.export.engine:publish_receipt", 1, "before"),
+    ("gym_artifacts.export.engine:publish_receipt", 1, "after"),
 ]
 MLFLOW_POINTS = [
     ("gym_artifacts._builtin_exporters._mlflow_client:ScopedMlflow.create_run", 1, "after"),
@@ -99,8 +99,8 @@ MLFLOW_POINTS = [
     ("gym_artifacts._builtin_exporters._mlflow_client:ScopedMlflow.log_artifact", 3, "during-artifact"),  # mid-rollouts
     ("gym_artifacts._builtin_exporters._mlflow_client:ScopedMlflow.log_artifact", 6, "during-artifact"),  # mid-artifact
     ("gym_artifacts._builtin_exporters._mlflow_client:ScopedMlflow.terminate", 1, "before"),
-    ("gym_artifacts.export:publish_receipt", 1, "before"),
-    ("gym_artifacts.export:publish_receipt", 1, "after"),
+    ("gym_artifacts.export.engine:publish_receipt", 1, "before"),
+    ("gym_artifacts.export.engine:publish_receipt", 1, "after"),
 ]
 
 
@@ -176,8 +176,8 @@ def test_mlflow_export_killed_then_rerun(
     client = MlflowClient(uri)
     experiment = client.get_experiment_by_name("crash")
     runs = client.search_runs([experiment.experiment_id])
-    identity = client.get_run(backend_run).data.tags["gym_artifacts.identity"]
-    assert [r.info.run_id for r in runs if r.data.tags.get("gym_artifacts.identity") == identity] == [
+    identity = client.get_run(backend_run).data.tags["gym_artifacts.run.identity"]
+    assert [r.info.run_id for r in runs if r.data.tags.get("gym_artifacts.run.identity") == identity] == [
         backend_run
     ]
     assert len(runs) == 1

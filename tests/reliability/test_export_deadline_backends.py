@@ -152,7 +152,7 @@ def test_the_abandoned_request_is_cut_off_by_the_export_itself(backend: str, qui
     pytest.importorskip(BACKENDS[backend])
     from omegaconf import OmegaConf
 
-    from gym_artifacts.export import export_run
+    from gym_artifacts import export_run
 
     deadline = 3.0
     with held_open() as server:

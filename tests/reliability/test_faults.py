@@ -20,8 +20,8 @@ from typing import Any
 import pytest
 from omegaconf import OmegaConf
 
-from gym_artifacts.export import export_run
-from gym_artifacts.exporter import ExportStatus
+from gym_artifacts import export_run
+from gym_artifacts.contract.hooks import ExportStatus
 from gym_artifacts.live import live_exporters
 from tests.mlflow_server import MlflowServer
 from tests.reliability.faulty_servers import HttpFault, black_hole, http_fault

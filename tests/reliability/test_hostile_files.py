@@ -199,7 +199,7 @@ def test_artifacts_folder_itself_a_symlink_leaving_the_run(tmp_path: Path) -> No
 
 @pytest.mark.parametrize("which", ["receipt", "identity cache", "aggregate"])
 def test_fifo_named_like_a_run_file_never_blocks(tmp_path: Path, which: str) -> None:
-    from gym_artifacts.run import RunArtifacts
+    from gym_artifacts.run.artifacts import RunArtifacts
 
     run = copy_quickstart(tmp_path / "r")
     layout = RunArtifacts.from_path(run)

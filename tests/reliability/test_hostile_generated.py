@@ -18,7 +18,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from gym_artifacts.cli import main
-from gym_artifacts.jsonio import MAX_YAML_VALUES, YamlTooLarge, load_yaml_text
+from gym_artifacts.core.jsonio import MAX_YAML_VALUES, YamlTooLarge, load_yaml_text
 from tests.reliability.test_bad_input import Sandbox, _counting, fingerprint  # noqa: F401 - fixture
 
 SETTINGS = settings(max_examples=12, deadline=None, suppress_health_check=list(HealthCheck))
@@ -168,7 +168,7 @@ ODD_KINDS = ["fifo", "socket", "dir-as-file", "dangling-link", "link-out"]
 def test_generated_odd_file_types(
     tmp_path_factory: pytest.TempPathFactory, capsys: pytest.CaptureFixture[str], kind: str, which: str
 ) -> None:
-    from gym_artifacts.run import RunArtifacts
+    from gym_artifacts.run.artifacts import RunArtifacts
     from tests.backends import CountingExporter
 
     CountingExporter.sends.clear()

@@ -18,8 +18,8 @@ pytest.importorskip("mlflow")
 from mlflow.entities import ViewType
 from mlflow.tracking import MlflowClient
 
-from gym_artifacts.export import export_run
-from gym_artifacts.exporter import ExportStatus
+from gym_artifacts import export_run
+from gym_artifacts.contract.hooks import ExportStatus
 from tests.mlflow_server import MlflowServer
 from tests.reliability.faulty_servers import DelayingProxy, delaying_proxy
 

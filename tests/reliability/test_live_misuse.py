@@ -14,11 +14,11 @@ from typing import Any
 import pytest
 from omegaconf import OmegaConf
 
-from gym_artifacts.export import export_run
-from gym_artifacts.exporter import ExportStatus
-from gym_artifacts.live import LiveRun, live_exporters
-from gym_artifacts.receipts import read_marker
-from gym_artifacts.run import RunArtifacts
+from gym_artifacts import export_run
+from gym_artifacts.contract.hooks import ExportStatus
+from gym_artifacts.live.fanout import LiveRun, live_exporters
+from gym_artifacts.run.artifacts import RunArtifacts
+from gym_artifacts.run.receipts import read_marker
 
 MISUSE: list[tuple[str, tuple[Any, ...], dict[str, Any]]] = [
     ("export_metrics", (None,), {}),

@@ -57,7 +57,7 @@ def test_an_interpolation_chain_resolves_in_linear_time(root: str) -> None:
     from omegaconf import OmegaConf
     from omegaconf.basecontainer import BaseContainer
 
-    from gym_artifacts.config import resolve_tolerant
+    from gym_artifacts.core.config import resolve_tolerant
 
     cfg = OmegaConf.create(chain(2000, root))
     calls = 0
@@ -180,7 +180,7 @@ def test_lone_surrogates_never_crash_a_reader_or_a_backend(quickstart_run: Path,
 
 
 def test_a_lone_surrogate_escape_reads_as_its_escape() -> None:
-    from gym_artifacts.jsonio import canonical_json, loads_lenient
+    from gym_artifacts.core.jsonio import canonical_json, loads_lenient
 
     value = loads_lenient(b'{"a\\ud800": ["x\\udfff", "\\ud83d\\ude00"]}')
     assert value == {"a\\ud800": ["x\\udfff", "\U0001f600"]}

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from gym_artifacts.run import RunArtifacts
+from gym_artifacts.run.artifacts import RunArtifacts
 from tests.reliability.faulty_servers import black_hole
 
 REPO = Path(__file__).resolve().parents[2]

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from gym_artifacts.locking import exclusive_lock, try_lock
-from gym_artifacts.run import RunArtifacts
+from gym_artifacts.core.locking import exclusive_lock, try_lock
+from gym_artifacts.run.artifacts import RunArtifacts
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -81,7 +81,7 @@ def test_no_lock_file_remains_after_an_export_or_a_live_run(quickstart_run: Path
 HOLDER = """
 import sys, time
 from pathlib import Path
-from gym_artifacts.locking import exclusive_lock
+from gym_artifacts.core.locking import exclusive_lock
 lock, log, n = Path(sys.argv[1]), Path(sys.argv[2]), int(sys.argv[3])
 for i in range(n):
     with exclusive_lock(lock, wait_seconds=60, poll=0.001):
@@ -120,7 +120,7 @@ def test_exclusive_lock_in_process_is_released_and_removed(tmp_path: Path) -> No
 
 @pytest.mark.parametrize("mode", ["ab", "wb", "rb+"])
 def test_open_regular_refuses_links_fifos_and_folders(tmp_path: Path, mode: str) -> None:
-    from gym_artifacts.atomic import open_regular
+    from gym_artifacts.core.atomic import open_regular
 
     victim = tmp_path / "victim"
     victim.write_bytes(b"keep")

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from gym_artifacts.secrets import mask_uri_credentials
+from gym_artifacts.core.secrets import mask_uri_credentials
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
+from gym_artifacts import export_run
 from gym_artifacts._builtin_exporters.wandb import offline_folders
-from gym_artifacts.export import export_run
-from gym_artifacts.run import RunArtifacts
+from gym_artifacts.run.artifacts import RunArtifacts
 from tests.wandb_records import offline_runs
 
 

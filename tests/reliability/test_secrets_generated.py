@@ -19,7 +19,7 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from omegaconf import OmegaConf
 
-from gym_artifacts.export import export_run
+from gym_artifacts import export_run
 from gym_artifacts.report import build_report
 from tests.conftest import copy_quickstart
 from tests.langsmith_api import LangsmithApi

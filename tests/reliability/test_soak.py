@@ -19,7 +19,7 @@ SOAK = textwrap.dedent(
     """
     import json, sys, time
     from benchmarks.common import peak_rss_mb
-    from gym_artifacts import registry
+    from gym_artifacts.contract import registry
     from gym_artifacts.live import live_exporters
     from tests.backends import FailingLive
     registry.register(FailingLive)

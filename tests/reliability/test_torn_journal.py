@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
-from gym_artifacts.export import export_run
-from gym_artifacts.exporter import ExportStatus
+from gym_artifacts import export_run
+from gym_artifacts.contract.hooks import ExportStatus
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -90,8 +90,8 @@ def test_a_journal_that_cannot_keep_up_counts_exactly_the_calls_it_lost(
     import threading
     import time
 
-    from gym_artifacts.journal import MetricsJournal
-    from gym_artifacts.metric_records import encode_record
+    from gym_artifacts.live.journal_writer import MetricsJournal
+    from gym_artifacts.run.metric_records import encode_record
 
     release = threading.Event()
     if stuck == "writes":

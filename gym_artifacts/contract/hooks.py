@@ -1,0 +1,212 @@
+"""The backend contract: every hook a backend implements, what it receives and what it returns.
+
+A *post-run* backend subclasses ``gym_artifacts.contract.exporter.Exporter`` and implements ``_export``.
+A *live* backend subclasses ``gym_artifacts.contract.live_exporter.LiveExporter`` (also importable from
+``gym_artifacts.live.fanout`` and ``gym_artifacts.plugin``) and implements the six ``LiveHooks`` below;
+the core's ``LiveChannel`` calls them, and the post-run export decides certify or supersede. Both set
+the class attributes ``name`` (lower-case letters, digits, ``_``, ``-``; the entry-point name),
+``config_model`` (an ``ExporterConfig`` subclass: the settings under ``exporters.<name>``, extra
+keys refused) and ``sdk_module`` (the SDK's top-level module, checked without importing it).
+
+Hooks run on one thread per backend (the worker for live hooks), may block and may raise: an
+exception listed in ``expected_errors()`` becomes a FAILED result or a counted live failure;
+anything else is a bug and propagates. A class that leaves a required hook out is refused when
+the registry loads it, naming the hook. ``docs/plugins.md`` walks through a whole backend.
+"""
+
+from __future__ import annotations
+
+import enum
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from pathlib import Path
+
+    from gym_artifacts.run.artifacts import RunArtifacts
+    from gym_artifacts.run.coverage import Coverage
+    from gym_artifacts.run.torn import PartialLine
+
+
+class RunStatus(str, enum.Enum):
+    """How the eval ended, as backends record it."""
+
+    FINISHED = "FINISHED"
+    FAILED = "FAILED"
+    KILLED = "KILLED"
+
+
+class ExportStatus(str, enum.Enum):
+    """How an export of one run to one backend ended."""
+
+    EXPORTED = "EXPORTED"
+    SKIPPED = "SKIPPED"
+    FAILED = "FAILED"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+@dataclass(frozen=True)
+class ExportResult:
+    """One run's export to one backend: what happened, where it went, how much was sent."""
+
+    exporter: str
+    status: ExportStatus
+    backend_run_id: str | None = None
+    reason: str | None = None
+    rows: int = 0
+    bytes: int = 0
+    seconds: float = 0.0
+
+    def to_json(self, run: str) -> dict[str, Any]:
+        """The CLI's ``--json`` object for this result."""
+        return {
+            "run": run,
+            "exporter": self.exporter,
+            "status": self.status.value,
+            "backend_run_id": self.backend_run_id,
+            "reason": self.reason,
+            "rows": self.rows,
+            "bytes": self.bytes,
+            "seconds": round(self.seconds, 6),
+        }
+
+
+@dataclass(frozen=True)
+class ExportPlan:
+    """What a send needs beyond the run's paths, computed once for every backend."""
+
+    identities: dict[str, str]
+    run_identity: str
+    upload_rollouts: bool
+    # None: certify a live run that may be (completed, lossless, unchanged); True: also one
+    # whose marker predates the loss record; False: never.
+    certify: bool | None = None
+    config: dict[str, Any] | None = None
+    secrets: frozenset[str] = field(default_factory=frozenset)
+    # Records in the rollouts file, when hashing counted them (saves a second read).
+    rollout_rows: int | None = None
+    # A torn last rollouts line the user chose to leave out (--accept-partial-line).
+    partial_line: PartialLine | None = None
+    # Planned, scored and failed rollouts (``coverage/*`` in every backend).
+    coverage: Coverage | None = None
+    # The export's ``RunPayload`` per run, made on first use (``RunPayload.of``): what every
+    # backend sends, read and masked once for all of them.
+    payloads: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
+
+
+@dataclass(frozen=True)
+class Sent:
+    """What a backend's send reports back: the backend run and the amount sent."""
+
+    backend_run_id: str | None
+    rows: int = 0
+    bytes: int = 0
+    note: str | None = None
+
+
+class CannotCertify(Exception):
+    """Raised by ``_certify``: this live run cannot be completed now (gone, deleted, unsupported).
+
+    Not an error: the export then sends the run into a new backend run, as without a live run.
+    (``NotImplementedError`` stays what it means in Python: a bug, a hook left out.)
+    """
+
+
+class PostRunHooks(ABC):
+    """The one hook every backend implements, and the settings its contract suite runs with."""
+
+    @abstractmethod
+    def _export(self, run: RunArtifacts, plan: ExportPlan) -> Sent:
+        """Send everything the run has into one backend run; idempotent for ``plan.run_identity``."""
+
+    @classmethod
+    def contract_settings(cls, folder: Path) -> dict[str, Any]:
+        """Settings under which everything this backend stores lands inside ``folder`` (the suite's)."""
+        return {}
+
+    def _after_receipt(self, run: RunArtifacts, plan: ExportPlan, backend_run_id: str | None) -> None:
+        """Optional work once the export's receipt is published (the local backend's report):
+        off the export's critical path. It may raise or be killed: the export stays EXPORTED."""
+        return None
+
+
+class LiveHooks(ABC):
+    """What a live backend implements; all run on its worker thread and may raise.
+
+    Called only by the backend's ``LiveChannel``, which sets what they read: ``self.run`` (the
+    eval's ``RunArtifacts``), ``self.resume_run_id`` (the earlier process's backend run when
+    resuming, else None), ``self.run_id`` (the open run, set from ``_setup``'s return),
+    ``self.reopened``, ``self.secrets`` and ``self.previous_last_step()``.
+    """
+
+    @abstractmethod
+    def _setup(self) -> str:
+        """Open a backend run (reopen ``self.resume_run_id`` when set and possible); return its id."""
+
+    @abstractmethod
+    def _log_config(self, config: dict[str, Any]) -> None:
+        """Record the eval's config (already masked: secrets replaced)."""
+
+    @abstractmethod
+    def _log_metrics(self, metrics: dict[str, Any], step: int, timestamp: float) -> None:
+        """Record one step's metrics at ``step`` and wall-clock ``timestamp`` (seconds since the epoch)."""
+
+    @abstractmethod
+    def _log_rollouts(self, rollouts: list[Any]) -> None:
+        """Append finished rollouts (JSON-like records, in the eval's order) to the run."""
+
+    @abstractmethod
+    def _teardown(self, status: RunStatus) -> None:
+        """End the open run with ``status``; called once, within the eval's teardown deadline."""
+
+    @abstractmethod
+    def _export_post_run(self, run: RunArtifacts, plan: ExportPlan) -> Sent:
+        """Send a finished run into a new backend run (the post-run export without a live run)."""
+
+    # -- optional hooks: the defaults are correct, a backend overrides them to do better ------------
+    def _log_metrics_batch(self, entries: list[tuple[dict[str, Any], int, float]]) -> None:
+        """Several queued ``(metrics, step, timestamp)`` at once; override when the SDK has a batch call.
+
+        The default applies them one by one and, when one raises, says how far it got
+        (``PartialBatch``), so the calls already applied are never sent again. An override that
+        raises anything else is taken as atomic: all its calls are then tried again alone.
+        """
+        for applied, (metrics, step, timestamp) in enumerate(entries):
+            try:
+                self._log_metrics(metrics, step, timestamp)
+            except Exception as exc:
+                raise PartialBatch(applied, exc) from exc
+
+    def _release_reopened(self) -> None:
+        """Let go of a reopened run without marking it ended (by default: end it KILLED)."""
+        self._teardown(RunStatus.KILLED)
+
+    def _certify(self, run: RunArtifacts, plan: ExportPlan, live_run_id: str) -> Sent:
+        """Send what the completed live run lacks into it; raise ``CannotCertify`` when unable."""
+        raise CannotCertify(f"{type(self).__name__} does not complete live runs")
+
+    def _mark_superseded(self, live_run_id: str, new_run_id: str) -> None:
+        """Note on the live run that a post-run export replaced it (best effort; data untouched)."""
+        return None
+
+
+def missing_hooks(cls: type) -> list[str]:
+    """The required hooks ``cls`` leaves out (empty for a complete backend)."""
+    return sorted(getattr(cls, "__abstractmethods__", ()))
+
+
+class PartialBatch(Exception):
+    """A batch function applied its first ``applied`` calls, then call ``applied`` raised ``error``.
+
+    The worker then counts those delivered and that one failed, and applies only the calls after
+    it (one by one): no call reaches the backend twice. A batch function that raises anything
+    else is taken as atomic (nothing applied) and all its calls are tried again alone.
+    """
+
+    def __init__(self, applied: int, error: Exception) -> None:
+        super().__init__(f"{type(error).__name__}: {error}")
+        self.applied = applied
+        self.error = error

@@ -1,0 +1,74 @@
+"""LiveExporter: the base class of a backend that can follow a running eval.
+
+It holds what its hooks (``contract.hooks.LiveHooks``) read, nothing more: the eval never calls
+it. A ``LiveChannel`` wraps it and runs its hooks on a worker thread; that thread alone sets this
+context, once per setup (``bind_live_context``), before the backend's ``_setup`` runs. Whether a
+post-run export certifies its live run is decided by the export engine alone
+(``export.engine._send``, policy in ``export.certify``); this class never imports it. Only the
+hooks are the backend's to implement.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from gym_artifacts.contract.exporter import Exporter
+from gym_artifacts.contract.hooks import LiveHooks
+from gym_artifacts.core.secrets import redact_text
+
+if TYPE_CHECKING:
+    from gym_artifacts.contract.hooks import ExportPlan, Sent
+    from gym_artifacts.run.artifacts import RunArtifacts
+
+
+class LiveExporter(LiveHooks, Exporter):
+    """An exporter that can also follow a running eval.
+
+    Context its hooks read, bound once per setup on the channel's worker thread
+    (``bind_live_context``): ``run`` (the eval's output), ``resume_run_id`` (the marker's run when
+    resuming), ``secrets`` (values to keep out of anything sent) and ``previous_last_step()``.
+    What the setup opened, set by the same thread: ``run_id`` (the open backend run) and
+    ``reopened``.
+    """
+
+    def __init__(self, settings: Any) -> None:
+        super().__init__(settings)
+        self.run: RunArtifacts | None = None
+        self.resume_run_id: str | None = None
+        self.run_id: str | None = None
+        self.reopened = False
+        self.secrets: frozenset[str] = frozenset()
+        self.last_step_source: Callable[[], int | None] | None = None
+
+    def bind_live_context(
+        self,
+        run: RunArtifacts,
+        *,
+        resume_run_id: str | None,
+        secrets: frozenset[str],
+        last_step_source: Callable[[], int | None] | None,
+    ) -> None:
+        """Set what the hooks read for one live run (the channel's worker thread calls this)."""
+        self.run = run
+        self.resume_run_id = resume_run_id
+        self.secrets = secrets
+        self.last_step_source = last_step_source
+        self.run_id = None
+        self.reopened = False
+
+    def previous_last_step(self) -> int | None:
+        """For a resumed run: the last step an earlier process logged (from the journal)."""
+        return self.last_step_source() if self.last_step_source is not None else None
+
+    def redact(self, text: str) -> str:
+        """``text`` with this run's secrets replaced."""
+        return redact_text(text, self.secrets)
+
+    def _export(self, run: RunArtifacts, plan: ExportPlan) -> Sent:
+        """The post-run hook, for a live backend: a new backend run (``_export_post_run``).
+
+        Whether a live run of the same eval is completed instead is not the backend's call: the
+        export engine decides it (``export.engine._send`` with ``export.certify.certify_or_export``).
+        """
+        return self._export_post_run(run, plan)

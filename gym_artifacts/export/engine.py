@@ -1,0 +1,561 @@
+"""export_run(): a finished run to every selected backend, exactly once per destination.
+
+For each backend, its destination is computed from the settings (nothing contacted). A receipt
+for that exporter and destination that matches the run's identities means SKIPPED without
+contacting the backend (``verify`` asks the backend whether the receipted run still exists and
+exports anew when it is gone); a receipt that does not match (or is not ours) means FAILED with
+nothing sent; no receipt means send, then add the destination's receipt atomically. Sends of
+one run identity to one destination are serialized by an identity lock, whatever folder the
+run is in. One backend's failure never stops another's.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from functools import cached_property, partial
+from pathlib import Path
+from typing import Any
+
+import blake3
+
+from gym_artifacts.contract.exporter import CERTIFIED_NOTE, Exporter
+from gym_artifacts.contract.hooks import ExportPlan, ExportResult, ExportStatus
+from gym_artifacts.contract.live_exporter import LiveExporter
+from gym_artifacts.contract.registry import ExporterEntry, discover, get_entry
+from gym_artifacts.core.config import (
+    build_export_config,
+    enabled_exporters,
+    exporter_names,
+    exporter_section,
+    normalize,
+    resolve_tolerant,
+    resolve_upload_rollouts,
+    validate_settings,
+)
+from gym_artifacts.core.destination import Destination, destination_key
+from gym_artifacts.core.errors import ConfigError, GymArtifactsError, ReceiptError, RunError
+from gym_artifacts.core.locking import LockBusy, exclusive_lock
+from gym_artifacts.core.secrets import (
+    collect_secret_values,
+    install_log_redaction,
+    redact_text,
+    remember_secrets,
+)
+from gym_artifacts.export.certify import certify_or_export
+from gym_artifacts.run.artifacts import ROLLOUTS, RunArtifacts
+from gym_artifacts.run.coverage import coverage_of
+from gym_artifacts.run.identity import content_identities, run_identity
+from gym_artifacts.run.nemo_gym_params import load_nemo_gym_run_config, params_from_files
+from gym_artifacts.run.receipts import (
+    Receipt,
+    identity_differences,
+    publish_receipt,
+    read_receipts,
+    receipt_for,
+    utc_now_iso,
+)
+from gym_artifacts.run.run_config import backend_config, load_run_config, run_config_of_export
+
+logger = logging.getLogger(__name__)
+
+LOCK_WAIT_SECONDS = float(os.environ.get("GYM_ARTIFACTS_LOCK_WAIT", "600"))
+Signatures = dict[str, tuple[int, int, int]]
+
+
+def select_exporters(
+    cfg: Any, names: Sequence[str] | None, entries: dict[str, ExporterEntry] | None = None
+) -> list[str]:
+    """The backends to export to: the enabled ones, or exactly ``names`` when given (``entries``:
+    a registry scan already made, else one is made)."""
+    entries = discover() if entries is None else entries
+    if names:
+        selected = list(dict.fromkeys(names))
+        for name in selected:
+            get_entry(name, entries)
+        return selected
+    unresolvable: list[tuple[str, str]] = []
+    enabled = enabled_exporters(cfg, unresolvable)
+    # a flag that cannot be resolved: the backend is chosen, and its settings' error is its FAILED
+    chosen = set(enabled) | {name for name, _ in unresolvable}
+    selected = [name for name in exporter_names(cfg) if name in chosen]
+    for name in selected:
+        get_entry(name, entries)
+    return selected
+
+
+def check_exporter_setting_names(cfg: Any, source: str) -> None:
+    """Refuse a setting no registered backend has, in every section of ``cfg`` (enabled or not),
+    without resolving any value: ``exporters: {local: {rooot: x}}`` names ``rooot`` instead of
+    leaving the section unused."""
+    from gym_artifacts.core.config import normalize, raw_container, unknown_setting
+
+    entries = discover()
+    for name, section in (raw_container(normalize(cfg)).get("exporters") or {}).items():
+        if name not in entries or not isinstance(section, dict):
+            continue  # an unknown backend is refused when chosen; its section is checked by normalize
+        model = entries[name].load().config_model
+        for key in section:
+            if key not in model.model_fields:
+                raise ConfigError(f"{source}: {unknown_setting(model, name, key)}")
+
+
+@dataclass
+class Target:
+    """One exporter of an export: its class and settings, validated once (the backend is built
+    only to send or verify), its destination, and the one a version-1 receipt stands for (the
+    run's own config's), worked out only when such a receipt is found."""
+
+    name: str
+    cls: type[Exporter] | None = None
+    settings: Any = None
+    error: str | None = None
+    key: str | None = None
+    destination: Destination | None = None
+    run_config: Any | None = None
+    saw_version_1: bool = False  # check_receipt found a receipt without a destination
+
+    @cached_property
+    def legacy(self) -> tuple[Destination, str] | None:
+        """The run's own config's destination and key; None when unknown (a version-1 receipt
+        is then honoured for any destination)."""
+        if self.cls is None:
+            return None
+        try:
+            legacy_cfg, _ = build_export_config(None, self.run_config)
+            legacy = self.cls.destination_for(self.cls.settings_from(legacy_cfg))
+        except GymArtifactsError:
+            return None
+        return legacy, destination_key(legacy)
+
+    @property
+    def legacy_key(self) -> str | None:
+        return self.legacy[1] if self.legacy is not None else None
+
+    def build(self) -> Exporter:
+        assert self.cls is not None
+        return self.cls(self.settings)
+
+
+def build_target(name: str, cfg: Any, run_config: Any | None = None, *, strict: bool = False) -> Target:
+    """The exporter's settings from ``cfg`` (validated here, once) and its destination; nothing
+    built or contacted.
+
+    A problem becomes ``target.error`` (a FAILED result when it is sent); ``strict`` raises it
+    instead (ConfigError naming the key), except for a section that cannot be resolved now (an
+    environment variable that is gone): that is left to the send, so that an already exported
+    run still skips.
+    """
+    target = Target(name, run_config=run_config)
+    try:
+        target.cls = cls = get_entry(name).load()
+    except GymArtifactsError as exc:
+        if strict:
+            raise
+        target.error = str(exc)
+        return target
+    try:
+        section = exporter_section(cfg, name)
+    except GymArtifactsError as exc:
+        target.error = str(exc)
+        return target
+    try:
+        target.settings = validate_settings(cls.config_model, section, name)
+        target.destination = cls.destination_for(target.settings)
+        target.key = destination_key(target.destination)
+    except GymArtifactsError as exc:
+        if strict:
+            raise
+        target.error = str(exc)
+    return target
+
+
+@dataclass(frozen=True)
+class ResolvedExport:
+    """What an export of one run decides once, before any file of the run is read: the config,
+    the exporters (each with its settings and destination) and the run's own config."""
+
+    cfg: Any
+    targets: tuple[Target, ...]
+    run_config: Any | None = None
+    # Why the run's config could not be read (each backend then fails with it).
+    run_config_error: str | None = None
+
+    @property
+    def names(self) -> list[str]:
+        return [t.name for t in self.targets]
+
+
+# ``resolve_export(run_config=UNREAD)``: the run's config is read there.
+UNREAD: Any = object()
+
+
+def resolve_export(
+    run: RunArtifacts,
+    config: Any,
+    exporters: Sequence[str] | None = None,
+    *,
+    run_config: Any = UNREAD,
+    strict: bool = False,
+) -> ResolvedExport:
+    """Config, selection, settings and destinations of one export, resolved once and passed
+    down to ``export_resolved``. ``run_config``: the run's config when the caller already read
+    it; ``strict``: invalid settings raise ConfigError (``build_target``)."""
+    cfg = normalize(config)
+    remember_secrets(collect_secret_values(resolve_tolerant(cfg)))
+    names = select_exporters(cfg, exporters)
+    if not names:
+        raise ConfigError("no exporter is enabled: set exporters.<name>.enabled or pass -e NAME")
+    error = None
+    if run_config is UNREAD:
+        try:
+            run_config = load_run_config(run)
+        except GymArtifactsError as exc:
+            run_config, error = None, str(exc)
+    targets = tuple(build_target(name, cfg, run_config, strict=strict) for name in names)
+    return ResolvedExport(cfg, targets, run_config, error)
+
+
+def identity_lock_fpath(name: str, key: str, run_identity: str) -> Path:
+    """The lock every export of this run identity to this destination takes, from any folder."""
+    default = Path(tempfile.gettempdir()) / f"gym-artifacts-locks-{os.getuid()}"
+    root = Path(os.environ.get("GYM_ARTIFACTS_LOCK_DIR") or default)
+    root.mkdir(parents=True, exist_ok=True)
+    digest = blake3.blake3(f"{name}\0{key}\0{run_identity}".encode()).hexdigest()[:32]
+    return root / f"{digest}.lock"
+
+
+def file_signatures(run: RunArtifacts) -> Signatures:
+    """``{artifact: (size, mtime_ns, inode)}``: any write to the run changes it.
+
+    Not ``run.identity.stat_key``: that one includes ctime, which a backend's own hard link to a run
+    file (the local backend's ``link_or_copy``) changes without changing the content.
+    """
+    out: Signatures = {}
+    for name, fpath in run.artifact_files().items():
+        st = fpath.stat()
+        out[name] = (st.st_size, st.st_mtime_ns, st.st_ino)
+    return out
+
+
+def _changed_message(receipt_fpath: Path, receipt: Receipt, diffs: list[str]) -> str:
+    shown = ", ".join(diffs[:5]) + (f" and {len(diffs) - 5} more" if len(diffs) > 5 else "")
+    return (
+        f"run changed since its export to {receipt.exporter} at {receipt.exported_at} "
+        f"(backend run {receipt.backend_run_id}): {shown}; nothing was sent. To export the "
+        f"changed run on purpose, delete {receipt_fpath}: it then goes to a new backend run "
+        "and the old one is left as it was"
+    )
+
+
+def check_receipt(run: RunArtifacts, target: Target, identities: dict[str, str]) -> ExportResult | None:
+    """SKIPPED or FAILED when a receipt for the target's destination decides; None when none does."""
+    name = target.name
+    fpath = run.export_done_fpath(name)
+    try:
+        receipts = read_receipts(fpath)
+    except ReceiptError as exc:
+        return ExportResult(
+            name,
+            ExportStatus.FAILED,
+            reason=f"{exc}; nothing was sent. If it is not needed, delete {fpath} and export again",
+        )
+    if target.key is None:  # the settings cannot be resolved now: only a matching receipt helps
+        if receipts and not identity_differences(receipts[-1].identities, identities):
+            return ExportResult(
+                name,
+                ExportStatus.SKIPPED,
+                backend_run_id=receipts[-1].backend_run_id,
+                reason=f"receipt matches; destination not resolved ({target.error})",
+            )
+        return None
+    target.saw_version_1 = any(r.destination_key is None for r in receipts)
+    receipt = receipt_for(receipts, target.key, target.legacy_key if target.saw_version_1 else None)
+    if receipt is None:
+        return None
+    diffs = identity_differences(receipt.identities, identities)
+    if diffs:
+        return ExportResult(
+            name,
+            ExportStatus.FAILED,
+            backend_run_id=receipt.backend_run_id,
+            reason=_changed_message(fpath, receipt, diffs),
+        )
+    return ExportResult(name, ExportStatus.SKIPPED, backend_run_id=receipt.backend_run_id)
+
+
+def _failed(name: str, reason: str, start: float) -> ExportResult:
+    seconds = time.monotonic() - start
+    return ExportResult(name, ExportStatus.FAILED, reason=redact_text(reason), seconds=seconds)
+
+
+def _redacted(result: ExportResult, secrets: frozenset[str] | set[str]) -> ExportResult:
+    """Every reason passes the same masking (URI credentials, secret shapes, the known secrets),
+    whoever wrote it: a backend's SDK quotes its tracking URI, token included, in its errors."""
+    if not result.reason:
+        return result
+    reason = redact_text(result.reason, secrets)
+    return result if reason == result.reason else replace(result, reason=reason)
+
+
+def _verified(target: Target, decided: ExportResult, start: float) -> ExportResult | None:
+    """``--verify`` of a SKIPPED result: kept when the backend run exists, None when it is gone."""
+    if decided.status is not ExportStatus.SKIPPED or target.cls is None or not decided.backend_run_id:
+        return decided
+    try:
+        exists = target.build().backend_run_exists(decided.backend_run_id)
+    except Exception as exc:  # unreachable backend or refusal: report, never re-send blind
+        first_line = str(exc).splitlines()[0] if str(exc) else ""
+        reason = f"cannot verify backend run {decided.backend_run_id}: {type(exc).__name__}: {first_line}"
+        return _failed(target.name, reason, start)
+    if exists is None:
+        return replace(decided, reason=f"{target.name} cannot verify its runs; receipt trusted")
+    if exists:
+        return replace(decided, reason="verified: the backend run exists")
+    logger.warning("%s: backend run %s is missing; exporting anew", target.name, decided.backend_run_id)
+    return None
+
+
+def _export_one(
+    run: RunArtifacts,
+    target: Target,
+    plan: ExportPlan,
+    signatures: Signatures,
+    verify: bool,
+    after_receipt: list[Callable[[], None]] | None = None,
+) -> ExportResult:
+    start = time.monotonic()
+    name = target.name
+    decided = check_receipt(run, target, plan.identities)
+    if decided is not None and verify:
+        decided = _verified(target, decided, start)
+    if decided is not None:
+        return decided
+    if target.cls is None or target.key is None:
+        return _failed(name, target.error or "exporter could not be built", start)
+    path_lock = run.export_lock_fpath(name)
+    try:
+        with exclusive_lock(path_lock, wait_seconds=LOCK_WAIT_SECONDS):
+            identity_lock = identity_lock_fpath(name, target.key, plan.run_identity)
+            with exclusive_lock(identity_lock, wait_seconds=LOCK_WAIT_SECONDS):
+                # Another process may have finished while this one waited.
+                if not verify:
+                    decided = check_receipt(run, target, plan.identities)
+                    if decided is not None:
+                        return decided
+                return _send(run, target, plan, signatures, start, after_receipt)
+    except LockBusy as exc:
+        return _failed(name, f"{run.source} is being exported to {name} by another process ({exc})", start)
+    except OSError as exc:
+        return _failed(name, f"cannot lock {path_lock}: {exc.strerror}", start)
+
+
+def _send(
+    run: RunArtifacts,
+    target: Target,
+    plan: ExportPlan,
+    signatures: Signatures,
+    start: float,
+    after_receipt: list[Callable[[], None]] | None = None,
+) -> ExportResult:
+    """Send, then publish the receipt. The work after the receipt (``_after_receipt``) runs here,
+    or, given ``after_receipt``, is appended to it for the caller to run once it has recorded the
+    result and released the locks."""
+    name = target.name
+    assert target.cls is not None and target.key is not None and target.destination is not None
+    if not get_entry(name).sdk_installed():
+        return _failed(
+            name,
+            f"the {name} backend needs the {target.cls.sdk_module!r} package, which is not installed: "
+            f"pip install 'gym-artifacts[{name}]'",
+            start,
+        )
+    try:
+        exporter = target.build()
+    except GymArtifactsError as exc:
+        return _failed(name, str(exc), start)
+    # The one place that decides certify: a live backend's send goes through the certify-or-new-run
+    # policy (a live run of this eval may be completed instead of sending a new one).
+    send = partial(certify_or_export, exporter) if isinstance(exporter, LiveExporter) else None
+    try:
+        result = exporter.export(run, plan, send=send)
+    except Exception as exc:  # a bug in a backend must not stop the others
+        logger.exception("exporter %s crashed", name)
+        reason = redact_text(f"internal error: {type(exc).__name__}: {exc}", plan.secrets)
+        return _failed(name, reason.splitlines()[0], start)
+    if result.status is not ExportStatus.EXPORTED:
+        return result
+    try:
+        if file_signatures(run) != signatures:
+            return _failed(
+                name,
+                f"the run's files changed while it was exported to {name}; no receipt was "
+                "written: export again once the run is finished",
+                start,
+            )
+        publish_receipt(
+            run.export_done_fpath(name),
+            Receipt(
+                exporter=name,
+                backend_run_id=result.backend_run_id,
+                identities=plan.identities,
+                exported_at=utc_now_iso(),
+                run_identity=plan.run_identity,
+                rows=result.rows,
+                bytes=result.bytes,
+                upload_rollouts=plan.upload_rollouts,
+                certified_live_run=result.reason == CERTIFIED_NOTE,
+                destination=target.destination,
+                destination_key=target.key,
+            ),
+            legacy_destination=target.legacy if target.saw_version_1 else None,
+        )
+    except (OSError, RunError) as exc:
+        return _failed(name, f"sent, but the receipt could not be written: {exc}", start)
+
+    def follow_up() -> None:  # the data and its receipt are published: nothing here can fail it
+        try:
+            exporter._after_receipt(run, plan, result.backend_run_id)
+        except Exception as exc:
+            logger.warning("%s: exported; the work after the receipt failed: %s", name, exc)
+
+    if after_receipt is None:
+        follow_up()
+    else:  # run by the caller once the result is recorded (a Ctrl-C there keeps the result)
+        after_receipt.append(follow_up)
+    return result
+
+
+def export_run(
+    run: RunArtifacts | str | os.PathLike[str],
+    config: Any,
+    exporters: Sequence[str] | None = None,
+    upload_rollouts: bool | None = None,
+    certify: bool | None = None,
+    on_result: Callable[[ExportResult], None] | None = None,
+    progress: Callable[[str, int, int], None] | None = None,
+    accept_partial_line: bool = False,
+    accept_stale_aggregates: bool = False,
+    verify: bool = False,
+    nemo_gym_config: str | os.PathLike[str] | None = None,
+) -> list[ExportResult]:
+    """Export one finished run to the selected (else every enabled) backend; a result each.
+
+    ``upload_rollouts`` given explicitly wins over ``config``'s, which wins over the run's saved
+    setting (``build_export_config`` puts every layer's setting into ``config`` in order; see
+    its docstring for the one precedence rule). ``accept_partial_line`` sends the complete
+    lines of a rollouts file whose last line is torn and records the omission in the backend
+    run; ``accept_stale_aggregates`` exports aggregate metrics that cannot be tied to the
+    rollouts. ``certify``: None completes a live run when it may be (completed, lossless,
+    unchanged), True also one whose marker predates the loss record, False never. ``verify``
+    asks the backend whether a receipted run still exists (re-exporting when it is gone).
+    ``nemo_gym_config``: NeMo Gym's resolved global config file, logged (masked, whole) as the run's
+    params; without it a run with no saved config logs what its files tell (agent, environment
+    server, model, repeats; ``nemo_gym_params``).
+    Raises ConfigError only for an unusable config or exporter name, MissingRunError when
+    nothing of the run exists.
+    """
+    run = run if isinstance(run, RunArtifacts) else RunArtifacts.from_path(run)
+    run.require_present()
+    install_log_redaction()
+    return export_resolved(
+        run,
+        resolve_export(run, config, exporters),
+        upload_rollouts=upload_rollouts,
+        certify=certify,
+        on_result=on_result,
+        progress=progress,
+        accept_partial_line=accept_partial_line,
+        accept_stale_aggregates=accept_stale_aggregates,
+        verify=verify,
+        nemo_gym_config=nemo_gym_config,
+    )
+
+
+def export_resolved(
+    run: RunArtifacts,
+    resolved: ResolvedExport,
+    *,
+    upload_rollouts: bool | None = None,
+    certify: bool | None = None,
+    on_result: Callable[[ExportResult], None] | None = None,
+    progress: Callable[[str, int, int], None] | None = None,
+    accept_partial_line: bool = False,
+    accept_stale_aggregates: bool = False,
+    verify: bool = False,
+    nemo_gym_config: str | os.PathLike[str] | None = None,
+) -> list[ExportResult]:
+    """``export_run`` once its config, exporters, settings and run config are resolved
+    (``resolve_export``): nothing of these is read or validated again here."""
+    install_log_redaction()
+    cfg, names, run_config = resolved.cfg, resolved.names, resolved.run_config
+    start = time.monotonic()
+
+    def finish(results: list[ExportResult]) -> list[ExportResult]:
+        if on_result is not None:
+            for r in results:
+                on_result(r)
+        return results
+
+    logger.info("exporting %s to %s", run.source, ", ".join(names))
+    try:
+        if resolved.run_config_error is not None:
+            raise RunError(resolved.run_config_error)
+        upload = resolve_upload_rollouts(upload_rollouts, cfg, run_config)
+    except GymArtifactsError as exc:
+        return finish([_failed(n, str(exc), start) for n in names])
+    missing = run.missing_for_export(
+        rollouts_required=upload,
+        accept_partial_line=accept_partial_line,
+        accept_stale_aggregates=accept_stale_aggregates,
+    )
+    if missing is not None:
+        return finish([_failed(n, f"not exportable: {missing}", start) for n in names])
+    logger.info("hashing the run's files (unchanged files come from the identity cache)")
+    try:
+        signatures = file_signatures(run)
+        record_counts: dict[str, int] = {}
+        identities = content_identities(run, progress=progress, record_counts=record_counts)
+        config_for_backends, secrets = backend_config(run_config)
+        if nemo_gym_config is not None:
+            config_for_backends, given = load_nemo_gym_run_config(nemo_gym_config)
+            secrets = secrets | given
+        elif not config_for_backends:  # none saved, or only where to export it
+            config_for_backends = params_from_files(run) or config_for_backends
+        coverage = coverage_of(run, record_counts)
+    except (GymArtifactsError, OSError) as exc:
+        return finish([_failed(n, str(exc), start) for n in names])
+    refused = coverage.refusal()
+    if refused is not None:
+        return finish([_failed(n, f"not exportable: {refused}", start) for n in names])
+    plan = ExportPlan(
+        identities=identities,
+        run_identity=run_identity(identities),
+        upload_rollouts=upload,
+        certify=certify,
+        config=config_for_backends,
+        secrets=secrets,
+        rollout_rows=record_counts.get(ROLLOUTS),
+        partial_line=run.partial_rollouts_line() if upload else None,
+        coverage=coverage,
+    )
+    results = []
+    with run_config_of_export(run, run_config):  # a backend asking for it gets this one, not a re-read
+        for i, target in enumerate(resolved.targets):
+            name = target.name
+            if progress is not None:
+                progress(f"exporting to {name}", i, len(names))
+            logger.info("%s: checking the receipt, then sending what the backend lacks", name)
+            after_receipt: list[Callable[[], None]] = []
+            result = _redacted(_export_one(run, target, plan, signatures, verify, after_receipt), secrets)
+            logger.info("%s: %s %s", name, result.status.value, result.backend_run_id or result.reason or "")
+            results.append(result)
+            if on_result is not None:
+                on_result(result)
+            for follow_up in after_receipt:  # e.g. the local report, once the result is recorded
+                follow_up()
+    return results

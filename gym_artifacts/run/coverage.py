@@ -1,0 +1,163 @@
+"""How much of a run's planned work its files hold, from NeMo Gym's own signals.
+
+Signals, strongest first: the materialized inputs (``OUT_materialized_inputs.jsonl``: every
+input NeMo Gym dispatched, the denominator), the rollouts (``OUT.jsonl``: the scored rollouts),
+the failures sidecar (``OUT_failures.jsonl``: rollouts that failed and were routed aside) and
+the aggregate's per-task ``expected_num_rollouts`` / ``missing_num_rollouts``. From them:
+
+- ``coverage/expected``: planned rollouts (materialized inputs; else the aggregate's expected
+  counts; unknown when neither exists),
+- ``coverage/scored``: rollouts in ``OUT.jsonl``,
+- ``coverage/missing``: ``expected - scored`` (NeMo Gym's own names for these three),
+- ``coverage/failed``: rows of the failures sidecar (this project's addition).
+
+The export rule (README, "Partial runs"): a run whose every planned rollout is accounted for
+(scored or recorded as failed) is exported, and marked partial when any failed; a run with
+planned rollouts that are neither scored nor failed is unfinished and refused, unless an
+acceptance record ``STEM_acceptance.json`` accepts at least that many omitted rows, which is
+the explicit "accepted partial" path.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from gym_artifacts.core.jsonio import count_lines, metric_value
+
+if TYPE_CHECKING:
+    from gym_artifacts.run.artifacts import RunArtifacts
+
+ROLLOUTS_NAME = "rollouts.jsonl"
+FAILURES_NAME = "failures.jsonl"
+INPUTS_NAME = "materialized_inputs.jsonl"
+
+
+@dataclass(frozen=True)
+class Coverage:
+    """Planned, scored and failed rollouts of one run, and what they mean for its export."""
+
+    scored: int
+    expected: int | None
+    expected_source: str | None
+    failed: int | None
+    accepted_omitted: int | None
+
+    @property
+    def missing(self) -> int | None:
+        """Planned rollouts not in the rollouts file (failed or never finished)."""
+        return None if self.expected is None else max(self.expected - self.scored, 0)
+
+    @property
+    def unaccounted(self) -> int:
+        """Planned rollouts that are neither scored nor recorded as failed."""
+        if self.expected is None:
+            return 0
+        return max(self.expected - self.scored - (self.failed or 0), 0)
+
+    @property
+    def partial(self) -> bool:
+        return bool(self.missing)
+
+    def metrics(self) -> dict[str, float]:
+        """Tracker metrics under NeMo Gym's ``coverage/*`` names (plus ``coverage/failed``)."""
+        out = {"coverage/scored": float(self.scored)}
+        if self.expected is not None:
+            out["coverage/expected"] = float(self.expected)
+            out["coverage/missing"] = float(self.missing or 0)
+        if self.failed is not None:
+            out["coverage/failed"] = float(self.failed)
+        return out
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "expected": self.expected,
+            "expected_from": self.expected_source,
+            "scored": self.scored,
+            "missing": self.missing,
+            "failed": self.failed,
+            "unaccounted": self.unaccounted,
+            "partial": self.partial,
+            "accepted_omitted_rows": self.accepted_omitted,
+            "text": self.text(),
+        }
+
+    def text(self) -> str:
+        """One line for people: ``8 of 10 planned rollouts scored (2 failed) - partial``."""
+        if self.expected is None:
+            return f"{self.scored} rollouts scored (planned count unknown: no materialized inputs)"
+        line = f"{self.scored} of {self.expected} planned rollouts scored"
+        notes = []
+        if self.failed:
+            notes.append(f"{self.failed} failed")
+        if self.unaccounted:
+            notes.append(f"{self.unaccounted} with no result")
+        if notes:
+            line += " (" + ", ".join(notes) + ")"
+        if self.partial:
+            line += " - accepted partial" if self.accepted_omitted is not None else " - partial"
+        return line
+
+    def refusal(self) -> str | None:
+        """Why the run must not be exported as it is, or None."""
+        if not self.unaccounted:
+            return None
+        if self.accepted_omitted is not None and self.accepted_omitted >= self.unaccounted:
+            return None
+        return (
+            f"{self.unaccounted} of {self.expected} planned rollouts have no result (neither in the "
+            "rollouts nor in the failures sidecar): the run is unfinished. Resume it, or export it "
+            "as an accepted partial by writing STEM_acceptance.json with omitted_rows >= "
+            f"{self.unaccounted}"
+        )
+
+
+def _aggregate_expected(entries: list[dict[str, Any]]) -> int | None:
+    """The sum of the groups' ``expected_num_rollouts``; None when no group states one."""
+    total, found = 0, False
+    for entry in entries:
+        groups = entry.get("group_level_metrics")
+        if not isinstance(groups, list):
+            continue
+        for group in groups:
+            value = metric_value(group.get("expected_num_rollouts")) if isinstance(group, dict) else None
+            if value is not None:
+                total += int(value)
+                found = True
+    return total if found else None
+
+
+def coverage_of(run: RunArtifacts, record_counts: dict[str, int] | None = None) -> Coverage:
+    """The run's coverage; ``record_counts`` (from the identity pass) saves re-reading files."""
+    counts = record_counts or {}
+
+    def records(name: str, fpath: Any) -> int | None:
+        if name in counts:
+            return counts[name]
+        if fpath is None or not fpath.is_file():
+            return None
+        return count_lines(fpath)
+
+    scored = records(ROLLOUTS_NAME, run.rollouts_fpath) or 0
+    failed = records(FAILURES_NAME, run.failures_fpath)
+    expected = records(INPUTS_NAME, run.materialized_inputs_fpath)
+    source = "materialized inputs" if expected is not None else None
+    if expected is None and run.has_rollouts_file and run.aggregate_metrics_fpath.is_file():
+        from gym_artifacts.core.errors import RunError
+
+        try:
+            expected = _aggregate_expected(run.read_aggregate_metrics())
+        except RunError:
+            expected = None
+        if expected is not None:
+            # The aggregate only knows tasks that produced a rollout; failed ones were planned too.
+            expected = max(expected, scored + (failed or 0))
+            source = "aggregate metrics"
+    acceptance = run.read_acceptance()
+    return Coverage(
+        scored=scored,
+        expected=expected,
+        expected_source=source,
+        failed=failed,
+        accepted_omitted=acceptance.omitted_rows if acceptance is not None else None,
+    )

@@ -1,0 +1,320 @@
+"""Content identities: digests of what a run's files say, independent of how and where they sit.
+
+JSON and YAML are hashed in canonical form, JSONL as an order-independent multiset of canonical
+records, gzip by its decompressed bytes, anything else by its bytes. Paths and file times never
+enter a digest: only artifact names relative to the run are used, as dictionary keys.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gzip
+import json
+import os
+import time
+import zlib
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import blake3
+
+from gym_artifacts.core.errors import RunError
+from gym_artifacts.core.jsonio import (
+    canonical_json,
+    canonical_record,
+    open_regular,
+    read_json,
+    read_line,
+    read_regular_bytes,
+    read_yaml,
+)
+from gym_artifacts.run.artifacts import METRICS_JOURNAL, ROLLOUTS
+from gym_artifacts.run.torn import partial_last_line
+
+if TYPE_CHECKING:
+    from gym_artifacts.run.artifacts import RunArtifacts
+
+PREFIX = "b3:"
+_CHUNK = 1 << 20
+_MOD = 1 << 256
+
+
+def _hex(hasher: blake3.blake3) -> str:
+    return PREFIX + hasher.hexdigest()
+
+
+_BYTES_BUFFER = 8 << 20
+
+
+def hash_bytes_file(fpath: Path) -> str:
+    """Digest of the file's bytes, read through one fixed buffer and hashed on every core.
+
+    Streaming rather than memory-mapping keeps the resident set constant in the file's size.
+    """
+    hasher = blake3.blake3(max_threads=blake3.blake3.AUTO)
+    buffer = bytearray(_BYTES_BUFFER)
+    view = memoryview(buffer)
+    with open_regular(fpath) as fh:
+        while n := fh.readinto(buffer):
+            hasher.update(view[:n])
+    return _hex(hasher)
+
+
+def hash_gzip_file(fpath: Path) -> str:
+    """Digest of the decompressed bytes: the gzip header's time and name do not count."""
+    hasher = blake3.blake3()
+    try:
+        with gzip.open(fpath, "rb") as fh:
+            while chunk := fh.read(_CHUNK):
+                hasher.update(chunk)
+    except (OSError, EOFError, zlib.error) as exc:
+        raise RunError(f"{fpath}: not a readable gzip file: {exc}") from exc
+    return _hex(hasher)
+
+
+def hash_json_file(fpath: Path) -> str:
+    """Digest of the canonical form (sorted keys, no insignificant white space)."""
+    return _hex(blake3.blake3(canonical_json(read_json(fpath))))
+
+
+def hash_yaml_file(fpath: Path) -> str:
+    """Digest of the canonical form of the YAML content, interpolations as written."""
+    return _hex(blake3.blake3(canonical_json(read_yaml(fpath))))
+
+
+class JsonlDigest:
+    """A multiset digest of JSONL records: the sum modulo 2**256 of the records' digests.
+
+    Addition commutes, so line order does not count, and partial sums over chunks of a file can
+    be computed apart (in parallel) and merged.
+    """
+
+    __slots__ = ("count", "total")
+
+    def __init__(self, count: int = 0, total: int = 0) -> None:
+        self.count = count
+        self.total = total
+
+    def add_record_bytes(self, canonical: bytes) -> None:
+        digest = blake3.blake3(canonical).digest()
+        self.total = (self.total + int.from_bytes(digest, "big")) % _MOD
+        self.count += 1
+
+    def merge(self, other: JsonlDigest) -> None:
+        self.count += other.count
+        self.total = (self.total + other.total) % _MOD
+
+    def hexdigest(self) -> str:
+        final = blake3.blake3(b"jsonl-multiset-v1\0")
+        final.update(self.count.to_bytes(8, "big"))
+        final.update(self.total.to_bytes(32, "big"))
+        return _hex(final)
+
+
+def digest_jsonl_range(fpath: Path, start: int = 0, end: int | None = None) -> JsonlDigest:
+    """Multiset digest of the records whose lines start within ``[start, end)`` of the file."""
+    acc = JsonlDigest()
+    with open_regular(fpath) as fh:
+        if start:
+            fh.seek(start - 1)
+            if fh.read(1) != b"\n":
+                fh.readline()  # the line that straddles ``start`` belongs to the previous range
+        lineno = None if start else 0
+        while end is None or fh.tell() < end:
+            raw = read_line(fh, fpath, (lineno or 0) + 1)
+            if not raw:
+                break
+            if lineno is not None:
+                lineno += 1
+            if not raw.strip():
+                continue
+            acc.add_record_bytes(canonical_record(raw, fpath, lineno if lineno is not None else 0))
+    return acc
+
+
+PARALLEL_MIN_BYTES = 64 << 20
+
+
+def _digest_range_job(job: tuple[str, int, int]) -> tuple[int, int]:
+    fpath, start, end = job
+    part = digest_jsonl_range(Path(fpath), start, end)
+    return part.count, part.total
+
+
+def hash_jsonl_file(fpath: Path, workers: int | None = None) -> str:
+    """Order-independent digest of the file's records (formatting does not count)."""
+    return jsonl_digest(fpath, workers).hexdigest()
+
+
+def jsonl_digest(fpath: Path, workers: int | None = None, end: int | None = None) -> JsonlDigest:
+    """The file's multiset digest (its record count included); ``end`` leaves out a torn tail.
+
+    A large file is split at line boundaries and its parts hashed in parallel processes; the
+    multiset sums merge. A malformed line is reported with its line number either way.
+    """
+    size = fpath.stat().st_size if end is None else end
+    workers = workers or min(os.cpu_count() or 1, 8)
+    if size < PARALLEL_MIN_BYTES or workers < 2:
+        return digest_jsonl_range(fpath, 0, end)
+    import multiprocessing
+    import threading
+    from concurrent.futures import ProcessPoolExecutor
+
+    # fork is cheap and safe while this is the only thread (the CLI); otherwise a fresh server.
+    method = "fork" if threading.active_count() == 1 else "forkserver"
+    bounds = [size * i // workers for i in range(workers + 1)]
+    jobs = [(str(fpath), bounds[i], bounds[i + 1]) for i in range(workers)]
+    try:
+        with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context(method)) as pool:
+            parts = list(pool.map(_digest_range_job, jobs))
+    except RunError:
+        return digest_jsonl_range(fpath, 0, end)  # again in order, for the exact line number
+    total = JsonlDigest()
+    for count, part_sum in parts:
+        total.merge(JsonlDigest(count, part_sum))
+    return total
+
+
+# A JSON or YAML document is identified by its canonical form (formatting does not count) only
+# up to this size: parsing holds the whole document in memory (several times its size). A
+# bigger one is identified by its bytes, streamed in constant memory.
+CANONICAL_MAX_BYTES = 64 << 20
+
+
+def identity_of(fpath: Path) -> str:
+    """The content identity of one file, chosen by its kind (its name's ending) and size."""
+    name = fpath.name.lower()
+    if name.endswith(".jsonl"):
+        return hash_jsonl_file(fpath)
+    if name.endswith((".json", ".yaml", ".yml")) and fpath.stat().st_size > CANONICAL_MAX_BYTES:
+        return hash_bytes_file(fpath)  # too big to parse whole: its bytes, streamed
+    if name.endswith(".json"):
+        return hash_json_file(fpath)
+    if name.endswith((".yaml", ".yml")):
+        return hash_yaml_file(fpath)
+    if name.endswith(".gz"):
+        return hash_gzip_file(fpath)
+    return hash_bytes_file(fpath)
+
+
+def content_identities(
+    run: RunArtifacts,
+    *,
+    use_cache: bool = True,
+    progress: Callable[[str, int, int], None] | None = None,
+    record_counts: dict[str, int] | None = None,
+) -> dict[str, str]:
+    """``{artifact name: digest}`` for every file of the run that is present.
+
+    A file whose device, inode, size, modification and change times all equal those recorded
+    when it was last hashed is not read again (see ``IdentityCache``); any other file is.
+    ``record_counts``, when given, receives the number of records of each JSONL file known.
+    """
+    cache = IdentityCache(run.identity_cache_fpath) if use_cache else None
+    identities: dict[str, str] = {}
+    files = run.artifact_files()
+    total = sum(os.stat(p).st_size for p in files.values()) if progress is not None else 0
+    done = 0
+    for name, fpath in files.items():
+        try:
+            before = os.stat(fpath)
+            if progress is not None:
+                progress(f"hashing {name}", done, total)
+                done += before.st_size
+            cached = cache.lookup(name, before) if cache is not None else None
+            if cached is not None:
+                identities[name], records = cached
+            elif name.endswith(".jsonl"):
+                torn = partial_last_line(fpath) if name in (ROLLOUTS, METRICS_JOURNAL) else None
+                digest = jsonl_digest(fpath, end=torn.complete_bytes if torn else None)
+                identities[name], records = digest.hexdigest(), digest.count
+            else:
+                identities[name], records = identity_of(fpath), None
+            if records is not None and record_counts is not None:
+                record_counts[name] = records
+            if cached is None and cache is not None:
+                cache.store(name, before, os.stat(fpath), identities[name], records)
+        except OSError as exc:
+            raise RunError(f"{fpath}: cannot read: {exc.strerror or exc}") from exc
+    if cache is not None:
+        cache.save()
+    if progress is not None:
+        progress("hashed", total, total)
+    return identities
+
+
+def stat_key(st: os.stat_result) -> list[int]:
+    """What says a file is unchanged since it was last looked at: device, inode, size, mtime, ctime."""
+    return [st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns]
+
+
+class IdentityCache:
+    """Identities of a run's files keyed on (device, inode, size, mtime_ns, ctime_ns).
+
+    ``ctime`` cannot be set by a writer, so a file rewritten with its old size and mtime still
+    misses. A file modified within the last ``RACY_NS`` (its timestamps may not yet tell two
+    writes apart) or that changed while it was hashed is never cached. The cache is a hidden
+    file beside the run; failing to write it only costs a rehash next time.
+    """
+
+    VERSION = 1
+    RACY_NS = 1_000_000_000
+
+    def __init__(self, fpath: Path) -> None:
+        self.fpath = fpath
+        self.entries: dict[str, dict[str, object]] = {}
+        self.dirty = False
+        try:
+            data = json.loads(read_regular_bytes(fpath, "identity cache"))
+            if (
+                isinstance(data, dict)
+                and data.get("version") == self.VERSION
+                and isinstance(data.get("entries"), dict)
+            ):
+                self.entries = data["entries"]
+        except (OSError, ValueError, RunError):  # a cache that is not ours (even a FIFO): ignored
+            pass
+
+    def lookup(self, name: str, st: os.stat_result) -> tuple[str, int | None] | None:
+        """(identity, record count or None) when the file is unchanged since it was hashed."""
+        entry = self.entries.get(name)
+        if not isinstance(entry, dict) or entry.get("key") != stat_key(st):
+            return None
+        identity, records = entry.get("identity"), entry.get("records")
+        if not isinstance(identity, str):
+            return None
+        return identity, records if isinstance(records, int) else None
+
+    def store(
+        self,
+        name: str,
+        before: os.stat_result,
+        after: os.stat_result,
+        identity: str,
+        records: int | None = None,
+    ) -> None:
+        key = stat_key(before)
+        if key != stat_key(after) or time.time_ns() - before.st_mtime_ns < self.RACY_NS:
+            self.entries.pop(name, None)
+            self.dirty = True
+            return
+        self.entries[name] = {"key": key, "identity": identity, "records": records}
+        self.dirty = True
+
+    def save(self) -> None:
+        if not self.dirty:
+            return
+        from gym_artifacts.core.atomic import atomic_write_bytes
+
+        with contextlib.suppress(OSError):
+            atomic_write_bytes(
+                self.fpath, json.dumps({"version": self.VERSION, "entries": self.entries}).encode()
+            )
+
+
+def run_identity(identities: Mapping[str, str]) -> str:
+    """One digest for the whole run: what backends tag a run with to find it again."""
+    hasher = blake3.blake3(b"run-identity-v1\0")
+    hasher.update(canonical_json(dict(identities)))
+    return _hex(hasher)
