@@ -35,7 +35,8 @@ def test_steady_progress_is_waited_for_until_the_hard_cap() -> None:
     t0 = time.monotonic()
     assert not worker.stop(0.5, hard_cap=1.5)
     elapsed = time.monotonic() - t0
-    assert 1.4 <= elapsed < 4.0  # past the idle deadline (progress), stopped by the cap
+    # past the idle deadline (progress), stopped by the cap, not by the queue's end (100 x 0.1 s)
+    assert 1.4 <= elapsed < 1.5 + 5.0
     assert worker.stats.delivered >= 10  # far more than 0.5 s would have allowed
     assert worker.stats.undelivered > 0
 
@@ -47,7 +48,7 @@ def test_no_progress_ends_at_the_idle_deadline() -> None:
     worker.submit(Call(lambda: None, (), "metrics", droppable=True))
     t0 = time.monotonic()
     assert not worker.stop(0.5, hard_cap=30.0)
-    assert time.monotonic() - t0 < 3.0
+    assert time.monotonic() - t0 < 10.0  # the idle deadline (0.5 s), far from the hard cap (30 s)
     release.set()
 
 
@@ -67,6 +68,7 @@ SCRIPT = textwrap.dedent(
     from gym_artifacts.core.config import load_default_config
     from gym_artifacts.live import live_exporters
     cfg = load_default_config()
+    started = time.perf_counter()
     with live_exporters(cfg, "results/eval.jsonl") as live:
         t0 = time.perf_counter()
         for step in range(1000):
@@ -74,7 +76,7 @@ SCRIPT = textwrap.dedent(
             if step % 100 == 0:
                 live.export_rollouts([{"step": step, "reward": 0.5}])
         eval_seconds = time.perf_counter() - t0
-    print(json.dumps({"eval_seconds": eval_seconds,
+    print(json.dumps({"eval_seconds": eval_seconds, "run_seconds": time.perf_counter() - started,
                       "reports": {r.exporter: [r.lost, r.describe()] for r in live.reports}}))
     """
 )
@@ -88,7 +90,9 @@ def test_thousand_step_eval_delivers_every_call_to_a_fresh_sqlite_mlflow(tmp_pat
     )
     assert proc.returncode == 0, proc.stderr
     result = json.loads(proc.stdout.splitlines()[-1])
-    assert result["eval_seconds"] < 1.0
+    # the eval's calls never waited for MLflow's first use of the SQLite file (its schema, ~10 s):
+    # they took a small part of the whole run, teardown included (a ratio in the same run)
+    assert result["eval_seconds"] < 0.25 * result["run_seconds"], result
     for lost, described in result["reports"].values():
         assert lost == 0, described
     assert "mlflow" in result["reports"]

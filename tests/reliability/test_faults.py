@@ -29,6 +29,28 @@ from tests.reliability.faulty_servers import HttpFault, black_hole, http_fault
 REPO = Path(__file__).resolve().parents[2]
 STEPS = 300
 TEARDOWN = 3.0
+# Teardown gives up at its hard cap (TEARDOWN + 1 s); what it does after that is bookkeeping.
+TEARDOWN_BOUND = TEARDOWN + 5.0
+# "The eval never waited": a call that waited on the faulty backend costs at least its request
+# timeout (1 s here), so no call may come near it, and the median stays within a factor of a
+# healthy local-only run of the same shape measured in the same test session (a ratio, not an
+# absolute time: these machines are shared and noisy).
+NEVER_WAITED_S = 0.25
+MEDIAN_FACTOR = 20.0
+
+
+@pytest.fixture(scope="module")
+def healthy_median(tmp_path_factory: pytest.TempPathFactory) -> float:
+    """The median cost of a live metric call with a healthy local backend, this session."""
+    root = tmp_path_factory.mktemp("healthy")
+    costs, _, live = run_eval({"exporters": {"local": {"enabled": True, "root": str(root / "local")}}}, root / "eval.jsonl")
+    assert live.reports[0].lost == 0
+    return statistics.median(costs)
+
+
+def assert_never_waited(costs: list[float], healthy_median: float) -> None:
+    assert max(costs) < NEVER_WAITED_S, max(costs)
+    assert statistics.median(costs) < MEDIAN_FACTOR * max(healthy_median, 5e-6), (statistics.median(costs), healthy_median)
 MLFLOW_FAULTS = ["killed-mid-run", "black-hole", "http-500", "http-429-retry-after", "slow-3s"]
 
 
@@ -81,7 +103,7 @@ def run_eval(cfg: dict, out: Path, mid_run: Any = None) -> tuple[list[float], fl
 @pytest.mark.parametrize("kind", MLFLOW_FAULTS)
 def test_mlflow_live_fault(
     kind: str, quickstart_run: Path, own_mlflow_server: MlflowServer, tmp_path: Path
-) -> None:
+, healthy_median: float) -> None:
     out = tmp_path / "eval" / "eval.jsonl"
     out.parent.mkdir()
     with mlflow_fault(kind, own_mlflow_server) as (uri, mid_run):
@@ -99,10 +121,8 @@ def test_mlflow_live_fault(
         costs, teardown_seconds, live = run_eval(cfg, out, mid_run)
     reports = {r.exporter: r for r in live.reports}
     # the eval never waited and never saw an exception
-    assert statistics.median(costs) < 100e-6 and sorted(costs)[int(STEPS * 0.95)] < 2e-3, statistics.median(
-        costs
-    )
-    assert teardown_seconds < TEARDOWN + 1.5
+    assert_never_waited(costs, healthy_median)
+    assert teardown_seconds < TEARDOWN_BOUND
     # the result names what was lost; the healthy backend lost nothing
     lost = reports["mlflow"]
     assert lost.setup_error or lost.lost > 0, lost.describe()
@@ -147,7 +167,7 @@ def test_mlflow_post_run_fault(
 @pytest.mark.parametrize("kind", ["black-hole", "http-500"])
 def test_wandb_online_pointed_at_a_broken_loopback(
     kind: str, quickstart_run: Path, own_mlflow_server: MlflowServer, tmp_path: Path
-) -> None:
+, healthy_median: float) -> None:
     out = tmp_path / "eval.jsonl"
     with mlflow_fault(kind, own_mlflow_server) as (uri, _):
         cfg = {
@@ -159,8 +179,8 @@ def test_wandb_online_pointed_at_a_broken_loopback(
         }  # fmt: skip
         costs, teardown_seconds, live = run_eval(cfg, out)
     reports = {r.exporter: r for r in live.reports}
-    assert statistics.median(costs) < 100e-6
-    assert teardown_seconds < TEARDOWN + 1.5
+    assert_never_waited(costs, healthy_median)
+    assert teardown_seconds < TEARDOWN_BOUND
     assert reports["wandb"].setup_error
     assert reports["local"].lost == 0
     finish_eval(out, quickstart_run)
@@ -190,7 +210,7 @@ LOCAL_FAULT_SCRIPT = textwrap.dedent(
             costs.append(time.perf_counter() - t0)
     report = live.reports[0]
     costs.sort()
-    print(json.dumps({"median": costs[150], "lost": report.lost, "setup_error": report.setup_error,
+    print(json.dumps({"median": costs[150], "max": costs[-1], "lost": report.lost, "setup_error": report.setup_error,
                       "describe": report.describe()}))
     """
 )
@@ -212,7 +232,7 @@ def read_only(path: Path) -> Iterator[Path]:
         subprocess.run(["umount", str(path)], check=False)
 
 
-def test_local_backend_disk_full(quickstart_run: Path, tmp_path: Path) -> None:
+def test_local_backend_disk_full(quickstart_run: Path, tmp_path: Path, healthy_median: float) -> None:
     root = tmp_path / "store"
     out = tmp_path / "eval" / "eval.jsonl"
     out.parent.mkdir()
@@ -222,7 +242,8 @@ def test_local_backend_disk_full(quickstart_run: Path, tmp_path: Path) -> None:
                           capture_output=True, text=True, timeout=120, env=env)  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-2000:]
     result = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert result["median"] < 100e-6
+    # each call here also sends a 2 KB rollout: a looser factor over the metric-only baseline
+    assert result["max"] < NEVER_WAITED_S and result["median"] < 5 * MEDIAN_FACTOR * max(healthy_median, 5e-6), result
     assert result["lost"] > 0 and "File too large" in result["describe"], result
     journal = [json.loads(x)["step"] for x in out.with_name("eval_metrics.jsonl").read_text().splitlines()]
     assert journal == list(range(STEPS))  # the journal (small lines) kept every step
@@ -237,7 +258,7 @@ def test_local_backend_disk_full(quickstart_run: Path, tmp_path: Path) -> None:
     assert [json.loads(x)["step"] for x in sent] == list(range(STEPS))
 
 
-def test_local_backend_read_only(quickstart_run: Path, tmp_path: Path) -> None:
+def test_local_backend_read_only(quickstart_run: Path, tmp_path: Path, healthy_median: float) -> None:
     out = tmp_path / "eval" / "eval.jsonl"
     out.parent.mkdir()
     root = tmp_path / "store"
@@ -246,7 +267,8 @@ def test_local_backend_read_only(quickstart_run: Path, tmp_path: Path) -> None:
         costs, teardown_seconds, live = run_eval(cfg, out)
         [report] = live.reports
         assert "Read-only file system" in (report.setup_error or ""), report.describe()
-        assert statistics.median(costs) < 100e-6 and teardown_seconds < TEARDOWN + 1.5
+        assert_never_waited(costs, healthy_median)
+        assert teardown_seconds < TEARDOWN_BOUND
         finish_eval(out, quickstart_run)
         [failed] = export_run(out, OmegaConf.create(cfg))
         assert failed.status is ExportStatus.FAILED and "Read-only file system" in (failed.reason or "")
