@@ -20,7 +20,7 @@ import sys
 import tempfile
 import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 START_TIMEOUT_S = 180.0  # a loaded 2-core machine takes ~10-60 s to start MLflow's server
@@ -57,8 +57,15 @@ def _mlflow_command(store_uri: str, port: int, artifacts: Path) -> list[str]:
 
 
 @contextlib.contextmanager
-def trace_server(store_uri: str, timeout: float = START_TIMEOUT_S) -> Iterator[str]:
-    """``http://127.0.0.1:PORT`` of an ``mlflow server`` on ``store_uri`` while the block runs."""
+def trace_server(
+    store_uri: str, timeout: float = START_TIMEOUT_S, remaining: Callable[[], float | None] = lambda: None
+) -> Iterator[str]:
+    """``http://127.0.0.1:PORT`` of an ``mlflow server`` on ``store_uri`` while the block runs.
+
+    ``remaining``: the export's time left (None: no deadline), asked while waiting for the server
+    to start; it raises once the export's deadline has passed, which ends the wait (and the
+    server) at the deadline rather than at ``timeout``.
+    """
     with tempfile.TemporaryDirectory(prefix="gym-artifacts-mlflow-server-") as tmp:
         port = _free_port()
         log = Path(tmp) / "server.log"
@@ -67,7 +74,7 @@ def trace_server(store_uri: str, timeout: float = START_TIMEOUT_S) -> Iterator[s
         guard = subprocess.Popen(cmd, stdin=subprocess.PIPE, env=env, start_new_session=True)
         try:
             url = f"http://127.0.0.1:{port}"
-            _wait_healthy(guard, url, log, timeout)
+            _wait_healthy(guard, url, log, timeout, remaining)
             yield url
         finally:
             assert guard.stdin is not None
@@ -79,13 +86,16 @@ def trace_server(store_uri: str, timeout: float = START_TIMEOUT_S) -> Iterator[s
                 guard.wait(30)
 
 
-def _wait_healthy(guard: subprocess.Popen[bytes], url: str, log: Path, timeout: float) -> None:
+def _wait_healthy(
+    guard: subprocess.Popen[bytes], url: str, log: Path, timeout: float, remaining: Callable[[], float | None]
+) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if guard.poll() is not None:
             raise RuntimeError(f"mlflow server exited: {log.read_text(errors='replace')[-2000:]}")
+        left = remaining()  # raises at the export's deadline
         try:
-            with urllib.request.urlopen(f"{url}/health", timeout=2) as resp:
+            with urllib.request.urlopen(f"{url}/health", timeout=2 if left is None else min(2, left)) as resp:
                 if resp.status == 200:
                     return
         except OSError:

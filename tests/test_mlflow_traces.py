@@ -5,6 +5,7 @@ from a SQLite store."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import stat
 import subprocess
@@ -259,3 +260,61 @@ def test_spans_only_traces_carry_verdicts_as_tags(mlflow_server: Any, tmp_path: 
         assert trace.info.request_time == int(record["response"]["created_at"] * 1000)
         assert trace.info.token_usage["total_tokens"] == record["response"]["usage"]["total_tokens"]
         assert not trace.info.assessments
+
+
+def servers_on(name: str) -> list[int]:
+    """Pids of live processes whose command line names ``name`` (a server started for a store)."""
+    pids = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            cmdline = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if name in cmdline and str(os.getpid()) != proc.name:
+            pids.append(int(proc.name))
+    return pids
+
+
+NEVER_READY = """
+import json, sys, time
+from gym_artifacts._builtin_exporters import _mlflow_trace_server as server
+# a server that never answers its health check (as a wedged start would): it only sleeps
+server._mlflow_command = lambda store_uri, port, artifacts: [sys.executable, "-c", "import time; time.sleep(600)", {marker!r}]
+from omegaconf import OmegaConf
+from gym_artifacts import export_run
+cfg = OmegaConf.create({{"exporters": {{"mlflow": {{"enabled": True, "tracking_uri": {uri!r}, "log_traces": True,
+                                              "export_deadline": {deadline}}}}}}})
+started = time.monotonic()
+[result] = export_run({rollouts!r}, cfg)
+print(json.dumps({{"status": result.status.value, "reason": result.reason, "seconds": time.monotonic() - started}}))
+"""
+
+
+@pytest.mark.slow
+def test_a_sqlite_stores_trace_server_is_under_the_export_deadline(quickstart_run: Path, tmp_path: Path) -> None:
+    """A database store's traces go through MLflow's own server, started for the export (10-60 s
+    on these machines, up to START_TIMEOUT_S): that start and the traces' requests are bounded by
+    ``export_deadline`` like a server store's. A start that never becomes ready ends the export
+    FAILED at the deadline, naming it, with no receipt and no server left; the rerun completes the
+    same MLflow run, one trace per rollout."""
+    from gym_artifacts._builtin_exporters._mlflow_trace_server import START_TIMEOUT_S
+
+    store = tmp_path / "m.db"
+    marker = f"never-ready-{tmp_path.name}"
+    script = NEVER_READY.format(marker=marker, uri=f"sqlite:///{store}", deadline=15, rollouts=str(quickstart_run))
+    proc = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True,
+                          timeout=START_TIMEOUT_S - 30)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    failed = json.loads(proc.stdout.splitlines()[-1])
+    assert failed["status"] == "FAILED" and "deadline" in failed["reason"], failed
+    assert failed["seconds"] < START_TIMEOUT_S / 3, failed  # the deadline, not the start timeout
+    assert not RunArtifacts.from_path(quickstart_run).export_done_fpath("mlflow").exists()
+    assert servers_on(marker) == []  # the guard took the never-ready server with it
+    [result] = export_run(quickstart_run, traces_cfg(f"sqlite:///{store}"))
+    assert result.status is ExportStatus.EXPORTED, result.reason
+    client = MlflowClient(f"sqlite:///{store}")
+    experiment = client.get_experiment_by_name("traces")
+    assert [r.info.run_id for r in client.search_runs([experiment.experiment_id])] == [result.backend_run_id]
+    assert_one_trace_per_rollout(client, result.backend_run_id, quickstart_run)
