@@ -547,8 +547,9 @@ def export_resolved(
                 progress(f"exporting to {name}", i, len(names))
             logger.info("%s: checking the receipt, then sending what the backend lacks", name)
             after_receipt: list[Callable[[], None]] = []
-            result: ExportResult | None = None
-            if reads_params and (verify or check_receipt(run, target, identities) is None):
+            # a receipt decided without --verify: what _export_one would answer first
+            result = check_receipt(run, target, identities) if reads_params and not verify else None
+            if reads_params and result is None:
                 try:  # a send may follow: only now are the rollouts read for the run's params
                     plan, reads_params = replace(plan, config=params_from_files(run) or plan.config), False
                 except OSError as exc:
