@@ -150,9 +150,9 @@ def test_sigkilled_export_rerun_leaves_no_duplicate(
                 os.kill(os.getpid(), signal.SIGKILL)
             tb.os.replace = die
         else:
-            def die(self, w, rollouts, *a):
-                for i, r in enumerate(rollouts):
-                    w.scalars({{"rollouts/reward": 1.0}}, r.row, 0.0)
+            def die(self, w, records, *a):
+                for i, _ in enumerate(records):
+                    w.scalars({{"rollouts/reward": 1.0}}, i, 0.0)
                     if i == 100:
                         w.flush()
                         os.kill(os.getpid(), signal.SIGKILL)
