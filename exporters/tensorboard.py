@@ -461,7 +461,7 @@ def rollout_numbers(record: Any) -> list[tuple[str, float]]:
     usage = response.get("usage") if isinstance(response, dict) else None
     if isinstance(usage, dict):
         for key in TOKEN_KEYS:
-            count = _count(usage.get(key))
+            count = _count(usage[key]) if key in usage else None
             if count is not None:
                 numbers.append((key, count))
     return numbers
