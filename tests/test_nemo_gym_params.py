@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from gym_artifacts.nemo_gym_params import params_from_files
@@ -19,7 +19,8 @@ ROW = st.fixed_dictionaries(
     optional={
         "agent_ref": st.fixed_dictionaries({"name": NAMES}) | NAMES | st.integers(),
         "_ng_environment_server": NAMES | st.none(),
-        "_ng_task_index": st.integers(0, 3) | st.sampled_from([10**400, "t"]),
+        "_ng_task_index": st.integers(0, 3)
+        | st.sampled_from([10**400, "t", "1", 1.0, True, None, float("nan"), [1]]),
         "response": st.fixed_dictionaries({}, optional={"model": NAMES | st.integers()})
         | st.text(max_size=3),
         "reward": st.floats(allow_nan=True, allow_infinity=True),
@@ -77,7 +78,11 @@ def stdlib_params(lines: list[str]) -> dict[str, Any] | None:
     return {k: v for k, v in params.items() if v is not None} or None
 
 
+THREE_TASKS = [json.dumps({"agent_ref": {"name": "a"}, "_ng_task_index": t}) for t in (1, True, 1.0, "1")]
+
+
 @settings(max_examples=60, deadline=None)
+@example(lines=THREE_TASKS, torn=False)  # 1, true, 1.0 and "1" are four tasks: one rollout each
 @given(lines=st.lists(ROW.map(json.dumps) | ODD, max_size=12), torn=st.booleans())
 def test_params_match_pythons_parser_over_odd_lines(
     tmp_path_factory: Any, lines: list[str], torn: bool
