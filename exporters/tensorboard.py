@@ -65,6 +65,7 @@ from ._rollouts import (
     response_text,
     rollout_from_record,
 )
+from ._tfrecord import tfrecord
 
 TABLE_CHUNK = 50
 CELL_CHARS = 200
@@ -92,7 +93,6 @@ class EventWriter:
 
     def __init__(self, dpath: Path) -> None:
         from tensorboard.compat.proto import event_pb2
-        from tensorboard.summary.writer.record_writer import RecordWriter
 
         dpath.mkdir(parents=True, exist_ok=True)
         self._event_pb2 = event_pb2
@@ -100,13 +100,14 @@ class EventWriter:
         unique = f"{socket.gethostname()}.{os.getpid()}.{uuid.uuid4().hex[:8]}"
         self.fpath = dpath / f"events.out.tfevents.{time.time_ns():020d}.{unique}"
         self._fh = open_regular(self.fpath, "wb")  # closed by close()
-        self._writer = RecordWriter(self._fh)
         self.bytes = 0
         self._write(event_pb2.Event(wall_time=time.time(), file_version="brain.Event:2"))
 
     def _write(self, event: Any) -> None:
+        """One event as a TFRecord (``_tfrecord``: TensorBoard's framing, without importing its
+        writer and the TensorFlow stub behind it)."""
         data = event.SerializeToString()
-        self._writer.write(data)
+        self._fh.write(tfrecord(data))
         self.bytes += len(data) + 16
 
     def scalars(self, values: dict[str, float], step: int, wall_time: float) -> None:
@@ -152,10 +153,10 @@ class EventWriter:
         self._write(self._event_pb2.Event(wall_time=wall_time, step=step, summary=summary))
 
     def flush(self) -> None:
-        self._writer.flush()
+        self._fh.flush()
 
     def close(self) -> None:
-        self._writer.close()
+        self._fh.close()
 
 
 def split_values(values: dict[str, Any], prefix: str = "") -> tuple[dict[str, float], dict[str, str]]:
