@@ -67,7 +67,7 @@ def params_from_files(run: RunArtifacts) -> dict[str, Any] | None:
     agents: Counter[str] = Counter()
     environments: Counter[str] = Counter()
     models: Counter[str] = Counter()
-    per_task: Counter[str] = Counter()
+    per_task: Counter[Any] = Counter()
     with open(fpath, "rb") as fh:
         for line in fh:
             if not line.endswith(b"\n"):
