@@ -55,7 +55,17 @@ from gym_artifacts.plugin import (
 )
 
 from ._histogram import Histogram
-from ._rollouts import Rollout, payload_rollouts, request_text, response_text
+from ._rollouts import (
+    PLACEMENT_KEYS,
+    REQUEST_KEYS,
+    RESPONSE_KEYS,
+    TIMING_PREFIXES,
+    Rollout,
+    request_text,
+    response_text,
+    rollout_from_record,
+)
+from ._tfrecord import tfrecord
 
 TABLE_CHUNK = 50
 CELL_CHARS = 200
@@ -83,7 +93,6 @@ class EventWriter:
 
     def __init__(self, dpath: Path) -> None:
         from tensorboard.compat.proto import event_pb2
-        from tensorboard.summary.writer.record_writer import RecordWriter
 
         dpath.mkdir(parents=True, exist_ok=True)
         self._event_pb2 = event_pb2
@@ -91,13 +100,14 @@ class EventWriter:
         unique = f"{socket.gethostname()}.{os.getpid()}.{uuid.uuid4().hex[:8]}"
         self.fpath = dpath / f"events.out.tfevents.{time.time_ns():020d}.{unique}"
         self._fh = open_regular(self.fpath, "wb")  # closed by close()
-        self._writer = RecordWriter(self._fh)
         self.bytes = 0
         self._write(event_pb2.Event(wall_time=time.time(), file_version="brain.Event:2"))
 
     def _write(self, event: Any) -> None:
+        """One event as a TFRecord (``_tfrecord``: TensorBoard's framing, without importing its
+        writer and the TensorFlow stub behind it)."""
         data = event.SerializeToString()
-        self._writer.write(data)
+        self._fh.write(tfrecord(data))
         self.bytes += len(data) + 16
 
     def scalars(self, values: dict[str, float], step: int, wall_time: float) -> None:
@@ -143,10 +153,10 @@ class EventWriter:
         self._write(self._event_pb2.Event(wall_time=wall_time, step=step, summary=summary))
 
     def flush(self) -> None:
-        self._writer.flush()
+        self._fh.flush()
 
     def close(self) -> None:
-        self._writer.close()
+        self._fh.close()
 
 
 def split_values(values: dict[str, Any], prefix: str = "") -> tuple[dict[str, float], dict[str, str]]:
@@ -280,8 +290,6 @@ class TensorboardExporter(LiveExporter):
         self._writer.flush()
 
     def _log_rollouts(self, rollouts: list[Any]) -> None:
-        from ._rollouts import rollout_from_record
-
         assert self._writer is not None
         histograms = RolloutHistograms()
         for record in rollouts:
@@ -342,7 +350,7 @@ class TensorboardExporter(LiveExporter):
         self._write_system(w, payload, finished)
         if not payload.sends_rollouts:
             return 0
-        return self._write_rollouts(w, payload_rollouts(payload), payload.secrets, finished)
+        return self._write_rollouts(w, payload.rollout_records(), payload.secrets, finished)
 
     @staticmethod
     def _write_system(w: EventWriter, payload: RunPayload, finished: float) -> None:
@@ -358,8 +366,11 @@ class TensorboardExporter(LiveExporter):
             w.scalars(values, step, sample.time)
 
     def _write_rollouts(
-        self, w: EventWriter, rollouts: Iterable[Rollout], secrets: frozenset[str], finished: float
+        self, w: EventWriter, records: Iterable[Any], secrets: frozenset[str], finished: float
     ) -> int:
+        """The rollouts' histograms and the bounded table. Only a row the table shows is turned
+        into the whole ``Rollout`` view (request and response texts, task, agent); every other
+        row gives just its histogram values (``rollout_numbers``), the same ones."""
         limit = self.settings.table_rows
         rows = 0
         chunk: list[str] = []
@@ -370,13 +381,16 @@ class TensorboardExporter(LiveExporter):
             chunk.clear()
 
         histograms = RolloutHistograms()
-        for r in rollouts:
-            rows += 1
-            histograms.add(r)
-            if r.row < limit:
+        for record in records:
+            if rows < limit:
+                r = rollout_from_record(rows, record)
+                histograms.add(r)
                 chunk.append(table_row(r))
-                if len(chunk) == TABLE_CHUNK:
-                    write_chunk()
+            else:
+                histograms.add_numbers(rollout_numbers(record))
+            rows += 1
+            if len(chunk) == TABLE_CHUNK:
+                write_chunk()
         if chunk:
             write_chunk()
         w.histograms(histograms.by_tag, rows, finished)
@@ -388,13 +402,70 @@ class TensorboardExporter(LiveExporter):
 TOKEN_KEYS = ("input_tokens", "output_tokens", "total_tokens")
 
 
+def _count(value: Any) -> float | None:
+    """A JSON number as a float; None for anything else (a bool, an int past the float range)."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    try:
+        return float(value)
+    except OverflowError:
+        return None
+
+
 def token_counts(response: Any) -> dict[str, float]:
     """A Responses API response's ``usage`` token counts (the numeric ones present)."""
     usage = response.get("usage") if isinstance(response, dict) else None
     if not isinstance(usage, dict):
         return {}
-    counts = {k: usage.get(k) for k in TOKEN_KEYS}
-    return {k: float(v) for k, v in counts.items() if isinstance(v, int | float) and not isinstance(v, bool)}
+    counts = {k: _count(usage.get(k)) for k in TOKEN_KEYS}
+    return {k: v for k, v in counts.items() if v is not None}
+
+
+def _first_key(record: dict[str, Any], keys: tuple[str, ...]) -> str | None:
+    return next((k for k in keys if k in record), None)
+
+
+_REQUEST_OR_RESPONSE = frozenset(REQUEST_KEYS) | frozenset(RESPONSE_KEYS)
+
+
+def rollout_numbers(record: Any) -> list[tuple[str, float]]:
+    """A rollout record's histogram values in the order ``RolloutHistograms.add`` takes them:
+    its verdicts (``reward`` first) as ``rollout_from_record`` finds them, then its response's
+    token counts (``token_counts``). The same values without building the ``Rollout`` view
+    (texts, task, agent, extras): the per-row work of the rows past the table, so the JSON
+    types are told apart by ``type`` before any call."""
+    if not isinstance(record, dict):
+        return []
+    numbers: list[tuple[str, float]] = []
+    for key, value in record.items():
+        kind = type(value)
+        if kind is str or kind is dict or kind is list or value is None:
+            continue
+        if key in PLACEMENT_KEYS or key == "agent_ref" or key.startswith(TIMING_PREFIXES):
+            continue
+        if kind is not float:
+            value = metric_value(value)  # int, bool (and any other number a caller passes)
+            if value is None:
+                continue
+        if value != value:  # NaN is no verdict
+            continue
+        if key in _REQUEST_OR_RESPONSE and key in (
+            _first_key(record, REQUEST_KEYS),
+            _first_key(record, RESPONSE_KEYS),
+        ):
+            continue  # a number where the request or response is looked for: shown as that
+        if key == "reward":
+            numbers.insert(0, (key, value))
+        else:
+            numbers.append((key, value))
+    response = record["response"] if "response" in record else record.get(_first_key(record, RESPONSE_KEYS))
+    usage = response.get("usage") if isinstance(response, dict) else None
+    if isinstance(usage, dict):
+        for key in TOKEN_KEYS:
+            count = _count(usage[key]) if key in usage else None
+            if count is not None:
+                numbers.append((key, count))
+    return numbers
 
 
 class RolloutHistograms:
@@ -410,7 +481,11 @@ class RolloutHistograms:
         self._pending: dict[str, list[float]] = {}
 
     def add(self, r: Rollout) -> None:
-        for name, value in (*r.verdicts.items(), *token_counts(r.response).items()):
+        self.add_numbers((*r.verdicts.items(), *token_counts(r.response).items()))
+
+    def add_numbers(self, numbers: Iterable[tuple[str, float]]) -> None:
+        """One rollout's ``(name, value)`` pairs (``rollout_numbers``)."""
+        for name, value in numbers:
             pending = self._pending.get(name)
             if pending is None:
                 pending = self._pending[name] = []

@@ -9,13 +9,14 @@ import sys
 import textwrap
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any, ClassVar
 
 import pytest
 from omegaconf import OmegaConf
 
 from gym_artifacts import export_run
 from gym_artifacts.contract import registry
-from gym_artifacts.contract.hooks import ExportStatus
+from gym_artifacts.contract.hooks import ExportPlan, ExportStatus, Sent
 from gym_artifacts.core.atomic import atomic_writer
 from gym_artifacts.run.artifacts import RunArtifacts
 from gym_artifacts.run.identity import content_identities
@@ -197,3 +198,132 @@ def test_unknown_exporter_lists_known(quickstart_run: Path) -> None:
 
     with pytest.raises(ConfigError, match=r"unknown exporter 'nope' \(known: .*counting.*local"):
         export_run(quickstart_run, cfg(counting=True), exporters=["nope"])
+
+
+# -- the re-export check (SKIPPED) reads no rollouts, yet never skips a changed run ------------
+
+
+def bytes_read_during(action: object) -> int:
+    """Bytes this process read (any file, any module: ``rchar`` of ``/proc/self/io``) in ``action()``."""
+
+    def rchar() -> int:
+        with open("/proc/self/io") as fh:
+            return next(int(line.split()[1]) for line in fh if line.startswith("rchar:"))
+
+    before = rchar()
+    action()  # type: ignore[operator]
+    return rchar() - before
+
+
+@pytest.mark.skipif(not Path("/proc/self/io").is_file(), reason="reads are counted by Linux's /proc")
+def test_skip_reads_nothing_that_grows_with_the_rollouts(quickstart_run: Path) -> None:
+    """A SKIP answers from stat calls, the identity cache and the receipt: of rollouts of 6 MB it
+    reads at most the end (a torn last line is looked for), even for a run that saved no config
+    (whose params are read from the rollouts only once a backend is about to send)."""
+    import orjson
+
+    rows = [orjson.loads(line) for line in quickstart_run.read_bytes().splitlines()]
+    quickstart_run.write_bytes(b"".join(orjson.dumps({**r, "padding": "x" * 20_000}) + b"\n" for r in rows))
+    assert quickstart_run.stat().st_size > 6_000_000
+    quickstart_run.with_name("eval_config.yaml").unlink()  # as NeMo Gym writes it: no config saved
+    run = RunArtifacts.from_path(quickstart_run)
+    old = os.stat(quickstart_run).st_mtime - 120  # outside the identity cache's racy window
+    for p in [quickstart_run, *quickstart_run.parent.rglob("*")]:
+        if p.is_file():
+            os.utime(p, (old, old))
+    [first] = export_run(run, cfg(counting=True))
+    assert first.status is ExportStatus.EXPORTED
+    export_run(run, cfg(counting=True))  # imports and caches warm
+    results: list = []
+    read = bytes_read_during(lambda: results.extend(export_run(run, cfg(counting=True))))
+    assert [r.status for r in results] == [ExportStatus.SKIPPED]
+    assert read < 1_000_000, f"a SKIP read {read:,} bytes"
+    assert len(CountingExporter.sends) == 1
+
+
+def _flip_one_byte_keeping_size_and_mtime(fpath: Path) -> None:
+    st = fpath.stat()
+    data = bytearray(fpath.read_bytes())
+    i = data.index(b"0") if b"0" in data else len(data) // 2
+    data[i : i + 1] = b"1" if data[i : i + 1] == b"0" else b"0"  # still valid JSON
+    fpath.write_bytes(bytes(data))
+    os.utime(fpath, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert fpath.stat().st_size == st.st_size and fpath.stat().st_mtime_ns == st.st_mtime_ns
+
+
+def _truncate_to_its_first_line(fpath: Path) -> None:
+    first = fpath.read_bytes().splitlines(keepends=True)[0]
+    st = fpath.stat()
+    with open(fpath, "r+b") as fh:
+        fh.truncate(len(first))
+    os.utime(fpath, ns=(st.st_atime_ns, st.st_mtime_ns))
+
+
+def _replace_by_a_symlink_to_a_changed_copy(fpath: Path) -> None:
+    copy = fpath.with_name("elsewhere.jsonl")
+    copy.write_bytes(fpath.read_bytes())
+    _flip_one_byte_keeping_size_and_mtime(copy)
+    st = fpath.stat()
+    os.utime(copy, ns=(st.st_atime_ns, st.st_mtime_ns))
+    fpath.unlink()
+    fpath.symlink_to(copy.name)
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        _flip_one_byte_keeping_size_and_mtime,
+        _truncate_to_its_first_line,
+        _replace_by_a_symlink_to_a_changed_copy,
+    ],
+    ids=["one-byte-same-size-and-mtime", "truncated-mtime-restored", "symlink"],
+)
+def test_a_changed_rollouts_file_is_never_skipped(quickstart_run: Path, change: object) -> None:
+    """Whatever the cache remembers, a changed rollouts file is seen: no SKIP, nothing sent over
+    the old receipt; deleting the receipt exports the changed run under a new identity."""
+    run = RunArtifacts.from_path(quickstart_run)
+    old = os.stat(quickstart_run).st_mtime - 120
+    for p in [quickstart_run, *quickstart_run.parent.rglob("*")]:
+        if p.is_file():
+            os.utime(p, (old, old))
+    [first] = export_run(run, cfg(counting=True))
+    [again] = export_run(run, cfg(counting=True))
+    assert (first.status, again.status) == (ExportStatus.EXPORTED, ExportStatus.SKIPPED)
+    change(quickstart_run)  # type: ignore[operator]
+    [changed] = export_run(run, cfg(counting=True))
+    assert changed.status is ExportStatus.FAILED, changed.reason
+    # the changed identity is named; a truncated run is first refused for its missing rollouts
+    assert "rollouts.jsonl changed" in (changed.reason or "") or "not exportable" in (changed.reason or "")
+    assert len(CountingExporter.sends) == 1
+    if "not exportable" not in (changed.reason or ""):
+        run.export_done_fpath("counting").unlink()
+        [anew] = export_run(run, cfg(counting=True))
+        assert anew.status is ExportStatus.EXPORTED, anew.reason
+        assert len(set(CountingExporter.sends)) == 2
+
+
+class ParamsSeenExporter(CountingExporter):
+    """Records the params (``plan.config``) each send was given."""
+
+    name = "params_seen"
+    configs: ClassVar[list[Any]] = []
+
+    def _export(self, run: RunArtifacts, plan: ExportPlan) -> Sent:
+        ParamsSeenExporter.configs.append(plan.config)
+        return super()._export(run, plan)
+
+
+def test_params_read_from_the_rollouts_reach_a_send_after_a_skip(quickstart_run: Path) -> None:
+    """A run without a saved config: one backend SKIPs (no params read), the next one sends and
+    gets the params the rollouts tell (agent, model, repeats)."""
+    quickstart_run.with_name("eval_config.yaml").unlink()
+    export_run(quickstart_run, cfg(counting=True))
+    registry.register(ParamsSeenExporter)
+    ParamsSeenExporter.configs.clear()
+    try:
+        results = export_run(quickstart_run, cfg(counting=True, params_seen=True))
+    finally:
+        registry.unregister(ParamsSeenExporter.name)
+    assert [r.status for r in results] == [ExportStatus.SKIPPED, ExportStatus.EXPORTED]
+    [params] = ParamsSeenExporter.configs
+    assert params is not None and params["agent_name"] and params["num_repeats"] == 4, params

@@ -150,9 +150,9 @@ def test_sigkilled_export_rerun_leaves_no_duplicate(
                 os.kill(os.getpid(), signal.SIGKILL)
             tb.os.replace = die
         else:
-            def die(self, w, rollouts, *a):
-                for i, r in enumerate(rollouts):
-                    w.scalars({{"rollouts/reward": 1.0}}, r.row, 0.0)
+            def die(self, w, records, *a):
+                for i, _ in enumerate(records):
+                    w.scalars({{"rollouts/reward": 1.0}}, i, 0.0)
                     if i == 100:
                         w.flush()
                         os.kill(os.getpid(), signal.SIGKILL)
@@ -323,3 +323,40 @@ def test_level_table_stays_a_few_columns_whatever_the_level_holds(
     for line in body:
         unescaped = line.replace("\\|", "")
         assert unescaped.count("|") == header_cells + 1, line
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.binary(max_size=3000))
+def test_records_are_framed_as_tensorboards_own_writer_frames_them(data: bytes) -> None:
+    """The event files' framing (``_tfrecord``) is byte for byte what TensorBoard's writer writes."""
+    import io
+
+    from tensorboard.summary.writer.record_writer import RecordWriter
+
+    from gym_artifacts._builtin_exporters._tfrecord import tfrecord
+
+    sink = io.BytesIO()
+    RecordWriter(sink).write(data)
+    assert tfrecord(data) == sink.getvalue()
+
+
+def test_an_export_loads_only_tensorboards_protos(quickstart_run: Path, tmp_path: Path) -> None:
+    """Not its summary writer and the TensorFlow stub behind it (half a second of imports)."""
+    script = textwrap.dedent(
+        f"""
+        import sys
+        from omegaconf import OmegaConf
+        from gym_artifacts.export.engine import export_run
+        cfg = OmegaConf.create({{"exporters": {{"tensorboard": {{"enabled": True, "logdir": {str(tmp_path / "tb")!r}}}}}}})
+        [result] = export_run({str(quickstart_run)!r}, cfg)
+        assert result.status.value == "EXPORTED", result.reason
+        print(sorted(m for m in sys.modules if m.startswith(("tensorboard.summary", "tensorboard.compat.tensorflow_stub"))))
+        """
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, timeout=120
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.strip().splitlines()[-1] == "[]"
+    [run_dir] = run_folders(tmp_path / "tb")
+    assert_quickstart_once(run_dir, quickstart_run)

@@ -353,7 +353,10 @@ def metric_value(value: Any) -> float | None:
     if isinstance(value, bool):
         return float(value)
     if isinstance(value, numbers.Real):
-        return float(value)
+        try:
+            return float(value)
+        except OverflowError:  # an integer past the float range (JSON allows any length)
+            return None
     item = getattr(value, "item", None)  # numpy scalars, 0-d arrays
     if callable(item):
         try:

@@ -524,8 +524,6 @@ def export_resolved(
         if nemo_gym_config is not None:
             config_for_backends, given = load_nemo_gym_run_config(nemo_gym_config)
             secrets = secrets | given
-        elif not config_for_backends:  # none saved, or only where to export it
-            config_for_backends = params_from_files(run) or config_for_backends
         coverage = coverage_of(run, record_counts)
     except (GymArtifactsError, OSError) as exc:
         return finish([_failed(n, str(exc), start) for n in names])
@@ -543,6 +541,10 @@ def export_resolved(
         partial_line=run.partial_rollouts_line() if upload else None,
         coverage=coverage,
     )
+    # A run that saved no config gets the params its rollouts tell (``params_from_files``): a
+    # full read of the rollouts, so made only once a backend is about to send (a SKIP answers
+    # from stat calls, the identity cache and the receipt, whatever the run's size).
+    reads_params = nemo_gym_config is None and not config_for_backends
     results = []
     with run_config_of_export(run, run_config):  # a backend asking for it gets this one, not a re-read
         for i, target in enumerate(resolved.targets):
@@ -551,7 +553,16 @@ def export_resolved(
                 progress(f"exporting to {name}", i, len(names))
             logger.info("%s: checking the receipt, then sending what the backend lacks", name)
             after_receipt: list[Callable[[], None]] = []
-            result = _redacted(_export_one(run, target, plan, signatures, verify, after_receipt), secrets)
+            # a receipt decided without --verify: what _export_one would answer first
+            result = check_receipt(run, target, identities) if reads_params and not verify else None
+            if reads_params and result is None:
+                try:  # a send may follow: only now are the rollouts read for the run's params
+                    plan, reads_params = replace(plan, config=params_from_files(run) or plan.config), False
+                except OSError as exc:
+                    result = _failed(name, f"cannot read {run.rollouts_fpath}: {exc}", start)
+            if result is None:
+                result = _export_one(run, target, plan, signatures, verify, after_receipt)
+            result = _redacted(result, secrets)
             logger.info("%s: %s %s", name, result.status.value, result.backend_run_id or result.reason or "")
             results.append(result)
             if on_result is not None:

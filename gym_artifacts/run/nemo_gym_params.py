@@ -13,6 +13,8 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+import orjson
+
 from gym_artifacts.run.artifacts import RunArtifacts
 
 # What NeMo Gym's rollouts record, and the param each becomes (NeMo Gym's config names where
@@ -45,6 +47,14 @@ def _one_value(counter: Counter[str]) -> str | None:
     return ",".join(value for value, _ in counter.most_common())
 
 
+def _task_key(agent: Any, task: Any) -> Any:
+    """One key per (agent, task) as their JSON texts tell them apart (``1``, ``1.0`` and ``true``
+    are three tasks): the common string or integer values as a typed tuple, the rest as JSON."""
+    if type(task) in (str, int) and (agent is None or type(agent) is str):
+        return (agent, type(task), task)
+    return json.dumps([agent, task])
+
+
 def params_from_files(run: RunArtifacts) -> dict[str, Any] | None:
     """What a NeMo Gym run's rollouts tell about it: agent, environment server, model, repeats.
 
@@ -57,15 +67,18 @@ def params_from_files(run: RunArtifacts) -> dict[str, Any] | None:
     agents: Counter[str] = Counter()
     environments: Counter[str] = Counter()
     models: Counter[str] = Counter()
-    per_task: Counter[str] = Counter()
+    per_task: Counter[Any] = Counter()
     with open(fpath, "rb") as fh:
         for line in fh:
             if not line.endswith(b"\n"):
                 break  # a torn last line is the export's to report
             try:
-                row = json.loads(line)
-            except ValueError:
-                continue
+                row = orjson.loads(line)  # the fast parser; the rare line it refuses (NaN, a
+            except orjson.JSONDecodeError:  # huge integer...) is read as Python reads it
+                try:
+                    row = json.loads(line)
+                except (ValueError, RecursionError):
+                    continue
             if not isinstance(row, dict):
                 continue
             agent = row.get("agent_ref")
@@ -81,7 +94,7 @@ def params_from_files(run: RunArtifacts) -> dict[str, Any] | None:
                 models[model] += 1
             task = row.get("_ng_task_index")
             if task is not None:
-                per_task[json.dumps([agent, task])] += 1
+                per_task[_task_key(agent, task)] += 1
     params = {
         AGENT_PARAM: _one_value(agents),
         ENVIRONMENT_PARAM: _one_value(environments),
