@@ -18,7 +18,8 @@ from __future__ import annotations
 
 import enum
 from abc import ABC, abstractmethod
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -95,6 +96,30 @@ class ExportPlan:
     # The export's ``RunPayload`` per run, made on first use (``RunPayload.of``): what every
     # backend sends, read and masked once for all of them.
     payloads: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
+    # A digest of the run's files' bytes (``identity.send_key``), known before the send: what a
+    # backend finds its run of these files by while (or after a crash before) it is tagged with
+    # ``run_identity``. None from a caller that does not compute it.
+    send_key: str | None = None
+    # While the identities are hashed beside the send (``identities_pending``): returns
+    # ``(identities, run_identity)`` once they are; ``identities`` is empty until ``complete()``.
+    identities_later: Callable[[], tuple[dict[str, str], str]] | None = field(
+        default=None, compare=False, repr=False
+    )
+
+    @property
+    def identities_pending(self) -> bool:
+        """The identities are still being hashed: a backend that hashes while sending
+        (``Exporter.hashes_while_sending``) finds its run by ``send_key`` and calls ``complete()``
+        before tagging it with ``run_identity``."""
+        return self.identities_later is not None
+
+    def complete(self) -> ExportPlan:
+        """This plan with its identities, waiting for the hashing when it is still in flight (a
+        file that cannot be hashed raises here, RunError naming it)."""
+        if self.identities_later is None:
+            return self
+        identities, run_identity = self.identities_later()
+        return replace(self, identities=identities, run_identity=run_identity, identities_later=None)
 
 
 @dataclass(frozen=True)

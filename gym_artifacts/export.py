@@ -11,6 +11,7 @@ run is in. One backend's failure never stops another's.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import tempfile
@@ -37,7 +38,13 @@ from gym_artifacts.coverage import coverage_of
 from gym_artifacts.destination import Destination, destination_key
 from gym_artifacts.errors import ConfigError, GymArtifactsError, ReceiptError, RunError
 from gym_artifacts.exporter import CERTIFIED_NOTE, Exporter, ExportPlan, ExportResult, ExportStatus
-from gym_artifacts.identity import content_identities, run_identity
+from gym_artifacts.identity import (
+    IdentitiesInFlight,
+    content_identities,
+    identities_cached,
+    run_identity,
+    send_key,
+)
 from gym_artifacts.live_certify import certify_or_export
 from gym_artifacts.live_exporter import LiveExporter
 from gym_artifacts.locking import LockBusy, exclusive_lock
@@ -314,6 +321,30 @@ def _verified(target: Target, decided: ExportResult, start: float) -> ExportResu
     return None
 
 
+def _identities_for(run: RunArtifacts, target: Target, plan: ExportPlan) -> ExportPlan:
+    """``plan`` with its identities when this target needs them before sending: a backend that
+    does not hash while sending, or a receipt to compare them with (another process's, written
+    since the export began). Otherwise ``plan`` as it is (its identities maybe still hashing)."""
+    if not plan.identities_pending:
+        return plan
+    if getattr(target.cls, "hashes_while_sending", False) and not run.export_done_fpath(target.name).exists():
+        return plan
+    return plan.complete()
+
+
+def _hash_while_sending(run: RunArtifacts, resolved: ResolvedExport, known: Any) -> bool:
+    """Whether this export hashes the run's identities beside the send instead of before it:
+    some file is not in the identity cache, a selected backend can (``hashes_while_sending``),
+    and nothing is decided from the identities before a send (no receipt or live-run marker of
+    a selected backend: SKIPPED, changed and certify are)."""
+    if not any(getattr(t.cls, "hashes_while_sending", False) for t in resolved.targets):
+        return False
+    for target in resolved.targets:
+        if run.export_done_fpath(target.name).exists() or run.run_id_marker_fpath(target.name).exists():
+            return False
+    return not identities_cached(run, known)
+
+
 def _export_one(
     run: RunArtifacts,
     target: Target,
@@ -324,6 +355,10 @@ def _export_one(
 ) -> ExportResult:
     start = time.monotonic()
     name = target.name
+    try:
+        plan = _identities_for(run, target, plan)
+    except (GymArtifactsError, OSError) as exc:
+        return _failed(name, str(exc), start)
     decided = check_receipt(run, target, plan.identities)
     if decided is not None and verify:
         decided = _verified(target, decided, start)
@@ -333,17 +368,23 @@ def _export_one(
         return _failed(name, target.error or "exporter could not be built", start)
     path_lock = run.export_lock_fpath(name)
     try:
-        with exclusive_lock(path_lock, wait_seconds=LOCK_WAIT_SECONDS):
-            identity_lock = identity_lock_fpath(name, target.key, plan.run_identity)
-            with exclusive_lock(identity_lock, wait_seconds=LOCK_WAIT_SECONDS):
-                # Another process may have finished while this one waited.
-                if not verify:
-                    decided = check_receipt(run, target, plan.identities)
-                    if decided is not None:
-                        return decided
-                return _send(run, target, plan, signatures, start, after_receipt)
+        with contextlib.ExitStack() as locks:
+            locks.enter_context(exclusive_lock(path_lock, wait_seconds=LOCK_WAIT_SECONDS))
+            # The same bytes (from any folder), then the same identity when it is known yet.
+            for lock_key in dict.fromkeys(k for k in (plan.send_key, plan.run_identity) if k):
+                identity_lock = identity_lock_fpath(name, target.key, lock_key)
+                locks.enter_context(exclusive_lock(identity_lock, wait_seconds=LOCK_WAIT_SECONDS))
+            # Another process may have finished while this one waited.
+            if not verify:
+                plan = _identities_for(run, target, plan)
+                decided = check_receipt(run, target, plan.identities)
+                if decided is not None:
+                    return decided
+            return _send(run, target, plan, signatures, start, after_receipt)
     except LockBusy as exc:
         return _failed(name, f"{run.source} is being exported to {name} by another process ({exc})", start)
+    except GymArtifactsError as exc:  # the identities hashed beside the send could not be
+        return _failed(name, str(exc), start)
     except OSError as exc:
         return _failed(name, f"cannot lock {path_lock}: {exc.strerror}", start)
 
@@ -383,6 +424,10 @@ def _send(
         return _failed(name, reason.splitlines()[0], start)
     if result.status is not ExportStatus.EXPORTED:
         return result
+    try:
+        plan = plan.complete()  # a backend that hashed while sending has waited for them already
+    except (GymArtifactsError, OSError) as exc:
+        return _failed(name, f"sent, but the run's identity could not be computed: {exc}", start)
     try:
         if file_signatures(run) != signatures:
             return _failed(
@@ -510,10 +555,20 @@ def export_resolved(
     if missing is not None:
         return finish([_failed(n, f"not exportable: {missing}", start) for n in names])
     logger.info("hashing the run's files (unchanged files come from the identity cache)")
+    torn = run.partial_rollouts_line()
+    partial_line = torn if upload else None
+    hashing: IdentitiesInFlight | None = None
     try:
         signatures = file_signatures(run)
+        key, known = send_key(run)
         record_counts: dict[str, int] = {}
-        identities = content_identities(run, progress=progress, record_counts=record_counts)
+        if torn is None and _hash_while_sending(run, resolved, known):
+            logger.info("hashing the run's content identity while sending it")
+            hashing = IdentitiesInFlight(run, known)
+            identities, identity = {}, ""
+        else:
+            identities = content_identities(run, progress=progress, record_counts=record_counts, known=known)
+            identity = run_identity(identities)
         config_for_backends, secrets = backend_config(run_config)
         if nemo_gym_config is not None:
             config_for_backends, given = load_nemo_gym_run_config(nemo_gym_config)
@@ -528,14 +583,17 @@ def export_resolved(
         return finish([_failed(n, f"not exportable: {refused}", start) for n in names])
     plan = ExportPlan(
         identities=identities,
-        run_identity=run_identity(identities),
+        run_identity=identity,
         upload_rollouts=upload,
         certify=certify,
         config=config_for_backends,
         secrets=secrets,
-        rollout_rows=record_counts.get(ROLLOUTS),
-        partial_line=run.partial_rollouts_line() if upload else None,
+        # counted by the hashing, else by the coverage (no torn line then: the same count)
+        rollout_rows=record_counts.get(ROLLOUTS, coverage.scored if hashing is not None else None),
+        partial_line=partial_line,
         coverage=coverage,
+        send_key=key,
+        identities_later=hashing.result if hashing is not None else None,
     )
     results = []
     with run_config_of_export(run, run_config):  # a backend asking for it gets this one, not a re-read

@@ -182,18 +182,32 @@ def jsonl_digest(fpath: Path, workers: int | None = None, end: int | None = None
 CANONICAL_MAX_BYTES = 64 << 20
 
 
-def identity_of(fpath: Path) -> str:
-    """The content identity of one file, chosen by its kind (its name's ending) and size."""
+def identity_kind(fpath: Path, size: int | None = None) -> str:
+    """How a file's content identity is computed: ``jsonl``, ``json``, ``yaml``, ``gzip`` (parsed
+    or decompressed) or ``bytes`` (its bytes as they are), by its name's ending and size."""
     name = fpath.name.lower()
     if name.endswith(".jsonl"):
-        return hash_jsonl_file(fpath)
-    if name.endswith((".json", ".yaml", ".yml")) and fpath.stat().st_size > CANONICAL_MAX_BYTES:
-        return hash_bytes_file(fpath)  # too big to parse whole: its bytes, streamed
-    if name.endswith(".json"):
-        return hash_json_file(fpath)
-    if name.endswith((".yaml", ".yml")):
-        return hash_yaml_file(fpath)
+        return "jsonl"
+    if name.endswith((".json", ".yaml", ".yml")):
+        size = fpath.stat().st_size if size is None else size
+        if size > CANONICAL_MAX_BYTES:
+            return "bytes"  # too big to parse whole: its bytes, streamed
+        return "json" if name.endswith(".json") else "yaml"
     if name.endswith(".gz"):
+        return "gzip"
+    return "bytes"
+
+
+def identity_of(fpath: Path) -> str:
+    """The content identity of one file, chosen by its kind (``identity_kind``)."""
+    kind = identity_kind(fpath)
+    if kind == "jsonl":
+        return hash_jsonl_file(fpath)
+    if kind == "json":
+        return hash_json_file(fpath)
+    if kind == "yaml":
+        return hash_yaml_file(fpath)
+    if kind == "gzip":
         return hash_gzip_file(fpath)
     return hash_bytes_file(fpath)
 
@@ -204,12 +218,15 @@ def content_identities(
     use_cache: bool = True,
     progress: Callable[[str, int, int], None] | None = None,
     record_counts: dict[str, int] | None = None,
+    known: Mapping[str, tuple[list[int], str]] | None = None,
 ) -> dict[str, str]:
     """``{artifact name: digest}`` for every file of the run that is present.
 
     A file whose device, inode, size, modification and change times all equal those recorded
     when it was last hashed is not read again (see ``IdentityCache``); any other file is.
     ``record_counts``, when given, receives the number of records of each JSONL file known.
+    ``known``: identities already computed this export (``{name: (stat_key, identity)}``, the
+    send key's pass), used for a file whose stat key still matches.
     """
     cache = IdentityCache(run.identity_cache_fpath) if use_cache else None
     identities: dict[str, str] = {}
@@ -223,6 +240,9 @@ def content_identities(
                 progress(f"hashing {name}", done, total)
                 done += before.st_size
             cached = cache.lookup(name, before) if cache is not None else None
+            fresh = cached is None
+            if fresh and known is not None and name in known and known[name][0] == stat_key(before):
+                cached = known[name][1], None
             if cached is not None:
                 identities[name], records = cached
             elif name.endswith(".jsonl"):
@@ -233,7 +253,7 @@ def content_identities(
                 identities[name], records = identity_of(fpath), None
             if records is not None and record_counts is not None:
                 record_counts[name] = records
-            if cached is None and cache is not None:
+            if fresh and cache is not None:
                 cache.store(name, before, os.stat(fpath), identities[name], records)
         except OSError as exc:
             raise RunError(f"{fpath}: cannot read: {exc.strerror or exc}") from exc
@@ -318,3 +338,94 @@ def run_identity(identities: Mapping[str, str]) -> str:
     hasher = blake3.blake3(b"run-identity-v1\0")
     hasher.update(canonical_json(dict(identities)))
     return _hex(hasher)
+
+
+# -- hashing while sending ---------------------------------------------------------------------
+# The content identity parses JSONL, JSON and YAML: on a large run it takes several times the copy
+# or upload it guards. An export whose identities are not all in the cache computes them beside
+# the send (``IdentitiesInFlight``) and tags the backend run with them last. What finds that
+# backend run again after a crash, and what serialises two exports of the same files, must be
+# known before the send: the send key.
+
+SEND_KEY_PREFIX = "k3:"
+# The identity cache's entries for the byte digests behind the send key.
+_BYTES_ENTRY = "bytes:"
+
+
+def send_key(run: RunArtifacts) -> tuple[str, dict[str, tuple[list[int], str]]]:
+    """A digest of every artifact's name and bytes, and the identities that came with it.
+
+    The bytes are hashed with blake3 on every core (gigabytes a second: a small part of any copy
+    of them), each file's digest cached by its stat key like an identity. The same bytes give the
+    same key from any folder and after a ``touch``. A file whose identity is its bytes
+    (``identity_kind`` ``bytes``: a recording, a trace) gets its identity from the same read:
+    returned as ``{name: (stat_key, identity)}`` for ``content_identities(known=...)``.
+    """
+    cache = IdentityCache(run.identity_cache_fpath)
+    digests: dict[str, str] = {}
+    known: dict[str, tuple[list[int], str]] = {}
+    for name, fpath in sorted(run.artifact_files().items()):
+        try:
+            before = os.stat(fpath)
+            cached = cache.lookup(_BYTES_ENTRY + name, before)
+            digest = cached[0] if cached is not None else hash_bytes_file(fpath)
+            if cached is None:
+                cache.store(_BYTES_ENTRY + name, before, os.stat(fpath), digest)
+        except OSError as exc:
+            raise RunError(f"{fpath}: cannot read: {exc.strerror or exc}") from exc
+        digests[name] = digest
+        if identity_kind(fpath, before.st_size) == "bytes":
+            known[name] = (stat_key(before), digest)
+    cache.save()
+    hasher = blake3.blake3(b"send-key-v1\0")
+    hasher.update(canonical_json(digests))
+    return SEND_KEY_PREFIX + hasher.hexdigest(), known
+
+
+def identities_cached(run: RunArtifacts, known: Mapping[str, tuple[list[int], str]]) -> bool:
+    """Whether every file's identity is known without reading it (cached, or from ``known``)."""
+    cache = IdentityCache(run.identity_cache_fpath)
+    for name, fpath in run.artifact_files().items():
+        try:
+            st = os.stat(fpath)
+        except OSError:
+            return False
+        if name in known and known[name][0] == stat_key(st):
+            continue
+        if cache.lookup(name, st) is None:
+            return False
+    return True
+
+
+class IdentitiesInFlight:
+    """``content_identities`` of a run on a thread started now, while the caller sends the run.
+
+    A JSONL file's records are parsed and hashed in worker processes (``jsonl_digest``), so the
+    hashing runs beside a send in this process's thread (a kernel copy, an upload) rather than
+    competing with it for the interpreter. ``result()`` waits for it and raises what it raised.
+    """
+
+    def __init__(self, run: RunArtifacts, known: Mapping[str, tuple[list[int], str]] | None = None) -> None:
+        import threading
+
+        self._result: tuple[dict[str, str], str] | None = None
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(
+            target=self._hash, args=(run, known), name="gym-artifacts-identity", daemon=True
+        )
+        self._thread.start()
+
+    def _hash(self, run: RunArtifacts, known: Mapping[str, tuple[list[int], str]] | None) -> None:
+        try:
+            identities = content_identities(run, known=known)
+            self._result = identities, run_identity(identities)
+        except BaseException as exc:  # handed to result(): raised in the caller's thread
+            self._error = exc
+
+    def result(self) -> tuple[dict[str, str], str]:
+        """``(identities, run identity)``, once hashed."""
+        self._thread.join()
+        if self._error is not None:
+            raise self._error
+        assert self._result is not None
+        return self._result
