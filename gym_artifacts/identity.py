@@ -154,26 +154,51 @@ def jsonl_digest(fpath: Path, workers: int | None = None, end: int | None = None
     multiset sums merge. A malformed line is reported with its line number either way.
     """
     size = fpath.stat().st_size if end is None else end
-    workers = workers or min(os.cpu_count() or 1, 8)
+    workers = workers or _workers()
     if size < PARALLEL_MIN_BYTES or workers < 2:
         return digest_jsonl_range(fpath, 0, end)
-    import multiprocessing
-    import threading
-    from concurrent.futures import ProcessPoolExecutor
+    return JsonlInFlight(fpath, end, workers).result()
 
-    # fork is cheap and safe while this is the only thread (the CLI); otherwise a fresh server.
-    method = "fork" if threading.active_count() == 1 else "forkserver"
-    bounds = [size * i // workers for i in range(workers + 1)]
-    jobs = [(str(fpath), bounds[i], bounds[i + 1]) for i in range(workers)]
-    try:
-        with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context(method)) as pool:
-            parts = list(pool.map(_digest_range_job, jobs))
-    except RunError:
-        return digest_jsonl_range(fpath, 0, end)  # again in order, for the exact line number
-    total = JsonlDigest()
-    for count, part_sum in parts:
-        total.merge(JsonlDigest(count, part_sum))
-    return total
+
+def _workers() -> int:
+    return min(os.cpu_count() or 1, 8)
+
+
+class JsonlInFlight:
+    """A large JSONL file's multiset digest, its parts hashed by worker processes started now
+    (split at line boundaries; the multiset sums merge in ``result()``).
+
+    Started by the thread that will go on sending, while it is the only thread, the workers are
+    forked (cheap); where other threads run, they come from a fresh fork server instead.
+    """
+
+    def __init__(self, fpath: Path, end: int | None = None, workers: int | None = None) -> None:
+        import multiprocessing
+        import threading
+        from concurrent.futures import ProcessPoolExecutor
+
+        self.fpath, self.end = fpath, end
+        size = fpath.stat().st_size if end is None else end
+        workers = max(2, workers or _workers())
+        method = "fork" if threading.active_count() == 1 else "forkserver"
+        bounds = [size * i // workers for i in range(workers + 1)]
+        self._pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context(method))
+        # with fork, every worker is forked here, by the first submit, before the pool's own thread
+        jobs = [(str(fpath), bounds[i], bounds[i + 1]) for i in range(workers)]
+        self._parts = [self._pool.submit(_digest_range_job, job) for job in jobs]
+
+    def result(self) -> JsonlDigest:
+        """The merged digest; a malformed line is reported with its line number."""
+        try:
+            parts = [part.result() for part in self._parts]
+        except RunError:
+            return digest_jsonl_range(self.fpath, 0, self.end)  # again in order, for the line number
+        finally:
+            self._pool.shutdown(wait=True, cancel_futures=True)
+        total = JsonlDigest()
+        for count, part_sum in parts:
+            total.merge(JsonlDigest(count, part_sum))
+        return total
 
 
 # A JSON or YAML document is identified by its canonical form (formatting does not count) only
@@ -219,6 +244,7 @@ def content_identities(
     progress: Callable[[str, int, int], None] | None = None,
     record_counts: dict[str, int] | None = None,
     known: Mapping[str, tuple[list[int], str]] | None = None,
+    started: Mapping[str, tuple[list[int], JsonlInFlight]] | None = None,
 ) -> dict[str, str]:
     """``{artifact name: digest}`` for every file of the run that is present.
 
@@ -226,7 +252,8 @@ def content_identities(
     when it was last hashed is not read again (see ``IdentityCache``); any other file is.
     ``record_counts``, when given, receives the number of records of each JSONL file known.
     ``known``: identities already computed this export (``{name: (stat_key, identity)}``, the
-    send key's pass), used for a file whose stat key still matches.
+    send key's pass), used for a file whose stat key still matches; ``started``: JSONL digests
+    already being computed (``IdentitiesInFlight``), likewise.
     """
     cache = IdentityCache(run.identity_cache_fpath) if use_cache else None
     identities: dict[str, str] = {}
@@ -246,8 +273,11 @@ def content_identities(
             if cached is not None:
                 identities[name], records = cached
             elif name.endswith(".jsonl"):
-                torn = partial_last_line(fpath) if name in (ROLLOUTS, METRICS_JOURNAL) else None
-                digest = jsonl_digest(fpath, end=torn.complete_bytes if torn else None)
+                in_flight = started.get(name) if started is not None else None
+                if in_flight is not None and in_flight[0] == stat_key(before):
+                    digest = in_flight[1].result()
+                else:
+                    digest = jsonl_digest(fpath, end=_complete_bytes(name, fpath))
                 identities[name], records = digest.hexdigest(), digest.count
             else:
                 identities[name], records = identity_of(fpath), None
@@ -262,6 +292,12 @@ def content_identities(
     if progress is not None:
         progress("hashed", total, total)
     return identities
+
+
+def _complete_bytes(name: str, fpath: Path) -> int | None:
+    """Where a JSONL file's identity ends: before a torn last line of the rollouts or journal."""
+    torn = partial_last_line(fpath) if name in (ROLLOUTS, METRICS_JOURNAL) else None
+    return torn.complete_bytes if torn else None
 
 
 def stat_key(st: os.stat_result) -> list[int]:
@@ -398,11 +434,13 @@ def identities_cached(run: RunArtifacts, known: Mapping[str, tuple[list[int], st
 
 
 class IdentitiesInFlight:
-    """``content_identities`` of a run on a thread started now, while the caller sends the run.
+    """``content_identities`` of a run, started now and collected by ``result()``, while the
+    caller sends the run.
 
-    A JSONL file's records are parsed and hashed in worker processes (``jsonl_digest``), so the
-    hashing runs beside a send in this process's thread (a kernel copy, an upload) rather than
-    competing with it for the interpreter. ``result()`` waits for it and raises what it raised.
+    Each large JSONL file not in the cache is parsed and hashed by worker processes forked here,
+    in the caller's thread (``JsonlInFlight``); a thread hashes the other files and collects the
+    workers' parts. The send goes on in the caller's thread (a kernel copy, an upload) while the
+    records are hashed on the other cores. ``result()`` waits and raises what the hashing raised.
     """
 
     def __init__(self, run: RunArtifacts, known: Mapping[str, tuple[list[int], str]] | None = None) -> None:
@@ -410,14 +448,29 @@ class IdentitiesInFlight:
 
         self._result: tuple[dict[str, str], str] | None = None
         self._error: BaseException | None = None
+        started: dict[str, tuple[list[int], JsonlInFlight]] = {}
+        cache = IdentityCache(run.identity_cache_fpath)
+        try:
+            for name, fpath in run.artifact_files().items():
+                st = os.stat(fpath)
+                large = name.endswith(".jsonl") and st.st_size >= PARALLEL_MIN_BYTES and _workers() >= 2
+                if large and cache.lookup(name, st) is None:
+                    started[name] = stat_key(st), JsonlInFlight(fpath, _complete_bytes(name, fpath))
+        except (OSError, RunError):
+            pass  # hashed (and reported) in order by the thread
         self._thread = threading.Thread(
-            target=self._hash, args=(run, known), name="gym-artifacts-identity", daemon=True
+            target=self._hash, args=(run, known, started), name="gym-artifacts-identity", daemon=True
         )
         self._thread.start()
 
-    def _hash(self, run: RunArtifacts, known: Mapping[str, tuple[list[int], str]] | None) -> None:
+    def _hash(
+        self,
+        run: RunArtifacts,
+        known: Mapping[str, tuple[list[int], str]] | None,
+        started: Mapping[str, tuple[list[int], JsonlInFlight]],
+    ) -> None:
         try:
-            identities = content_identities(run, known=known)
+            identities = content_identities(run, known=known, started=started)
             self._result = identities, run_identity(identities)
         except BaseException as exc:  # handed to result(): raised in the caller's thread
             self._error = exc

@@ -13,6 +13,8 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+import orjson
+
 from gym_artifacts.run import RunArtifacts
 
 # What NeMo Gym's rollouts record, and the param each becomes (NeMo Gym's config names where
@@ -63,9 +65,12 @@ def params_from_files(run: RunArtifacts) -> dict[str, Any] | None:
             if not line.endswith(b"\n"):
                 break  # a torn last line is the export's to report
             try:
-                row = json.loads(line)
-            except ValueError:
-                continue
+                row = orjson.loads(line)  # several times json's speed: this reads every rollout
+            except orjson.JSONDecodeError:
+                try:  # what orjson refuses and json reads (NaN, integers beyond 64 bits)
+                    row = json.loads(line)
+                except ValueError:
+                    continue
             if not isinstance(row, dict):
                 continue
             agent = row.get("agent_ref")
