@@ -224,13 +224,16 @@ class LocalExporter(LiveExporter):
             "created_at": utc_now_iso(),
             "bytes_digest": plan.send_key,  # the send key: what a retry of these bytes finds
         }
-        atomic_write_json(sending / "run.json", run_json)
-        rows, sent_bytes = self._write_run_content(run, plan, sending)
-        try:
-            plan = plan.complete()
-        except Exception:  # content that cannot be identified is not exported
+        def undo() -> None:
             shutil.rmtree(sending, ignore_errors=True)
+
+        try:
+            atomic_write_json(sending / "run.json", run_json)
+            rows, sent_bytes = self._write_run_content(run, plan, sending)
+        except Exception:
+            plan.complete_or_undo(undo)  # a malformed file: its identity's error, nothing left
             raise
+        plan = plan.complete_or_undo(undo)
         run_id = self.post_run_id(run, plan)
         run_json.update(run_id=run_id, **self._finished_fields(run, plan, rows), **self._report_fields())
         atomic_write_json(sending / "run.json", run_json)

@@ -330,13 +330,15 @@ class MlflowExporter(LiveExporter):
             start_ms = times.start_ms if times is not None else int(time.time() * 1000)
             name = self.settings.run_name or saved_config_run_name(run, self.name)
             run_id = self._create_once(ml, experiment_id, name, tags, lookup, start_ms)
-        rows, sent = self._send_run(ml, run_id, run, plan)
+        def undo() -> None:
+            ml.delete_run(run_id)
+
         try:
-            plan = plan.complete()  # the identity hashed beside the upload
+            rows, sent = self._send_run(ml, run_id, run, plan)
         except Exception:
-            with contextlib.suppress(Exception):  # content that cannot be identified is not exported
-                ml.delete_run(run_id)
+            plan.complete_or_undo(undo)  # a malformed file: its identity's error, no run left
             raise
+        plan = plan.complete_or_undo(undo)  # the identity hashed beside the upload
         ml.terminate(run_id, "FINISHED", times.end_ms if times is not None else None)
         kept = self._complete_run(ml, experiment_id, run_id, plan)
         self._delete_orphans(ml, experiment_id, lookup, attempt, keep=kept)

@@ -16,6 +16,7 @@ the registry loads it, naming the hook. ``docs/plugins.md`` walks through a whol
 
 from __future__ import annotations
 
+import contextlib
 import enum
 from abc import ABC, abstractmethod
 from collections.abc import Callable
@@ -120,6 +121,19 @@ class ExportPlan:
             return self
         identities, run_identity = self.identities_later()
         return replace(self, identities=identities, run_identity=run_identity, identities_later=None)
+
+    def complete_or_undo(self, undo: Callable[[], None]) -> ExportPlan:
+        """``complete()``; when the identities cannot be computed (a malformed file: the run is
+        not exportable), ``undo()`` what was sent of it first, then raise that error. A backend
+        calls it after its send, and when its send failed (a malformed file may fail the send
+        first): a run that cannot be identified leaves nothing behind, as when it was hashed
+        before the send."""
+        try:
+            return self.complete()
+        except Exception:
+            with contextlib.suppress(Exception):
+                undo()
+            raise
 
 
 @dataclass(frozen=True)
