@@ -194,3 +194,45 @@ def test_a_freshly_written_file_is_not_cached(quickstart_run: Path) -> None:
     identities(quickstart_run, use_cache=True)  # the copies were just written: within the racy window
     cache = json.loads(RunArtifacts.from_path(quickstart_run).identity_cache_fpath.read_text())
     assert "rollouts.jsonl" not in cache["entries"]
+
+
+def test_identities_hashed_in_flight_equal_the_identities_hashed_before(
+    quickstart_run: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What an export hashes beside its send (worker processes for every JSONL file here, a
+    threshold lowered to the fixture's size) is what it hashed before the send."""
+    from gym_artifacts import identity
+
+    run = RunArtifacts.from_path(quickstart_run)
+    expected = identities(quickstart_run)
+    monkeypatch.setattr(identity, "PARALLEL_MIN_BYTES", 1)
+    monkeypatch.setattr(identity, "_workers", lambda: 2)
+    _, known = identity.send_key(run)
+    assert set(known) == {"artifacts/recording.mp4"}  # its identity is its bytes: one read for both
+    in_flight = identity.IdentitiesInFlight(run, known)
+    assert in_flight.result() == (expected, run_identity(expected))
+    with open(quickstart_run, "a") as fh:
+        fh.write("{not json\n")
+    run.identity_cache_fpath.unlink()
+    with pytest.raises(RunError, match=r"eval\.jsonl:301:"):  # the line, as when hashed in order
+        identity.IdentitiesInFlight(run).result()
+
+
+def test_the_send_key_follows_the_bytes_not_the_folder_nor_the_times(
+    quickstart_run: Path, tmp_path: Path
+) -> None:
+    """The send key finds a backend run before its identity is known: the same bytes give the same
+    key from a copy in another folder and after a touch; any byte changed gives another."""
+    from gym_artifacts.identity import send_key
+
+    run = RunArtifacts.from_path(quickstart_run)
+    key, _ = send_key(run)
+    copy = tmp_path / "copy"
+    shutil.copytree(quickstart_run.parent, copy)
+    assert send_key(RunArtifacts.from_path(copy / quickstart_run.name))[0] == key
+    for fpath in run.artifact_files().values():
+        fpath.touch()
+    assert send_key(run)[0] == key
+    with open(quickstart_run, "ab") as fh:
+        fh.write(b"\n")  # a blank line: the same identity, other bytes
+    assert send_key(run)[0] != key

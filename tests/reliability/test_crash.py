@@ -214,14 +214,15 @@ def rerun_mlflow(quickstart_run: Path, uri: str, tmp_path: Path) -> None:
 # that tag, the backend run holds the run's files but not its identity. The rerun finds it by the
 # send key (the files' bytes), whether it hashes again while sending (cache cold) or takes the
 # identities from the cache the killed export filled (warm: an export that looked its run up by
-# the identity alone would make a second run here).
+# the identity alone would make a second run here), or after a ``touch`` of every file (new stat
+# keys, the same bytes: the same send key).
 BETWEEN_UPLOAD_AND_TAG = {
     "local": ("gym_artifacts._builtin_exporters.local:publish_folder", 1, "before"),
     "mlflow": ("gym_artifacts._builtin_exporters.mlflow:MlflowExporter._complete_run", 1, "before"),
 }
 
 
-@pytest.mark.parametrize("cache", ["warm", "cold"])
+@pytest.mark.parametrize("cache", ["warm", "cold", "touched"])
 @pytest.mark.parametrize("backend", ["local", "mlflow"])
 def test_killed_between_upload_and_identity_tag_then_rerun(
     quickstart_run: Path, tmp_path: Path, backend: str, cache: str
@@ -255,6 +256,9 @@ def test_killed_between_upload_and_identity_tag_then_rerun(
     assert run.identity_cache_fpath.is_file()  # the killed export's hashing finished and was cached
     if cache == "cold":
         run.identity_cache_fpath.unlink()
+    if cache == "touched":
+        for fpath in run.artifact_files().values():
+            os.utime(fpath)
     if backend == "local":
         rerun_local(quickstart_run, store)
     else:
