@@ -117,7 +117,7 @@ def publish_folder(sending: Path, final: Path, run_identity: str) -> None:
         if isinstance(existing, dict) and existing.get("status") == "FINISHED" and existing.get(
             "run_identity"
         ) == run_identity:
-            shutil.rmtree(sending)
+            shutil.rmtree(sending, ignore_errors=True)  # (gone: another export of it published it)
             return
         shutil.rmtree(final)  # a kill here leaves ``sending`` whole: the retry publishes it
     os.rename(sending, final)
