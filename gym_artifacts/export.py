@@ -5,8 +5,10 @@ for that exporter and destination that matches the run's identities means SKIPPE
 contacting the backend (``verify`` asks the backend whether the receipted run still exists and
 exports anew when it is gone); a receipt that does not match (or is not ours) means FAILED with
 nothing sent; no receipt means send, then add the destination's receipt atomically. Sends of
-one run identity to one destination are serialized by an identity lock, whatever folder the
-run is in. One backend's failure never stops another's.
+the same files' bytes (the send key) and of one run identity to one destination are serialized
+by identity locks, whatever folder the run is in. A first export to a backend that can
+(``Exporter.hashes_while_sending``) computes the identities beside the send instead of before
+it (``identity.IdentitiesInFlight``). One backend's failure never stops another's.
 """
 
 from __future__ import annotations
@@ -222,7 +224,8 @@ def resolve_export(
 
 
 def identity_lock_fpath(name: str, key: str, run_identity: str) -> Path:
-    """The lock every export of this run identity to this destination takes, from any folder."""
+    """The lock every export of this run identity (or send key) to this destination takes, from
+    any folder."""
     default = Path(tempfile.gettempdir()) / f"gym-artifacts-locks-{os.getuid()}"
     root = Path(os.environ.get("GYM_ARTIFACTS_LOCK_DIR") or default)
     root.mkdir(parents=True, exist_ok=True)
