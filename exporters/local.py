@@ -224,6 +224,7 @@ class LocalExporter(LiveExporter):
             "created_at": utc_now_iso(),
             "bytes_digest": plan.send_key,  # the send key: what a retry of these bytes finds
         }
+
         def undo() -> None:
             shutil.rmtree(sending, ignore_errors=True)
 
