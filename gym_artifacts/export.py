@@ -563,12 +563,14 @@ def export_resolved(
     hashing: IdentitiesInFlight | None = None
     try:
         signatures = file_signatures(run)
-        key, known = send_key(run)
+        line_counts: dict[str, int] = {}
+        key, known = send_key(run, line_counts)
         record_counts: dict[str, int] = {}
         if torn is None and _hash_while_sending(run, resolved, known):
             logger.info("hashing the run's content identity while sending it")
             hashing = IdentitiesInFlight(run, known)
             identities, identity = {}, ""
+            record_counts = line_counts  # no torn rollouts line: its lines are its records
         else:
             identities = content_identities(run, progress=progress, record_counts=record_counts, known=known)
             identity = run_identity(identities)
@@ -591,8 +593,8 @@ def export_resolved(
         certify=certify,
         config=config_for_backends,
         secrets=secrets,
-        # counted by the hashing, else by the coverage (no torn line then: the same count)
-        rollout_rows=record_counts.get(ROLLOUTS, coverage.scored if hashing is not None else None),
+        # counted by the identity pass, or by the send key's read when hashing while sending
+        rollout_rows=record_counts.get(ROLLOUTS),
         partial_line=partial_line,
         coverage=coverage,
         send_key=key,

@@ -11,6 +11,7 @@ import contextlib
 import gzip
 import json
 import os
+import re
 import time
 import zlib
 from collections.abc import Callable, Mapping
@@ -47,8 +48,9 @@ def _hex(hasher: blake3.blake3) -> str:
 _BYTES_BUFFER = 8 << 20
 
 
-def hash_bytes_file(fpath: Path) -> str:
-    """Digest of the file's bytes, read through one fixed buffer and hashed on every core.
+def hash_bytes_file(fpath: Path, lines: LineCounter | None = None) -> str:
+    """Digest of the file's bytes, read through one fixed buffer and hashed on every core;
+    ``lines``, when given, counts the file's non-blank lines from the same read.
 
     Streaming rather than memory-mapping keeps the resident set constant in the file's size.
     """
@@ -58,7 +60,46 @@ def hash_bytes_file(fpath: Path) -> str:
     with open_regular(fpath) as fh:
         while n := fh.readinto(buffer):
             hasher.update(view[:n])
+            if lines is not None:
+                lines.feed(buffer if n == len(buffer) else bytes(view[:n]))
     return _hex(hasher)
+
+
+# Two newlines with only white space between them: a blank line (``bytes.strip``'s white space).
+_BLANK_LINE = re.compile(rb"\n[ \t\r\x0b\x0c]*\n")
+
+
+class LineCounter:
+    """Non-blank lines of a stream fed in chunks, by ``jsonio.count_lines``'s rule (a line of
+    white space only does not count; an unterminated last line with text does), in constant
+    memory however long a line is. A chunk without a blank line, the usual case, is counted by
+    its newlines at C speed."""
+
+    __slots__ = ("_lines", "_tail_has_text")
+
+    def __init__(self) -> None:
+        self._lines = 0
+        self._tail_has_text = False
+
+    def feed(self, chunk: bytes | bytearray) -> None:
+        first = chunk.find(b"\n")
+        if first < 0:
+            self._tail_has_text = self._tail_has_text or bool(chunk.strip())
+            return
+        last = chunk.rfind(b"\n")
+        if self._tail_has_text or chunk[:first].strip():
+            self._lines += 1  # the line that ends at the chunk's first newline
+        if last > first:  # the lines between the first newline and the last
+            middle = chunk.count(b"\n", first + 1, last + 1)
+            if _BLANK_LINE.search(chunk, first, last + 1) is not None:
+                pieces = chunk[first + 1 : last].split(b"\n")
+                middle = sum(1 for piece in pieces if piece.strip())
+            self._lines += middle
+        self._tail_has_text = bool(chunk[last + 1 :].strip())
+
+    @property
+    def count(self) -> int:
+        return self._lines + (1 if self._tail_has_text else 0)
 
 
 def hash_gzip_file(fpath: Path) -> str:
@@ -388,7 +429,9 @@ SEND_KEY_PREFIX = "k3:"
 _BYTES_ENTRY = "bytes:"
 
 
-def send_key(run: RunArtifacts) -> tuple[str, dict[str, tuple[list[int], str]]]:
+def send_key(
+    run: RunArtifacts, record_counts: dict[str, int] | None = None
+) -> tuple[str, dict[str, tuple[list[int], str]]]:
     """A digest of every artifact's name and bytes, and the identities that came with it.
 
     The bytes are hashed with blake3 on every core (gigabytes a second: a small part of any copy
@@ -396,6 +439,8 @@ def send_key(run: RunArtifacts) -> tuple[str, dict[str, tuple[list[int], str]]]:
     same key from any folder and after a ``touch``. A file whose identity is its bytes
     (``identity_kind`` ``bytes``: a recording, a trace) gets its identity from the same read:
     returned as ``{name: (stat_key, identity)}`` for ``content_identities(known=...)``.
+    ``record_counts``, when given, receives each JSONL file's non-blank lines, counted from the
+    same read (its records, unless its last line is torn).
     """
     cache = IdentityCache(run.identity_cache_fpath)
     digests: dict[str, str] = {}
@@ -404,9 +449,15 @@ def send_key(run: RunArtifacts) -> tuple[str, dict[str, tuple[list[int], str]]]:
         try:
             before = os.stat(fpath)
             cached = cache.lookup(_BYTES_ENTRY + name, before)
-            digest = cached[0] if cached is not None else hash_bytes_file(fpath)
+            lines = LineCounter() if name.endswith(".jsonl") else None
             if cached is None:
-                cache.store(_BYTES_ENTRY + name, before, os.stat(fpath), digest)
+                digest = hash_bytes_file(fpath, lines)
+                counted = lines.count if lines is not None else None
+                cache.store(_BYTES_ENTRY + name, before, os.stat(fpath), digest, counted)
+            else:
+                digest, counted = cached
+            if counted is not None and record_counts is not None:
+                record_counts[name] = counted
         except OSError as exc:
             raise RunError(f"{fpath}: cannot read: {exc.strerror or exc}") from exc
         digests[name] = digest

@@ -10,6 +10,8 @@ import time
 from pathlib import Path
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from gym_artifacts.errors import RunError
 from gym_artifacts.identity import content_identities, hash_jsonl_file, run_identity
@@ -236,3 +238,24 @@ def test_the_send_key_follows_the_bytes_not_the_folder_nor_the_times(
     with open(quickstart_run, "ab") as fh:
         fh.write(b"\n")  # a blank line: the same identity, other bytes
     assert send_key(run)[0] != key
+
+
+@given(
+    st.lists(st.sampled_from([b"a", b"{}", b" ", b"\t", b"\r", b"\n", b"\n\n", b"\x0b", b"\x0c"]), max_size=80),
+    st.integers(1, 16),
+)
+def test_lines_counted_from_the_send_keys_read_are_count_lines(
+    tmp_path_factory: pytest.TempPathFactory, parts: list[bytes], chunk: int
+) -> None:
+    """The record count a cold export takes from the send key's read (``LineCounter``, fed in
+    chunks) is ``count_lines``'s, whatever the chunks cut: blank lines, white space, no newline."""
+    from gym_artifacts.identity import LineCounter
+    from gym_artifacts.jsonio import count_lines
+
+    data = b"".join(parts)
+    fpath = tmp_path_factory.mktemp("lines") / "x.jsonl"
+    fpath.write_bytes(data)
+    counter = LineCounter()
+    for i in range(0, len(data), chunk):
+        counter.feed(data[i : i + chunk])
+    assert counter.count == count_lines(fpath)
