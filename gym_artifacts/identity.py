@@ -73,7 +73,8 @@ class LineCounter:
     """Non-blank lines of a stream fed in chunks, by ``jsonio.count_lines``'s rule (a line of
     white space only does not count; an unterminated last line with text does), in constant
     memory however long a line is. A chunk without a blank line, the usual case, is counted by
-    its newlines at C speed."""
+    its newlines and one regular-expression scan (C speed: about as fast as ``count_lines``, but
+    from a read the export makes anyway)."""
 
     __slots__ = ("_lines", "_tail_has_text")
 
