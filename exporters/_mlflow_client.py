@@ -25,7 +25,7 @@ from urllib.parse import quote, unquote
 
 from gym_artifacts.plugin import adopted, current_watch, mask_secrets
 
-IDENTITY_TAG = "gym_artifacts.run.identity"
+IDENTITY_TAG = "gym_artifacts.identity"
 logger = logging.getLogger(__name__)
 
 

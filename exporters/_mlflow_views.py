@@ -102,7 +102,7 @@ def write_report(payload: RunPayload, dest: Path) -> Path | None:
     cannot be written (a report never fails the export)."""
     from gym_artifacts.plugin import build_report
 
-    plan = payload.plan
+    plan = payload.plan.complete()  # identities hashed beside the upload: waited for, never hashed again
     try:
         return build_report(payload.run, dest, identities=plan.identities or None, coverage=plan.coverage,
                             secrets=plan.secrets)  # fmt: skip

@@ -232,7 +232,7 @@ class LangsmithExporter(LiveExporter):
             dataset = client.create_dataset(
                 dataset_name,
                 description=f"Tasks of the eval run {run.name}",
-                metadata={"gym_artifacts.run.identity": plan.run_identity},
+                metadata={"gym_artifacts.identity": plan.run_identity},
             )
         try:
             project = client.read_project(project_name=project_name)
@@ -260,7 +260,7 @@ class LangsmithExporter(LiveExporter):
     @staticmethod
     def _experiment_metadata(run: RunArtifacts, plan: ExportPlan) -> dict[str, Any]:
         metadata: dict[str, Any] = {
-            "gym_artifacts.run.identity": plan.run_identity,
+            "gym_artifacts.identity": plan.run_identity,
             "config": plan.config,
             **RunPayload.of(run, plan).experiment_metadata,
         }

@@ -6,14 +6,17 @@ The folder holds ``run.json`` (status, identities, coverage, times), ``config.js
 per-repeat levels), ``nemo_gym/`` (NeMo Gym's sidecars: failures, materialized inputs, quality
 summary, verdicts), ``rollouts.jsonl`` and ``artifacts/``. Post-run files are published
 atomically as snapshot copies (never hard links: the run can never change the export, nor the
-export the run); a post-run export's run id derives from the run's identity, so a retried
-export rewrites the same folder. ``report.html`` is built off the export's critical path: after
-the data, ``run.json`` and the receipt are published (``report: after``, the default), in a
-detached process the export does not wait for (``background``), or not at all (``off``; then
-``gym-artifacts report`` builds it); a report that fails leaves ``report.html.error``, and one
-that fails or is killed never fails the export. Live runs append one complete line per call and
-flush, so a killed process leaves every line it wrote readable; a resumed run appends to the
-same files.
+export the run); a post-run export's run id derives from the run's identity, so a retried export
+rewrites the same folder. An export whose identity is hashed while it sends
+(``hashes_while_sending``) writes into a hidden folder named by the run's send key (a digest of
+its files' bytes) and renames it to the identity's folder once the identity is known; a retried
+export of the same bytes finds that folder again. ``report.html`` is built off the export's
+critical path: after the data, ``run.json`` and the receipt are published (``report: after``,
+the default), in a detached process the export does not wait for (``background``), or not at all
+(``off``; then ``gym-artifacts report`` builds it); a report that fails leaves
+``report.html.error``, and one that fails or is killed never fails the export. Live runs append
+one complete line per call and flush, so a killed process leaves every line it wrote readable; a
+resumed run appends to the same files.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ import contextlib
 import logging
 import os
 import re
+import shutil
 import uuid
 from pathlib import Path
 from typing import IO, Any, Literal
@@ -101,11 +105,35 @@ class LocalSettings(ExporterConfig):
         return value
 
 
+def publish_folder(sending: Path, final: Path, run_identity: str) -> None:
+    """Rename the finished ``sending`` folder to ``final``, durably. A finished folder already
+    there with this identity (the same content from another folder's copy) is kept and
+    ``sending`` dropped; any other (an attempt that died before its receipt) is replaced."""
+    if final.exists():
+        try:
+            existing = read_json(final / "run.json")
+        except Exception:  # unreadable or missing: not a finished run
+            existing = None
+        if isinstance(existing, dict) and existing.get("status") == "FINISHED" and existing.get(
+            "run_identity"
+        ) == run_identity:
+            shutil.rmtree(sending, ignore_errors=True)  # (gone: another export of it published it)
+            return
+        shutil.rmtree(final)  # a kill here leaves ``sending`` whole: the retry publishes it
+    os.rename(sending, final)
+    fd = os.open(final.parent, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 class LocalExporter(LiveExporter):
     """Runs as folders on a local (or mounted) filesystem."""
 
     name = "local"
     config_model = LocalSettings
+    hashes_while_sending = True
 
     @classmethod
     def contract_settings(cls, folder: Path) -> dict[str, Any]:
@@ -150,8 +178,18 @@ class LocalExporter(LiveExporter):
                 "choose a root outside the run's folder"
             )
 
+    def sending_dpath(self, run: RunArtifacts, plan: ExportPlan) -> Path | None:
+        """Where an export of these bytes writes while its identity is hashed (None without a
+        send key): hidden, named by the send key, so that a retry of the same bytes finds it."""
+        if not plan.send_key:
+            return None
+        key = plan.send_key.split(":")[-1][:16]
+        return self.experiment_dpath() / f".sending-{safe_name(saved_config_run_name(run, self.name))}-{key}"
+
     def _export_post_run(self, run: RunArtifacts, plan: ExportPlan) -> Sent:
         self._refuse_root_inside(run)
+        if plan.identities_pending:
+            return self._export_while_hashing(run, plan)
         run_id = self.post_run_id(run, plan)
         dpath = self.run_dpath(run_id)
         dpath.mkdir(parents=True, exist_ok=True)
@@ -167,6 +205,40 @@ class LocalExporter(LiveExporter):
         run_json.update(self._finished_fields(run, plan, rows))
         run_json.update(self._report_fields())
         atomic_write_json(dpath / "run.json", run_json)
+        sending = self.sending_dpath(run, plan)
+        if sending is not None and sending.exists():  # an attempt that died before its rename
+            shutil.rmtree(sending)
+        return Sent(backend_run_id=run_id, rows=rows, bytes=sent_bytes)
+
+    def _export_while_hashing(self, run: RunArtifacts, plan: ExportPlan) -> Sent:
+        """The run's files copied into the send key's folder while the identity is hashed, then
+        the folder renamed to the identity's (``publish_folder``)."""
+        sending = self.sending_dpath(run, plan)
+        assert sending is not None
+        sending.mkdir(parents=True, exist_ok=True)
+        run_json: dict[str, Any] = {
+            "run_id": None,
+            "status": "RUNNING",
+            "kind": "post-run",
+            "source": str(run.stem),
+            "created_at": utc_now_iso(),
+            "bytes_digest": plan.send_key,  # the send key: what a retry of these bytes finds
+        }
+
+        def undo() -> None:
+            shutil.rmtree(sending, ignore_errors=True)
+
+        try:
+            atomic_write_json(sending / "run.json", run_json)
+            rows, sent_bytes = self._write_run_content(run, plan, sending)
+        except Exception:
+            plan.complete_or_undo(undo)  # a malformed file: its identity's error, nothing left
+            raise
+        plan = plan.complete_or_undo(undo)
+        run_id = self.post_run_id(run, plan)
+        run_json.update(run_id=run_id, **self._finished_fields(run, plan, rows), **self._report_fields())
+        atomic_write_json(sending / "run.json", run_json)
+        publish_folder(sending, self.run_dpath(run_id), plan.run_identity)
         return Sent(backend_run_id=run_id, rows=rows, bytes=sent_bytes)
 
     def _report_fields(self) -> dict[str, Any]:

@@ -5,8 +5,11 @@ their original step and timestamp; every level of the aggregate metrics as metri
 ``<agent>/<level>/<key>``; the NVML summary as ``system/...`` metrics and its series as metric
 history at the sample times; rollouts at ``rollouts/rollouts.jsonl`` and runtime artifacts at
 ``runtime/<name>``, uploaded whole (never appended, so a re-export cannot duplicate rows).
-Runs carry the run's identity as a tag, so a post-run export that died before its receipt finds
-its run again. The SDK is imported only when a run is opened or exported.
+Runs carry the run's send key (a digest of its files' bytes, known before anything is sent) from
+their creation and its content identity once complete, so a post-run export that died before its
+receipt finds its run again; the identity may be hashed while the run is sent
+(``hashes_while_sending``) and is then tagged last, with the completion, in one request. The SDK
+is imported only when a run is opened or exported.
 """
 
 from __future__ import annotations
@@ -80,6 +83,9 @@ TIMES_TAG = "gym_artifacts.times_from"  # session, journal or files: where the r
 COMPLETE_TAG = "gym_artifacts.complete"
 # One export attempt's id: the runs it created, so that it deletes only its own orphans.
 ATTEMPT_TAG = "gym_artifacts.export_attempt"
+# The run's send key (``ExportPlan.send_key``), set at creation: what finds a run whose content
+# identity was never tagged (an export that died between the upload and the final tag).
+SEND_KEY_TAG = "gym_artifacts.bytes_digest"  # not "..._key": that name would be masked as a secret
 LOGGED_ARTIFACTS_TAG = "mlflow.loggedArtifacts"
 
 
@@ -124,6 +130,7 @@ class MlflowExporter(LiveExporter):
     name = "mlflow"
     config_model = MlflowSettings
     sdk_module = "mlflow"
+    hashes_while_sending = True
 
     @classmethod
     def contract_settings(cls, folder: Path) -> dict[str, Any]:
@@ -300,7 +307,7 @@ class MlflowExporter(LiveExporter):
             check_artifact_name(rel)
         ml = self._client(live=False)
         experiment_id = ml.experiment_id(self.settings.experiment_name, self.settings.artifact_location)
-        found = ml.find_runs(experiment_id, IDENTITY_TAG, plan.run_identity)
+        found = self._runs_of(ml, experiment_id, plan)
         complete = [r for r in found if r.data.tags.get(COMPLETE_TAG) == "true"]
         if complete:  # another folder's copy of this run (or a lost receipt) already put it here
             run_id = str(complete[0].info.run_id)
@@ -312,18 +319,67 @@ class MlflowExporter(LiveExporter):
             run_id = str(found[0].info.run_id)
             logger.info("mlflow: completing run %s found by the run's identity", run_id)
         times = run_times(run)
+        lookup = self._lookup(plan)
         if not found:
-            tags = {IDENTITY_TAG: plan.run_identity, ATTEMPT_TAG: attempt, **self._base_tags(run, "post-run")}
+            tags = {ATTEMPT_TAG: attempt, **self._base_tags(run, "post-run")}
+            if plan.send_key:
+                tags[SEND_KEY_TAG] = plan.send_key
+            if not plan.identities_pending:
+                tags[IDENTITY_TAG] = plan.run_identity
             if times is not None:
                 tags[TIMES_TAG] = times.source
             start_ms = times.start_ms if times is not None else int(time.time() * 1000)
             name = self.settings.run_name or saved_config_run_name(run, self.name)
-            run_id = self._create_once(ml, experiment_id, name, tags, plan, start_ms)
-        rows, sent = self._send_run(ml, run_id, run, plan)
+            run_id = self._create_once(ml, experiment_id, name, tags, lookup, start_ms)
+        def undo() -> None:
+            ml.delete_run(run_id)
+
+        try:
+            rows, sent = self._send_run(ml, run_id, run, plan)
+        except Exception:
+            plan.complete_or_undo(undo)  # a malformed file: its identity's error, no run left
+            raise
+        plan = plan.complete_or_undo(undo)  # the identity hashed beside the upload
         ml.terminate(run_id, "FINISHED", times.end_ms if times is not None else None)
-        ml.set_tags(run_id, {COMPLETE_TAG: "true"})
-        self._delete_orphans(ml, experiment_id, plan.run_identity, attempt, keep=run_id)
-        return Sent(backend_run_id=run_id, rows=rows, bytes=sent)
+        kept = self._complete_run(ml, experiment_id, run_id, plan)
+        self._delete_orphans(ml, experiment_id, lookup, attempt, keep=kept)
+        note = None if kept == run_id else f"already in MLflow (run {kept} holds this identity)"
+        return Sent(backend_run_id=kept, rows=rows, bytes=sent, note=note)
+
+    @staticmethod
+    def _lookup(plan: ExportPlan) -> tuple[str, str]:
+        """The tag and value this export's runs are created with and looked up by."""
+        return (SEND_KEY_TAG, plan.send_key) if plan.send_key else (IDENTITY_TAG, plan.run_identity)
+
+    @staticmethod
+    def _runs_of(ml: ScopedMlflow, experiment_id: str, plan: ExportPlan) -> list[Any]:
+        """Runs of this content, oldest first: those tagged with its identity (when known) and
+        those of the same bytes (``SEND_KEY_TAG``) never tagged with another identity."""
+        found: list[Any] = []
+        if not plan.identities_pending:
+            found = list(ml.find_runs(experiment_id, IDENTITY_TAG, plan.run_identity))
+        if plan.send_key:
+            seen = {str(r.info.run_id) for r in found}
+            for other in ml.find_runs(experiment_id, SEND_KEY_TAG, plan.send_key):
+                tagged = other.data.tags.get(IDENTITY_TAG)
+                if str(other.info.run_id) in seen:
+                    continue
+                if tagged is None or plan.identities_pending or tagged == plan.run_identity:
+                    found.append(other)
+            found.sort(key=lambda r: r.info.start_time or 0)
+        return found
+
+    def _complete_run(self, ml: ScopedMlflow, experiment_id: str, run_id: str, plan: ExportPlan) -> str:
+        """The last step: the run tagged with its content identity and as complete, in one
+        request. Returns the run kept: when another complete run already holds the identity (a
+        copy of the run with other bytes, exported meanwhile), that one, and this one is deleted."""
+        for other in ml.find_runs(experiment_id, IDENTITY_TAG, plan.run_identity):
+            if str(other.info.run_id) != run_id and other.data.tags.get(COMPLETE_TAG) == "true":
+                logger.info("mlflow: run %s holds this identity; deleting %s", other.info.run_id, run_id)
+                ml.delete_run(run_id)
+                return str(other.info.run_id)
+        ml.set_tags(run_id, {IDENTITY_TAG: plan.run_identity, COMPLETE_TAG: "true"})
+        return run_id
 
     def _create_once(
         self,
@@ -331,13 +387,14 @@ class MlflowExporter(LiveExporter):
         experiment_id: str,
         name: str,
         tags: dict[str, str],
-        plan: ExportPlan,
+        lookup: tuple[str, str],
         start_ms: int,
     ) -> str:
-        """Create the run for this identity, never two: runs/create is sent without transport
-        retries; after a failure (a timeout may still create the run on the server) the identity
-        is looked up for a while before creating again. Then, if a concurrent exporter elsewhere
-        created one too, every exporter continues in the oldest run (and deletes its own)."""
+        """Create the run for this content, never two: runs/create is sent without transport
+        retries; after a failure (a timeout may still create the run on the server) the run is
+        looked up by ``lookup`` (its send key, else its identity: a tag it was created with) for a
+        while before creating again. Then, if a concurrent exporter elsewhere created one too,
+        every exporter continues in the oldest run (and deletes its own)."""
         import requests
         from mlflow.exceptions import MlflowException
 
@@ -356,7 +413,7 @@ class MlflowExporter(LiveExporter):
                 logger.warning("mlflow: runs/create failed (%s); looking the run's identity up", exc)
             deadline = time.monotonic() + window
             while run_id is None:
-                found = ml.find_runs(experiment_id, IDENTITY_TAG, plan.run_identity)
+                found = ml.find_runs(experiment_id, *lookup)
                 if found:
                     run_id = str(found[0].info.run_id)
                 elif time.monotonic() >= deadline:
@@ -368,7 +425,7 @@ class MlflowExporter(LiveExporter):
         if run_id is None:
             assert last is not None
             raise last
-        oldest = ml.find_runs(experiment_id, IDENTITY_TAG, plan.run_identity)
+        oldest = ml.find_runs(experiment_id, *lookup)
         if oldest and str(oldest[0].info.run_id) != run_id:
             logger.info("mlflow: run %s of this identity is older; continuing there", oldest[0].info.run_id)
             if tags.get(ATTEMPT_TAG) == ml.get_run(run_id).data.tags.get(ATTEMPT_TAG):
@@ -377,9 +434,11 @@ class MlflowExporter(LiveExporter):
         return run_id
 
     @staticmethod
-    def _delete_orphans(ml: ScopedMlflow, experiment_id: str, identity: str, attempt: str, keep: str) -> None:
+    def _delete_orphans(
+        ml: ScopedMlflow, experiment_id: str, lookup: tuple[str, str], attempt: str, keep: str
+    ) -> None:
         """Delete the runs this export itself created and did not use (a create that timed out)."""
-        for other in ml.find_runs(experiment_id, IDENTITY_TAG, identity):
+        for other in ml.find_runs(experiment_id, *lookup):
             if str(other.info.run_id) != keep and other.data.tags.get(ATTEMPT_TAG) == attempt:
                 logger.info("mlflow: deleting run %s, orphan of a timed-out create", other.info.run_id)
                 ml.delete_run(str(other.info.run_id))
@@ -451,7 +510,7 @@ class MlflowExporter(LiveExporter):
             if report is not None:
                 sent += ml.log_artifact(run_id, report, None)
         if payload.coverage is not None:
-            tags["gym_artifacts.run.coverage"] = tag_value(payload.coverage.text())
+            tags["gym_artifacts.coverage"] = tag_value(payload.coverage.text())
             tags["gym_artifacts.partial"] = "true" if payload.coverage.partial else "false"
         for item in payload.sidecars:
             sent += self._upload_artifact(ml, run_id, item, "nemo_gym")

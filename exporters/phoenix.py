@@ -37,7 +37,7 @@ from gym_artifacts.plugin import (
 from ._phoenix_traces import send_traces
 from ._rollouts import Rollout, as_object, masked, payload_rollouts, payload_traces
 
-IDENTITY_KEY = "gym_artifacts.run.identity"
+IDENTITY_KEY = "gym_artifacts.identity"
 
 
 class PhoenixSettings(ExporterConfig):

@@ -14,14 +14,14 @@ _LAZY = {
     "RunArtifacts": "gym_artifacts.run.artifacts",
     "content_identities": "gym_artifacts.run.identity",
     "Exporter": "gym_artifacts.contract.exporter",
-    "ExportResult": "gym_artifacts.contract.exporter",
-    "ExportStatus": "gym_artifacts.contract.exporter",
+    "ExportResult": "gym_artifacts.contract.hooks",
+    "ExportStatus": "gym_artifacts.contract.hooks",
     "export_run": "gym_artifacts.export.engine",
     "export_runs": "gym_artifacts.export.executors",
     "RunResults": "gym_artifacts.export.executors",
     "run_status": "gym_artifacts.export.status",
     "list_exporters": "gym_artifacts.contract.registry",
-    "load_config": "gym_artifacts.core.config",
+    "load_default_config": "gym_artifacts.core.config",
     "mask_secrets": "gym_artifacts.core.secrets",
 }
 

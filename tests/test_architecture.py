@@ -98,3 +98,12 @@ def test_the_package_is_its_subpackages_and_each_has_a_layer() -> None:
     in_layers = {name.strip() for layer in layers["layers"] for name in layer.split(":")}
     # _builtin_exporters is the wheel's name for exporters/, checked by its own contract.
     assert parts - {"_builtin_exporters"} == in_layers, "each subpackage and top module sits in exactly one layer"
+
+
+def test_every_public_name_of_the_package_resolves() -> None:
+    """``gym_artifacts.<name>`` for each name in ``__all__`` (loaded on first use) is there, in a
+    fresh interpreter: a moved or renamed module cannot leave the public API pointing nowhere."""
+    script = "import gym_artifacts as g\nfor n in g.__all__:\n    getattr(g, n)\nprint(len(g.__all__))"
+    proc = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert int(proc.stdout) >= 10

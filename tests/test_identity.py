@@ -10,6 +10,8 @@ import time
 from pathlib import Path
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from gym_artifacts.core.errors import RunError
 from gym_artifacts.run.artifacts import RunArtifacts
@@ -194,3 +196,66 @@ def test_a_freshly_written_file_is_not_cached(quickstart_run: Path) -> None:
     identities(quickstart_run, use_cache=True)  # the copies were just written: within the racy window
     cache = json.loads(RunArtifacts.from_path(quickstart_run).identity_cache_fpath.read_text())
     assert "rollouts.jsonl" not in cache["entries"]
+
+
+def test_identities_hashed_in_flight_equal_the_identities_hashed_before(
+    quickstart_run: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What an export hashes beside its send (worker processes for every JSONL file here, a
+    threshold lowered to the fixture's size) is what it hashed before the send."""
+    from gym_artifacts.run import identity
+
+    run = RunArtifacts.from_path(quickstart_run)
+    expected = identities(quickstart_run)
+    monkeypatch.setattr(identity, "PARALLEL_MIN_BYTES", 1)
+    monkeypatch.setattr(identity, "_workers", lambda: 2)
+    _, known = identity.send_key(run)
+    assert set(known) == {"artifacts/recording.mp4"}  # its identity is its bytes: one read for both
+    in_flight = identity.IdentitiesInFlight(run, known)
+    assert in_flight.result() == (expected, run_identity(expected))
+    with open(quickstart_run, "a") as fh:
+        fh.write("{not json\n")
+    run.identity_cache_fpath.unlink()
+    with pytest.raises(RunError, match=r"eval\.jsonl:301:"):  # the line, as when hashed in order
+        identity.IdentitiesInFlight(run).result()
+
+
+def test_the_send_key_follows_the_bytes_not_the_folder_nor_the_times(
+    quickstart_run: Path, tmp_path: Path
+) -> None:
+    """The send key finds a backend run before its identity is known: the same bytes give the same
+    key from a copy in another folder and after a touch; any byte changed gives another."""
+    from gym_artifacts.run.identity import send_key
+
+    run = RunArtifacts.from_path(quickstart_run)
+    key, _ = send_key(run)
+    copy = tmp_path / "copy"
+    shutil.copytree(quickstart_run.parent, copy)
+    assert send_key(RunArtifacts.from_path(copy / quickstart_run.name))[0] == key
+    for fpath in run.artifact_files().values():
+        fpath.touch()
+    assert send_key(run)[0] == key
+    with open(quickstart_run, "ab") as fh:
+        fh.write(b"\n")  # a blank line: the same identity, other bytes
+    assert send_key(run)[0] != key
+
+
+@given(
+    st.lists(st.sampled_from([b"a", b"{}", b" ", b"\t", b"\r", b"\n", b"\n\n", b"\x0b", b"\x0c"]), max_size=80),
+    st.integers(1, 16),
+)
+def test_lines_counted_from_the_send_keys_read_are_count_lines(
+    tmp_path_factory: pytest.TempPathFactory, parts: list[bytes], chunk: int
+) -> None:
+    """The record count a cold export takes from the send key's read (``LineCounter``, fed in
+    chunks) is ``count_lines``'s, whatever the chunks cut: blank lines, white space, no newline."""
+    from gym_artifacts.core.jsonio import count_lines
+    from gym_artifacts.run.identity import LineCounter
+
+    data = b"".join(parts)
+    fpath = tmp_path_factory.mktemp("lines") / "x.jsonl"
+    fpath.write_bytes(data)
+    counter = LineCounter()
+    for i in range(0, len(data), chunk):
+        counter.feed(data[i : i + chunk])
+    assert counter.count == count_lines(fpath)

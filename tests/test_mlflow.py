@@ -58,7 +58,7 @@ def test_post_run_export_reads_back(quickstart_run: Path, tracking_uri: str, tmp
     assert run.data.params["policy_api_key"] == "***"
     assert run.data.params["num_repeats"] == "4"
     # tags: the run's identity
-    identity = run.data.tags["gym_artifacts.run.identity"]
+    identity = run.data.tags["gym_artifacts.identity"]
     assert identity.startswith("b3:")
     # aggregate metrics under NeMo Gym's own exporter's names; levels as table artifacts
     agg = json.loads(quickstart_run.with_name("eval_aggregate_metrics.json").read_text())
@@ -175,8 +175,8 @@ def test_export_killed_after_run_creation_leaves_one_run(quickstart_run: Path, t
     client = MlflowClient(uri)
     experiment = client.get_experiment_by_name("tests")
     runs = client.search_runs([experiment.experiment_id])
-    identity = client.get_run(result.backend_run_id).data.tags["gym_artifacts.run.identity"]
-    assert [r.info.run_id for r in runs if r.data.tags.get("gym_artifacts.run.identity") == identity] == [
+    identity = client.get_run(result.backend_run_id).data.tags["gym_artifacts.identity"]
+    assert [r.info.run_id for r in runs if r.data.tags.get("gym_artifacts.identity") == identity] == [
         result.backend_run_id
     ]
     history = client.get_metric_history(result.backend_run_id, "train/reward")

@@ -184,9 +184,9 @@ def test_mlflow_uses_nemo_gyms_own_names_and_exports_sidecars(tmp_path: Path) ->
         got = tuple(metrics[f"coverage/{k}"] for k in ("expected", "scored", "missing", "failed"))
         assert got == COVERAGE[name], name
     assert runs["clean"].data.tags["gym_artifacts.partial"] == "false"
-    assert runs["clean"].data.tags["gym_artifacts.run.coverage"] == "10 of 10 planned rollouts scored"
+    assert runs["clean"].data.tags["gym_artifacts.coverage"] == "10 of 10 planned rollouts scored"
     assert failed.tags["gym_artifacts.partial"] == "true"
-    assert failed.tags["gym_artifacts.run.coverage"] == "8 of 10 planned rollouts scored (2 failed) - partial"
+    assert failed.tags["gym_artifacts.coverage"] == "8 of 10 planned rollouts scored (2 failed) - partial"
     # nothing per rollout or per task among metrics and tags
     for data in (failed, runs["clean"].data):
         names = [*data.metrics, *data.tags]

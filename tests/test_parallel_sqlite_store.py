@@ -93,7 +93,7 @@ def _assert_exported_once_each(results: list[dict[str, Any]], db: Path, runs: li
     client = MlflowClient(f"sqlite:///{db}")
     [experiment] = [e for e in client.search_experiments() if e.name == "gym-evals"]
     found = client.search_runs([experiment.experiment_id], max_results=1000)
-    identities = [r.data.tags.get("gym_artifacts.run.identity") for r in found]
+    identities = [r.data.tags.get("gym_artifacts.identity") for r in found]
     assert len(found) == len(runs) == len(set(identities)), (len(found), identities)
     assert {r.info.run_id for r in found} == {r["backend_run_id"] for r in results if r["exporter"] == "mlflow"}
     assert not any(t.startswith("_alembic_tmp_") for t in _tables(db))

@@ -135,7 +135,7 @@ def assert_once_each(server: MlflowServer, experiment: str, runs: list[Path], st
     from mlflow.tracking import MlflowClient
 
     found = mlflow_runs(server, experiment)
-    identities = [r.data.tags.get("gym_artifacts.run.identity") for r in found]
+    identities = [r.data.tags.get("gym_artifacts.identity") for r in found]
     assert len(found) == len(runs) == len(set(identities)), (len(found), len(runs))
     client = MlflowClient(server.uri)
     for mlrun in found:

@@ -38,6 +38,11 @@ class Exporter(PostRunHooks):
     config_model: ClassVar[type[ExporterConfig]] = ExporterConfig
     # The top-level module of the backend's SDK: checked without importing it.
     sdk_module: ClassVar[str | None] = None
+    # True: ``_export`` may be given a plan whose identities are still being hashed
+    # (``ExportPlan.identities_pending``); it finds its run by ``plan.send_key`` and calls
+    # ``plan.complete()`` before tagging the run with the identity. False: the engine waits for
+    # the identities before calling it.
+    hashes_while_sending: ClassVar[bool] = False
 
     def __init__(self, settings: ExporterConfig) -> None:
         self.settings = settings

@@ -1,8 +1,8 @@
 """The backend contract: every hook a backend implements, what it receives and what it returns.
 
 A *post-run* backend subclasses ``gym_artifacts.contract.exporter.Exporter`` and implements ``_export``.
-A *live* backend subclasses ``gym_artifacts.contract.live_exporter.LiveExporter`` (also importable from
-``gym_artifacts.live.fanout`` and ``gym_artifacts.plugin``) and implements the six ``LiveHooks`` below;
+A *live* backend subclasses ``gym_artifacts.contract.live_exporter.LiveExporter`` (a plugin imports it
+from ``gym_artifacts.plugin``) and implements the six ``LiveHooks`` below;
 the core's ``LiveChannel`` calls them, and the post-run export decides certify or supersede. Both set
 the class attributes ``name`` (lower-case letters, digits, ``_``, ``-``; the entry-point name),
 ``config_model`` (an ``ExporterConfig`` subclass: the settings under ``exporters.<name>``, extra
@@ -16,9 +16,11 @@ the registry loads it, naming the hook. ``docs/plugins.md`` walks through a whol
 
 from __future__ import annotations
 
+import contextlib
 import enum
 from abc import ABC, abstractmethod
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -95,6 +97,43 @@ class ExportPlan:
     # The export's ``RunPayload`` per run, made on first use (``RunPayload.of``): what every
     # backend sends, read and masked once for all of them.
     payloads: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
+    # A digest of the run's files' bytes (``identity.send_key``), known before the send: what a
+    # backend finds its run of these files by while (or after a crash before) it is tagged with
+    # ``run_identity``. None from a caller that does not compute it.
+    send_key: str | None = None
+    # While the identities are hashed beside the send (``identities_pending``): returns
+    # ``(identities, run_identity)`` once they are; ``identities`` is empty until ``complete()``.
+    identities_later: Callable[[], tuple[dict[str, str], str]] | None = field(
+        default=None, compare=False, repr=False
+    )
+
+    @property
+    def identities_pending(self) -> bool:
+        """The identities are still being hashed: a backend that hashes while sending
+        (``Exporter.hashes_while_sending``) finds its run by ``send_key`` and calls ``complete()``
+        before tagging it with ``run_identity``."""
+        return self.identities_later is not None
+
+    def complete(self) -> ExportPlan:
+        """This plan with its identities, waiting for the hashing when it is still in flight (a
+        file that cannot be hashed raises here, RunError naming it)."""
+        if self.identities_later is None:
+            return self
+        identities, run_identity = self.identities_later()
+        return replace(self, identities=identities, run_identity=run_identity, identities_later=None)
+
+    def complete_or_undo(self, undo: Callable[[], None]) -> ExportPlan:
+        """``complete()``; when the identities cannot be computed (a malformed file: the run is
+        not exportable), ``undo()`` what was sent of it first, then raise that error. A backend
+        calls it after its send, and when its send failed (a malformed file may fail the send
+        first): a run that cannot be identified leaves nothing behind, as when it was hashed
+        before the send."""
+        try:
+            return self.complete()
+        except Exception:
+            with contextlib.suppress(Exception):
+                undo()
+            raise
 
 
 @dataclass(frozen=True)

@@ -86,6 +86,7 @@ def certify_or_export(backend: LiveExporter, run: RunArtifacts, plan: ExportPlan
     if marker is not None and marker.destination_key not in (None, key):
         marker = None  # a live run elsewhere: neither certified nor superseded by this export
     if marker is not None:
+        plan = plan.complete()  # the marker is compared with the run's identities
         refusal = certify_refusal(marker, plan, key)
         if refusal is None:
             try:

@@ -5,12 +5,15 @@ for that exporter and destination that matches the run's identities means SKIPPE
 contacting the backend (``verify`` asks the backend whether the receipted run still exists and
 exports anew when it is gone); a receipt that does not match (or is not ours) means FAILED with
 nothing sent; no receipt means send, then add the destination's receipt atomically. Sends of
-one run identity to one destination are serialized by an identity lock, whatever folder the
-run is in. One backend's failure never stops another's.
+the same files' bytes (the send key) and of one run identity to one destination are serialized
+by identity locks, whatever folder the run is in. A first export to a backend that can
+(``Exporter.hashes_while_sending``) computes the identities beside the send instead of before
+it (``identity.IdentitiesInFlight``). One backend's failure never stops another's.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import tempfile
@@ -49,7 +52,13 @@ from gym_artifacts.core.secrets import (
 from gym_artifacts.export.certify import certify_or_export
 from gym_artifacts.run.artifacts import ROLLOUTS, RunArtifacts
 from gym_artifacts.run.coverage import coverage_of
-from gym_artifacts.run.identity import content_identities, run_identity
+from gym_artifacts.run.identity import (
+    IdentitiesInFlight,
+    content_identities,
+    identities_cached,
+    run_identity,
+    send_key,
+)
 from gym_artifacts.run.nemo_gym_params import load_nemo_gym_run_config, params_from_files
 from gym_artifacts.run.receipts import (
     Receipt,
@@ -221,7 +230,8 @@ def resolve_export(
 
 
 def identity_lock_fpath(name: str, key: str, run_identity: str) -> Path:
-    """The lock every export of this run identity to this destination takes, from any folder."""
+    """The lock every export of this run identity (or send key) to this destination takes, from
+    any folder."""
     default = Path(tempfile.gettempdir()) / f"gym-artifacts-locks-{os.getuid()}"
     root = Path(os.environ.get("GYM_ARTIFACTS_LOCK_DIR") or default)
     root.mkdir(parents=True, exist_ok=True)
@@ -320,6 +330,30 @@ def _verified(target: Target, decided: ExportResult, start: float) -> ExportResu
     return None
 
 
+def _identities_for(run: RunArtifacts, target: Target, plan: ExportPlan) -> ExportPlan:
+    """``plan`` with its identities when this target needs them before sending: a backend that
+    does not hash while sending, or a receipt to compare them with (another process's, written
+    since the export began). Otherwise ``plan`` as it is (its identities maybe still hashing)."""
+    if not plan.identities_pending:
+        return plan
+    if getattr(target.cls, "hashes_while_sending", False) and not run.export_done_fpath(target.name).exists():
+        return plan
+    return plan.complete()
+
+
+def _hash_while_sending(run: RunArtifacts, resolved: ResolvedExport, known: Any) -> bool:
+    """Whether this export hashes the run's identities beside the send instead of before it:
+    some file is not in the identity cache, a selected backend can (``hashes_while_sending``),
+    and nothing is decided from the identities before a send (no receipt or live-run marker of
+    a selected backend: SKIPPED, changed and certify are)."""
+    if not any(getattr(t.cls, "hashes_while_sending", False) for t in resolved.targets):
+        return False
+    for target in resolved.targets:
+        if run.export_done_fpath(target.name).exists() or run.run_id_marker_fpath(target.name).exists():
+            return False
+    return not identities_cached(run, known)
+
+
 def _export_one(
     run: RunArtifacts,
     target: Target,
@@ -330,6 +364,10 @@ def _export_one(
 ) -> ExportResult:
     start = time.monotonic()
     name = target.name
+    try:
+        plan = _identities_for(run, target, plan)
+    except (GymArtifactsError, OSError) as exc:
+        return _failed(name, str(exc), start)
     decided = check_receipt(run, target, plan.identities)
     if decided is not None and verify:
         decided = _verified(target, decided, start)
@@ -339,17 +377,23 @@ def _export_one(
         return _failed(name, target.error or "exporter could not be built", start)
     path_lock = run.export_lock_fpath(name)
     try:
-        with exclusive_lock(path_lock, wait_seconds=LOCK_WAIT_SECONDS):
-            identity_lock = identity_lock_fpath(name, target.key, plan.run_identity)
-            with exclusive_lock(identity_lock, wait_seconds=LOCK_WAIT_SECONDS):
-                # Another process may have finished while this one waited.
-                if not verify:
-                    decided = check_receipt(run, target, plan.identities)
-                    if decided is not None:
-                        return decided
-                return _send(run, target, plan, signatures, start, after_receipt)
+        with contextlib.ExitStack() as locks:
+            locks.enter_context(exclusive_lock(path_lock, wait_seconds=LOCK_WAIT_SECONDS))
+            # The same bytes (from any folder), then the same identity when it is known yet.
+            for lock_key in dict.fromkeys(k for k in (plan.send_key, plan.run_identity) if k):
+                identity_lock = identity_lock_fpath(name, target.key, lock_key)
+                locks.enter_context(exclusive_lock(identity_lock, wait_seconds=LOCK_WAIT_SECONDS))
+            # Another process may have finished while this one waited.
+            if not verify:
+                plan = _identities_for(run, target, plan)
+                decided = check_receipt(run, target, plan.identities)
+                if decided is not None:
+                    return decided
+            return _send(run, target, plan, signatures, start, after_receipt)
     except LockBusy as exc:
         return _failed(name, f"{run.source} is being exported to {name} by another process ({exc})", start)
+    except GymArtifactsError as exc:  # the identities hashed beside the send could not be
+        return _failed(name, str(exc), start)
     except OSError as exc:
         return _failed(name, f"cannot lock {path_lock}: {exc.strerror}", start)
 
@@ -389,6 +433,10 @@ def _send(
         return _failed(name, reason.splitlines()[0], start)
     if result.status is not ExportStatus.EXPORTED:
         return result
+    try:
+        plan = plan.complete()  # a backend that hashed while sending has waited for them already
+    except (GymArtifactsError, OSError) as exc:
+        return _failed(name, f"sent, but the run's identity could not be computed: {exc}", start)
     try:
         if file_signatures(run) != signatures:
             return _failed(
@@ -516,10 +564,22 @@ def export_resolved(
     if missing is not None:
         return finish([_failed(n, f"not exportable: {missing}", start) for n in names])
     logger.info("hashing the run's files (unchanged files come from the identity cache)")
+    torn = run.partial_rollouts_line()
+    partial_line = torn if upload else None
+    hashing: IdentitiesInFlight | None = None
     try:
         signatures = file_signatures(run)
+        line_counts: dict[str, int] = {}
+        key, known = send_key(run, line_counts)
         record_counts: dict[str, int] = {}
-        identities = content_identities(run, progress=progress, record_counts=record_counts)
+        if torn is None and _hash_while_sending(run, resolved, known):
+            logger.info("hashing the run's content identity while sending it")
+            hashing = IdentitiesInFlight(run, known)
+            identities, identity = {}, ""
+            record_counts = line_counts  # no torn rollouts line: its lines are its records
+        else:
+            identities = content_identities(run, progress=progress, record_counts=record_counts, known=known)
+            identity = run_identity(identities)
         config_for_backends, secrets = backend_config(run_config)
         if nemo_gym_config is not None:
             config_for_backends, given = load_nemo_gym_run_config(nemo_gym_config)
@@ -532,14 +592,17 @@ def export_resolved(
         return finish([_failed(n, f"not exportable: {refused}", start) for n in names])
     plan = ExportPlan(
         identities=identities,
-        run_identity=run_identity(identities),
+        run_identity=identity,
         upload_rollouts=upload,
         certify=certify,
         config=config_for_backends,
         secrets=secrets,
+        # counted by the identity pass, or by the send key's read when hashing while sending
         rollout_rows=record_counts.get(ROLLOUTS),
-        partial_line=run.partial_rollouts_line() if upload else None,
+        partial_line=partial_line,
         coverage=coverage,
+        send_key=key,
+        identities_later=hashing.result if hashing is not None else None,
     )
     # A run that saved no config gets the params its rollouts tell (``params_from_files``): a
     # full read of the rollouts, so made only once a backend is about to send (a SKIP answers
@@ -553,8 +616,11 @@ def export_resolved(
                 progress(f"exporting to {name}", i, len(names))
             logger.info("%s: checking the receipt, then sending what the backend lacks", name)
             after_receipt: list[Callable[[], None]] = []
-            # a receipt decided without --verify: what _export_one would answer first
-            result = check_receipt(run, target, identities) if reads_params and not verify else None
+            # a receipt decided without --verify: what _export_one would answer first (an export
+            # that hashes while sending found no receipt before it started; _export_one decides one
+            # that appears meanwhile, once the identities are known)
+            decides_first = reads_params and not verify and hashing is None
+            result = check_receipt(run, target, identities) if decides_first else None
             if reads_params and result is None:
                 try:  # a send may follow: only now are the rollouts read for the run's params
                     plan, reads_params = replace(plan, config=params_from_files(run) or plan.config), False

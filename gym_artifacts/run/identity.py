@@ -11,6 +11,7 @@ import contextlib
 import gzip
 import json
 import os
+import re
 import time
 import zlib
 from collections.abc import Callable, Mapping
@@ -47,8 +48,9 @@ def _hex(hasher: blake3.blake3) -> str:
 _BYTES_BUFFER = 8 << 20
 
 
-def hash_bytes_file(fpath: Path) -> str:
-    """Digest of the file's bytes, read through one fixed buffer and hashed on every core.
+def hash_bytes_file(fpath: Path, lines: LineCounter | None = None) -> str:
+    """Digest of the file's bytes, read through one fixed buffer and hashed on every core;
+    ``lines``, when given, counts the file's non-blank lines from the same read.
 
     Streaming rather than memory-mapping keeps the resident set constant in the file's size.
     """
@@ -58,7 +60,47 @@ def hash_bytes_file(fpath: Path) -> str:
     with open_regular(fpath) as fh:
         while n := fh.readinto(buffer):
             hasher.update(view[:n])
+            if lines is not None:
+                lines.feed(buffer if n == len(buffer) else bytes(view[:n]))
     return _hex(hasher)
+
+
+# Two newlines with only white space between them: a blank line (``bytes.strip``'s white space).
+_BLANK_LINE = re.compile(rb"\n[ \t\r\x0b\x0c]*\n")
+
+
+class LineCounter:
+    """Non-blank lines of a stream fed in chunks, by ``jsonio.count_lines``'s rule (a line of
+    white space only does not count; an unterminated last line with text does), in constant
+    memory however long a line is. A chunk without a blank line, the usual case, is counted by
+    its newlines and one regular-expression scan (C speed: about as fast as ``count_lines``, but
+    from a read the export makes anyway)."""
+
+    __slots__ = ("_lines", "_tail_has_text")
+
+    def __init__(self) -> None:
+        self._lines = 0
+        self._tail_has_text = False
+
+    def feed(self, chunk: bytes | bytearray) -> None:
+        first = chunk.find(b"\n")
+        if first < 0:
+            self._tail_has_text = self._tail_has_text or bool(chunk.strip())
+            return
+        last = chunk.rfind(b"\n")
+        if self._tail_has_text or chunk[:first].strip():
+            self._lines += 1  # the line that ends at the chunk's first newline
+        if last > first:  # the lines between the first newline and the last
+            middle = chunk.count(b"\n", first + 1, last + 1)
+            if _BLANK_LINE.search(chunk, first, last + 1) is not None:
+                pieces = chunk[first + 1 : last].split(b"\n")
+                middle = sum(1 for piece in pieces if piece.strip())
+            self._lines += middle
+        self._tail_has_text = bool(chunk[last + 1 :].strip())
+
+    @property
+    def count(self) -> int:
+        return self._lines + (1 if self._tail_has_text else 0)
 
 
 def hash_gzip_file(fpath: Path) -> str:
@@ -154,26 +196,51 @@ def jsonl_digest(fpath: Path, workers: int | None = None, end: int | None = None
     multiset sums merge. A malformed line is reported with its line number either way.
     """
     size = fpath.stat().st_size if end is None else end
-    workers = workers or min(os.cpu_count() or 1, 8)
+    workers = workers or _workers()
     if size < PARALLEL_MIN_BYTES or workers < 2:
         return digest_jsonl_range(fpath, 0, end)
-    import multiprocessing
-    import threading
-    from concurrent.futures import ProcessPoolExecutor
+    return JsonlInFlight(fpath, end, workers).result()
 
-    # fork is cheap and safe while this is the only thread (the CLI); otherwise a fresh server.
-    method = "fork" if threading.active_count() == 1 else "forkserver"
-    bounds = [size * i // workers for i in range(workers + 1)]
-    jobs = [(str(fpath), bounds[i], bounds[i + 1]) for i in range(workers)]
-    try:
-        with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context(method)) as pool:
-            parts = list(pool.map(_digest_range_job, jobs))
-    except RunError:
-        return digest_jsonl_range(fpath, 0, end)  # again in order, for the exact line number
-    total = JsonlDigest()
-    for count, part_sum in parts:
-        total.merge(JsonlDigest(count, part_sum))
-    return total
+
+def _workers() -> int:
+    return min(os.cpu_count() or 1, 8)
+
+
+class JsonlInFlight:
+    """A large JSONL file's multiset digest, its parts hashed by worker processes started now
+    (split at line boundaries; the multiset sums merge in ``result()``).
+
+    Started by the thread that will go on sending, while it is the only thread, the workers are
+    forked (cheap); where other threads run, they come from a fresh fork server instead.
+    """
+
+    def __init__(self, fpath: Path, end: int | None = None, workers: int | None = None) -> None:
+        import multiprocessing
+        import threading
+        from concurrent.futures import ProcessPoolExecutor
+
+        self.fpath, self.end = fpath, end
+        size = fpath.stat().st_size if end is None else end
+        workers = max(2, workers or _workers())
+        method = "fork" if threading.active_count() == 1 else "forkserver"
+        bounds = [size * i // workers for i in range(workers + 1)]
+        self._pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context(method))
+        # with fork, every worker is forked here, by the first submit, before the pool's own thread
+        jobs = [(str(fpath), bounds[i], bounds[i + 1]) for i in range(workers)]
+        self._parts = [self._pool.submit(_digest_range_job, job) for job in jobs]
+
+    def result(self) -> JsonlDigest:
+        """The merged digest; a malformed line is reported with its line number."""
+        try:
+            parts = [part.result() for part in self._parts]
+        except RunError:
+            return digest_jsonl_range(self.fpath, 0, self.end)  # again in order, for the line number
+        finally:
+            self._pool.shutdown(wait=True, cancel_futures=True)
+        total = JsonlDigest()
+        for count, part_sum in parts:
+            total.merge(JsonlDigest(count, part_sum))
+        return total
 
 
 # A JSON or YAML document is identified by its canonical form (formatting does not count) only
@@ -182,18 +249,32 @@ def jsonl_digest(fpath: Path, workers: int | None = None, end: int | None = None
 CANONICAL_MAX_BYTES = 64 << 20
 
 
-def identity_of(fpath: Path) -> str:
-    """The content identity of one file, chosen by its kind (its name's ending) and size."""
+def identity_kind(fpath: Path, size: int | None = None) -> str:
+    """How a file's content identity is computed: ``jsonl``, ``json``, ``yaml``, ``gzip`` (parsed
+    or decompressed) or ``bytes`` (its bytes as they are), by its name's ending and size."""
     name = fpath.name.lower()
     if name.endswith(".jsonl"):
-        return hash_jsonl_file(fpath)
-    if name.endswith((".json", ".yaml", ".yml")) and fpath.stat().st_size > CANONICAL_MAX_BYTES:
-        return hash_bytes_file(fpath)  # too big to parse whole: its bytes, streamed
-    if name.endswith(".json"):
-        return hash_json_file(fpath)
-    if name.endswith((".yaml", ".yml")):
-        return hash_yaml_file(fpath)
+        return "jsonl"
+    if name.endswith((".json", ".yaml", ".yml")):
+        size = fpath.stat().st_size if size is None else size
+        if size > CANONICAL_MAX_BYTES:
+            return "bytes"  # too big to parse whole: its bytes, streamed
+        return "json" if name.endswith(".json") else "yaml"
     if name.endswith(".gz"):
+        return "gzip"
+    return "bytes"
+
+
+def identity_of(fpath: Path) -> str:
+    """The content identity of one file, chosen by its kind (``identity_kind``)."""
+    kind = identity_kind(fpath)
+    if kind == "jsonl":
+        return hash_jsonl_file(fpath)
+    if kind == "json":
+        return hash_json_file(fpath)
+    if kind == "yaml":
+        return hash_yaml_file(fpath)
+    if kind == "gzip":
         return hash_gzip_file(fpath)
     return hash_bytes_file(fpath)
 
@@ -204,12 +285,17 @@ def content_identities(
     use_cache: bool = True,
     progress: Callable[[str, int, int], None] | None = None,
     record_counts: dict[str, int] | None = None,
+    known: Mapping[str, tuple[list[int], str]] | None = None,
+    started: Mapping[str, tuple[list[int], JsonlInFlight]] | None = None,
 ) -> dict[str, str]:
     """``{artifact name: digest}`` for every file of the run that is present.
 
     A file whose device, inode, size, modification and change times all equal those recorded
     when it was last hashed is not read again (see ``IdentityCache``); any other file is.
     ``record_counts``, when given, receives the number of records of each JSONL file known.
+    ``known``: identities already computed this export (``{name: (stat_key, identity)}``, the
+    send key's pass), used for a file whose stat key still matches; ``started``: JSONL digests
+    already being computed (``IdentitiesInFlight``), likewise.
     """
     cache = IdentityCache(run.identity_cache_fpath) if use_cache else None
     identities: dict[str, str] = {}
@@ -223,17 +309,23 @@ def content_identities(
                 progress(f"hashing {name}", done, total)
                 done += before.st_size
             cached = cache.lookup(name, before) if cache is not None else None
+            fresh = cached is None
+            if fresh and known is not None and name in known and known[name][0] == stat_key(before):
+                cached = known[name][1], None
             if cached is not None:
                 identities[name], records = cached
             elif name.endswith(".jsonl"):
-                torn = partial_last_line(fpath) if name in (ROLLOUTS, METRICS_JOURNAL) else None
-                digest = jsonl_digest(fpath, end=torn.complete_bytes if torn else None)
+                in_flight = started.get(name) if started is not None else None
+                if in_flight is not None and in_flight[0] == stat_key(before):
+                    digest = in_flight[1].result()
+                else:
+                    digest = jsonl_digest(fpath, end=_complete_bytes(name, fpath))
                 identities[name], records = digest.hexdigest(), digest.count
             else:
                 identities[name], records = identity_of(fpath), None
             if records is not None and record_counts is not None:
                 record_counts[name] = records
-            if cached is None and cache is not None:
+            if fresh and cache is not None:
                 cache.store(name, before, os.stat(fpath), identities[name], records)
         except OSError as exc:
             raise RunError(f"{fpath}: cannot read: {exc.strerror or exc}") from exc
@@ -242,6 +334,12 @@ def content_identities(
     if progress is not None:
         progress("hashed", total, total)
     return identities
+
+
+def _complete_bytes(name: str, fpath: Path) -> int | None:
+    """Where a JSONL file's identity ends: before a torn last line of the rollouts or journal."""
+    torn = partial_last_line(fpath) if name in (ROLLOUTS, METRICS_JOURNAL) else None
+    return torn.complete_bytes if torn else None
 
 
 def stat_key(st: os.stat_result) -> list[int]:
@@ -318,3 +416,121 @@ def run_identity(identities: Mapping[str, str]) -> str:
     hasher = blake3.blake3(b"run-identity-v1\0")
     hasher.update(canonical_json(dict(identities)))
     return _hex(hasher)
+
+
+# -- hashing while sending ---------------------------------------------------------------------
+# The content identity parses JSONL, JSON and YAML: on a large run it takes several times the copy
+# or upload it guards. An export whose identities are not all in the cache computes them beside
+# the send (``IdentitiesInFlight``) and tags the backend run with them last. What finds that
+# backend run again after a crash, and what serialises two exports of the same files, must be
+# known before the send: the send key.
+
+SEND_KEY_PREFIX = "k3:"
+# The identity cache's entries for the byte digests behind the send key.
+_BYTES_ENTRY = "bytes:"
+
+
+def send_key(
+    run: RunArtifacts, record_counts: dict[str, int] | None = None
+) -> tuple[str, dict[str, tuple[list[int], str]]]:
+    """A digest of every artifact's name and bytes, and the identities that came with it.
+
+    The bytes are hashed with blake3 on every core (gigabytes a second: a small part of any copy
+    of them), each file's digest cached by its stat key like an identity. The same bytes give the
+    same key from any folder and after a ``touch``. A file whose identity is its bytes
+    (``identity_kind`` ``bytes``: a recording, a trace) gets its identity from the same read:
+    returned as ``{name: (stat_key, identity)}`` for ``content_identities(known=...)``.
+    ``record_counts``, when given, receives each JSONL file's non-blank lines, counted from the
+    same read (its records, unless its last line is torn).
+    """
+    cache = IdentityCache(run.identity_cache_fpath)
+    digests: dict[str, str] = {}
+    known: dict[str, tuple[list[int], str]] = {}
+    for name, fpath in sorted(run.artifact_files().items()):
+        try:
+            before = os.stat(fpath)
+            cached = cache.lookup(_BYTES_ENTRY + name, before)
+            lines = LineCounter() if name.endswith(".jsonl") else None
+            if cached is None:
+                digest = hash_bytes_file(fpath, lines)
+                counted = lines.count if lines is not None else None
+                cache.store(_BYTES_ENTRY + name, before, os.stat(fpath), digest, counted)
+            else:
+                digest, counted = cached
+            if counted is not None and record_counts is not None:
+                record_counts[name] = counted
+        except OSError as exc:
+            raise RunError(f"{fpath}: cannot read: {exc.strerror or exc}") from exc
+        digests[name] = digest
+        if identity_kind(fpath, before.st_size) == "bytes":
+            known[name] = (stat_key(before), digest)
+    cache.save()
+    hasher = blake3.blake3(b"send-key-v1\0")
+    hasher.update(canonical_json(digests))
+    return SEND_KEY_PREFIX + hasher.hexdigest(), known
+
+
+def identities_cached(run: RunArtifacts, known: Mapping[str, tuple[list[int], str]]) -> bool:
+    """Whether every file's identity is known without reading it (cached, or from ``known``)."""
+    cache = IdentityCache(run.identity_cache_fpath)
+    for name, fpath in run.artifact_files().items():
+        try:
+            st = os.stat(fpath)
+        except OSError:
+            return False
+        if name in known and known[name][0] == stat_key(st):
+            continue
+        if cache.lookup(name, st) is None:
+            return False
+    return True
+
+
+class IdentitiesInFlight:
+    """``content_identities`` of a run, started now and collected by ``result()``, while the
+    caller sends the run.
+
+    Each large JSONL file not in the cache is parsed and hashed by worker processes forked here,
+    in the caller's thread (``JsonlInFlight``); a thread hashes the other files and collects the
+    workers' parts. The send goes on in the caller's thread (a kernel copy, an upload) while the
+    records are hashed on the other cores. ``result()`` waits and raises what the hashing raised.
+    """
+
+    def __init__(self, run: RunArtifacts, known: Mapping[str, tuple[list[int], str]] | None = None) -> None:
+        import threading
+
+        self._result: tuple[dict[str, str], str] | None = None
+        self._error: BaseException | None = None
+        started: dict[str, tuple[list[int], JsonlInFlight]] = {}
+        cache = IdentityCache(run.identity_cache_fpath)
+        try:
+            for name, fpath in run.artifact_files().items():
+                st = os.stat(fpath)
+                large = name.endswith(".jsonl") and st.st_size >= PARALLEL_MIN_BYTES and _workers() >= 2
+                if large and cache.lookup(name, st) is None:
+                    started[name] = stat_key(st), JsonlInFlight(fpath, _complete_bytes(name, fpath))
+        except (OSError, RunError):
+            pass  # hashed (and reported) in order by the thread
+        self._thread = threading.Thread(
+            target=self._hash, args=(run, known, started), name="gym-artifacts-identity", daemon=True
+        )
+        self._thread.start()
+
+    def _hash(
+        self,
+        run: RunArtifacts,
+        known: Mapping[str, tuple[list[int], str]] | None,
+        started: Mapping[str, tuple[list[int], JsonlInFlight]],
+    ) -> None:
+        try:
+            identities = content_identities(run, known=known, started=started)
+            self._result = identities, run_identity(identities)
+        except BaseException as exc:  # handed to result(): raised in the caller's thread
+            self._error = exc
+
+    def result(self) -> tuple[dict[str, str], str]:
+        """``(identities, run identity)``, once hashed."""
+        self._thread.join()
+        if self._error is not None:
+            raise self._error
+        assert self._result is not None
+        return self._result

@@ -1,6 +1,6 @@
 """The live metrics journal ``STEM_metrics.jsonl``: every step metric, whatever the backends did.
 
-One complete JSON line per metric call (written by ``gym_artifacts.live.fanout.journal_writer``), so a
+One complete JSON line per metric call (written by ``gym_artifacts.live.journal_writer``), so a
 killed process leaves every written line readable. The post-run export sends it with the
 original steps and times. The line format (``journal_line``) and the reader (``iter_journal``)
 live here only; the local backend writes its copy with ``journal_line`` too.

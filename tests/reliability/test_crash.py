@@ -10,6 +10,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -17,8 +18,8 @@ from omegaconf import OmegaConf
 
 from gym_artifacts import export_run
 from gym_artifacts.contract.hooks import ExportStatus
-from gym_artifacts.run.artifacts import RunArtifacts
 from gym_artifacts.run.identity import content_identities
+from gym_artifacts.run.artifacts import RunArtifacts
 from gym_artifacts.run.receipts import read_receipt
 
 REPO = Path(__file__).resolve().parents[2]
@@ -90,6 +91,8 @@ LOCAL_POINTS = [
     ("gym_artifacts.core.snapshot:copy_into", 2, "during-copy"),  # mid-rollouts
     ("gym_artifacts.core.snapshot:copy_into", 5, "during-copy"),  # mid-artifact (the recording)
     ("gym_artifacts._builtin_exporters.local:snapshot_copy", 1, "before"),  # config, metrics, aggregate sent; rollouts not
+    # copied and hashed, not yet renamed to the identity's folder (the folder holds the send key)
+    ("gym_artifacts._builtin_exporters.local:publish_folder", 1, "before"),
     ("gym_artifacts.export.engine:publish_receipt", 1, "before"),
     ("gym_artifacts.export.engine:publish_receipt", 1, "after"),
 ]
@@ -99,6 +102,8 @@ MLFLOW_POINTS = [
     ("gym_artifacts._builtin_exporters._mlflow_client:ScopedMlflow.log_artifact", 3, "during-artifact"),  # mid-rollouts
     ("gym_artifacts._builtin_exporters._mlflow_client:ScopedMlflow.log_artifact", 6, "during-artifact"),  # mid-artifact
     ("gym_artifacts._builtin_exporters._mlflow_client:ScopedMlflow.terminate", 1, "before"),
+    # uploaded, FINISHED, not yet tagged with the content identity (the run holds the send key)
+    ("gym_artifacts._builtin_exporters.mlflow:MlflowExporter._complete_run", 1, "before"),
     ("gym_artifacts.export.engine:publish_receipt", 1, "before"),
     ("gym_artifacts.export.engine:publish_receipt", 1, "after"),
 ]
@@ -131,6 +136,11 @@ def test_local_export_killed_then_rerun(
             sys.exit(main({args[1:]!r}))
         """)]  # fmt: skip
     killed(target, nth, when, args)
+    rerun_local(quickstart_run, store)
+
+
+def rerun_local(quickstart_run: Path, store: Path) -> None:
+    """Export again in this process; then one run folder holds the run, with one receipt."""
     run = RunArtifacts.from_path(quickstart_run)
     [result] = export_run(
         run, OmegaConf.create({"exporters": {"local": {"enabled": True, "root": str(store)}}})
@@ -155,8 +165,6 @@ def test_local_export_killed_then_rerun(
 def test_mlflow_export_killed_then_rerun(
     quickstart_run: Path, tmp_path: Path, target: str, nth: int, when: str
 ) -> None:
-    from mlflow.tracking import MlflowClient
-
     uri = f"sqlite:///{tmp_path / 'm.db'}"
     overrides = [f"exporters.mlflow.tracking_uri={uri}", "exporters.mlflow.experiment_name=crash"]
     killed(
@@ -166,6 +174,13 @@ def test_mlflow_export_killed_then_rerun(
         ["cli", "export", str(quickstart_run), "-e", "mlflow", *overrides],
         {"MLFLOW_DISABLE_TELEMETRY": "true"},
     )
+    rerun_mlflow(quickstart_run, uri, tmp_path)
+
+
+def rerun_mlflow(quickstart_run: Path, uri: str, tmp_path: Path) -> None:
+    """Export again in this process; then one MLflow run holds the run, with one receipt."""
+    from mlflow.tracking import MlflowClient
+
     run = RunArtifacts.from_path(quickstart_run)
     cfg = OmegaConf.create(
         {"exporters": {"mlflow": {"enabled": True, "tracking_uri": uri, "experiment_name": "crash"}}}
@@ -176,8 +191,8 @@ def test_mlflow_export_killed_then_rerun(
     client = MlflowClient(uri)
     experiment = client.get_experiment_by_name("crash")
     runs = client.search_runs([experiment.experiment_id])
-    identity = client.get_run(backend_run).data.tags["gym_artifacts.run.identity"]
-    assert [r.info.run_id for r in runs if r.data.tags.get("gym_artifacts.run.identity") == identity] == [
+    identity = client.get_run(backend_run).data.tags["gym_artifacts.identity"]
+    assert [r.info.run_id for r in runs if r.data.tags.get("gym_artifacts.identity") == identity] == [
         backend_run
     ]
     assert len(runs) == 1
@@ -193,6 +208,63 @@ def test_mlflow_export_killed_then_rerun(
     for src in run.artifacts_dpath.iterdir():
         got = Path(client.download_artifacts(backend_run, f"runtime/{src.name}", str(dest / src.name)))
         assert got.read_bytes() == src.read_bytes(), src.name
+
+
+# The identity is hashed while the run is sent, and tagged last: killed between the upload and
+# that tag, the backend run holds the run's files but not its identity. The rerun finds it by the
+# send key (the files' bytes), whether it hashes again while sending (cache cold) or takes the
+# identities from the cache the killed export filled (warm: an export that looked its run up by
+# the identity alone would make a second run here), or after a ``touch`` of every file (new stat
+# keys, the same bytes: the same send key).
+BETWEEN_UPLOAD_AND_TAG = {
+    "local": ("gym_artifacts._builtin_exporters.local:publish_folder", 1, "before"),
+    "mlflow": ("gym_artifacts._builtin_exporters.mlflow:MlflowExporter._complete_run", 1, "before"),
+}
+
+
+@pytest.mark.parametrize("cache", ["warm", "cold", "touched"])
+@pytest.mark.parametrize("backend", ["local", "mlflow"])
+def test_killed_between_upload_and_identity_tag_then_rerun(
+    quickstart_run: Path, tmp_path: Path, backend: str, cache: str
+) -> None:
+    from mlflow.entities import ViewType
+    from mlflow.tracking import MlflowClient
+
+    old = time.time() - 60  # not "racy" for the identity cache: the killed export fills it
+    for fpath in [quickstart_run, *quickstart_run.parent.rglob("*")]:
+        if fpath.is_file():
+            os.utime(fpath, (old, old))
+    run = RunArtifacts.from_path(quickstart_run)
+    store, uri = tmp_path / "store", f"sqlite:///{tmp_path / 'm.db'}"
+    overrides = {
+        "local": [f"exporters.local.root={store}"],
+        "mlflow": [f"exporters.mlflow.tracking_uri={uri}", "exporters.mlflow.experiment_name=crash"],
+    }[backend]
+    killed(*BETWEEN_UPLOAD_AND_TAG[backend], ["cli", "export", str(quickstart_run), "-e", backend, *overrides],
+           {"MLFLOW_DISABLE_TELEMETRY": "true"})  # fmt: skip
+    # killed while the identity was hashed beside the send: sent whole, found by its bytes only
+    if backend == "local":
+        [sending] = list((store / "default").iterdir())
+        assert sending.name.startswith(".sending-")
+        assert (sending / "rollouts.jsonl").read_bytes() == quickstart_run.read_bytes()
+    else:
+        client = MlflowClient(uri)
+        [pending] = client.search_runs([client.get_experiment_by_name("crash").experiment_id])
+        assert pending.info.status == "FINISHED"
+        assert "gym_artifacts.bytes_digest" in pending.data.tags
+        assert "gym_artifacts.identity" not in pending.data.tags
+    assert run.identity_cache_fpath.is_file()  # the killed export's hashing finished and was cached
+    if cache == "cold":
+        run.identity_cache_fpath.unlink()
+    if cache == "touched":
+        for fpath in run.artifact_files().values():
+            os.utime(fpath)
+    if backend == "local":
+        rerun_local(quickstart_run, store)
+    else:
+        rerun_mlflow(quickstart_run, uri, tmp_path)
+        [only] = MlflowClient(uri).search_runs([pending.info.experiment_id], run_view_type=ViewType.ALL)
+        assert only.info.run_id == pending.info.run_id  # completed, not replaced
 
 
 SESSION_POINTS = [
