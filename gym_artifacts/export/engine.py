@@ -510,32 +510,34 @@ def export_run(
     run = run if isinstance(run, RunArtifacts) else RunArtifacts.from_path(run)
     run.require_present()
     install_log_redaction()
-    return export_resolved(
-        run,
-        resolve_export(run, config, exporters),
-        upload_rollouts=upload_rollouts,
-        certify=certify,
-        on_result=on_result,
-        progress=progress,
-        accept_partial_line=accept_partial_line,
-        accept_stale_aggregates=accept_stale_aggregates,
-        verify=verify,
-        nemo_gym_config=nemo_gym_config,
+    options = ExportOptions(
+        upload_rollouts, certify, accept_partial_line, accept_stale_aggregates, verify, nemo_gym_config
     )
+    return export_resolved(
+        run, resolve_export(run, config, exporters), options, on_result=on_result, progress=progress
+    )
+
+
+@dataclass(frozen=True)
+class ExportOptions:
+    """How one export treats its run, as ``export_run`` documents each option; one value passed
+    from the caller (the API, a job of ``export_runs``) down to the send."""
+
+    upload_rollouts: bool | None = None
+    certify: bool | None = None
+    accept_partial_line: bool = False
+    accept_stale_aggregates: bool = False
+    verify: bool = False
+    nemo_gym_config: str | os.PathLike[str] | None = None
 
 
 def export_resolved(
     run: RunArtifacts,
     resolved: ResolvedExport,
+    options: ExportOptions = ExportOptions(),
     *,
-    upload_rollouts: bool | None = None,
-    certify: bool | None = None,
     on_result: Callable[[ExportResult], None] | None = None,
     progress: Callable[[str, int, int], None] | None = None,
-    accept_partial_line: bool = False,
-    accept_stale_aggregates: bool = False,
-    verify: bool = False,
-    nemo_gym_config: str | os.PathLike[str] | None = None,
 ) -> list[ExportResult]:
     """``export_run`` once its config, exporters, settings and run config are resolved
     (``resolve_export``): nothing of these is read or validated again here."""
@@ -553,13 +555,13 @@ def export_resolved(
     try:
         if resolved.run_config_error is not None:
             raise RunError(resolved.run_config_error)
-        upload = resolve_upload_rollouts(upload_rollouts, cfg, run_config)
+        upload = resolve_upload_rollouts(options.upload_rollouts, cfg, run_config)
     except GymArtifactsError as exc:
         return finish([_failed(n, str(exc), start) for n in names])
     missing = run.missing_for_export(
         rollouts_required=upload,
-        accept_partial_line=accept_partial_line,
-        accept_stale_aggregates=accept_stale_aggregates,
+        accept_partial_line=options.accept_partial_line,
+        accept_stale_aggregates=options.accept_stale_aggregates,
     )
     if missing is not None:
         return finish([_failed(n, f"not exportable: {missing}", start) for n in names])
@@ -581,8 +583,8 @@ def export_resolved(
             identities = content_identities(run, progress=progress, record_counts=record_counts, known=known)
             identity = run_identity(identities)
         config_for_backends, secrets = backend_config(run_config)
-        if nemo_gym_config is not None:
-            config_for_backends, given = load_nemo_gym_run_config(nemo_gym_config)
+        if options.nemo_gym_config is not None:
+            config_for_backends, given = load_nemo_gym_run_config(options.nemo_gym_config)
             secrets = secrets | given
         coverage = coverage_of(run, record_counts)
     except (GymArtifactsError, OSError) as exc:
@@ -594,7 +596,7 @@ def export_resolved(
         identities=identities,
         run_identity=identity,
         upload_rollouts=upload,
-        certify=certify,
+        certify=options.certify,
         config=config_for_backends,
         secrets=secrets,
         # counted by the identity pass, or by the send key's read when hashing while sending
@@ -607,7 +609,7 @@ def export_resolved(
     # A run that saved no config gets the params its rollouts tell (``params_from_files``): a
     # full read of the rollouts, so made only once a backend is about to send (a SKIP answers
     # from stat calls, the identity cache and the receipt, whatever the run's size).
-    reads_params = nemo_gym_config is None and not config_for_backends
+    reads_params = options.nemo_gym_config is None and not config_for_backends
     results = []
     with run_config_of_export(run, run_config):  # a backend asking for it gets this one, not a re-read
         for i, target in enumerate(resolved.targets):
@@ -619,7 +621,7 @@ def export_resolved(
             # a receipt decided without --verify: what _export_one would answer first (an export
             # that hashes while sending found no receipt before it started; _export_one decides one
             # that appears meanwhile, once the identities are known)
-            decides_first = reads_params and not verify and hashing is None
+            decides_first = reads_params and not options.verify and hashing is None
             result = check_receipt(run, target, identities) if decides_first else None
             if reads_params and result is None:
                 try:  # a send may follow: only now are the rollouts read for the run's params
@@ -627,7 +629,7 @@ def export_resolved(
                 except OSError as exc:
                     result = _failed(name, f"cannot read {run.rollouts_fpath}: {exc}", start)
             if result is None:
-                result = _export_one(run, target, plan, signatures, verify, after_receipt)
+                result = _export_one(run, target, plan, signatures, options.verify, after_receipt)
             result = _redacted(result, secrets)
             logger.info("%s: %s %s", name, result.status.value, result.backend_run_id or result.reason or "")
             results.append(result)

@@ -126,7 +126,7 @@ def export_job(job: ExportJob) -> RunResults:
     from gym_artifacts.core.errors import GymArtifactsError, MissingRunError, RunError
     from gym_artifacts.core.progress import Progress
     from gym_artifacts.core.secrets import redact_text
-    from gym_artifacts.export.engine import export_resolved, resolve_export
+    from gym_artifacts.export.engine import ExportOptions, export_resolved, resolve_export
     from gym_artifacts.run.artifacts import RunArtifacts
 
     try:
@@ -137,16 +137,15 @@ def export_job(job: ExportJob) -> RunResults:
         progress = Progress(enabled=None if job.progress else False)
         finished: list[ExportResult] = []  # each backend's result as it finishes
         try:
+            options = ExportOptions(
+                job.upload_rollouts, job.certify, job.accept_partial_line, job.accept_stale_aggregates,
+                job.verify, job.nemo_gym_config,
+            )  # fmt: skip
             results = export_resolved(
                 run,
                 resolved,
-                upload_rollouts=job.upload_rollouts,
-                certify=job.certify,
-                verify=job.verify,
-                accept_partial_line=job.accept_partial_line,
-                accept_stale_aggregates=job.accept_stale_aggregates,
+                options,
                 progress=progress.update if progress.enabled else None,
-                nemo_gym_config=job.nemo_gym_config,
                 on_result=finished.append,
             )
         except KeyboardInterrupt as interrupt:  # Ctrl-C: what finished travels with it, to be printed

@@ -18,8 +18,8 @@ from omegaconf import OmegaConf
 
 from gym_artifacts import export_run
 from gym_artifacts.contract.hooks import ExportStatus
-from gym_artifacts.run.identity import content_identities
 from gym_artifacts.run.artifacts import RunArtifacts
+from gym_artifacts.run.identity import content_identities
 from gym_artifacts.run.receipts import read_receipt
 
 REPO = Path(__file__).resolve().parents[2]
