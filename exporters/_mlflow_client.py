@@ -25,7 +25,9 @@ from urllib.parse import quote, unquote
 
 from gym_artifacts.plugin import adopted, current_watch, mask_secrets
 
-IDENTITY_TAG = "gym_artifacts.identity"
+from ._mlflow_bookkeeping import BOOKKEEPING_TAG, bookkeeping_of, encode, lookup_filter
+
+IDENTITY_KEY = "identity"  # the run's content identity, in the bookkeeping tag
 logger = logging.getLogger(__name__)
 
 
@@ -168,6 +170,9 @@ class ScopedMlflow:
         self.limits = limits
         self.deadline = Deadline(limits.deadline)
         self._artifact_uris: dict[str, str] = {}
+        # each run's bookkeeping as last read or written through this client: an update is a
+        # read-modify-write of one tag, and needs no extra read when the run was just seen
+        self._bookkeeping: dict[str, dict[str, str]] = {}
         self.client = MlflowClient(tracking_uri=tracking_uri)
         if _is_rest(tracking_uri):
             from mlflow.tracking._tracking_service.client import TrackingServiceClient
@@ -206,31 +211,54 @@ class ScopedMlflow:
         return str(existing.experiment_id)
 
     def create_run(
-        self, experiment_id: str, run_name: str | None, tags: dict[str, str], start_ms: int
+        self,
+        experiment_id: str,
+        run_name: str | None,
+        tags: dict[str, str],
+        start_ms: int,
+        bookkeeping: dict[str, str] | None = None,
     ) -> str:
-        """A new run; tags under secret names or holding secret-shaped values are masked."""
+        """A new run; ``bookkeeping`` goes into the one bookkeeping tag. Tags under secret names
+        or holding secret-shaped values are masked."""
         masked = mask_secrets(tags)
+        kept = mask_secrets(bookkeeping or {})
+        if kept:
+            masked[BOOKKEEPING_TAG] = encode(kept)
         run = self.client.create_run(experiment_id, start_time=start_ms, tags=masked, run_name=run_name)
+        self._bookkeeping[str(run.info.run_id)] = kept
         return str(run.info.run_id)
 
-    def find_runs(self, experiment_id: str, tag: str, value: str) -> list[Any]:
-        """Runs of the experiment whose ``tag`` equals ``value`` (oldest first)."""
+    def find_runs(self, experiment_id: str, key: str, value: str) -> list[Any]:
+        """Active runs of the experiment whose bookkeeping has ``key == value`` (oldest first):
+        a ``LIKE`` prefilter on the bookkeeping tag, each hit's parsed value checked exactly."""
+        hits = self._search(experiment_id, lookup_filter(key, value))
+        return [r for r in hits if bookkeeping_of(r.data.tags).get(key) == value]
+
+    def find_tagged(self, experiment_id: str, tag: str, value: str) -> list[Any]:
+        """Active runs of the experiment whose own tag ``tag`` equals ``value`` (oldest first)."""
+        return self._search(experiment_id, f"tags.`{tag}` = '{value}'")
+
+    def _search(self, experiment_id: str, filter_string: str) -> list[Any]:
         from mlflow.entities import ViewType
 
         runs = self.client.search_runs(
             [experiment_id],
-            filter_string=f"tags.`{tag}` = '{value}'",
+            filter_string=filter_string,
             run_view_type=ViewType.ACTIVE_ONLY,
             max_results=50,
             order_by=["attributes.start_time ASC"],
         )
+        for run in runs:
+            self._bookkeeping[str(run.info.run_id)] = bookkeeping_of(run.data.tags)
         return list(runs)
 
     def delete_run(self, run_id: str) -> None:
         self.client.delete_run(run_id)
 
     def get_run(self, run_id: str) -> Any:
-        return self.client.get_run(run_id)
+        run = self.client.get_run(run_id)
+        self._bookkeeping[run_id] = bookkeeping_of(run.data.tags)
+        return run
 
     def set_status(self, run_id: str, status: str) -> None:
         self.client.update_run(run_id, status=status)
@@ -240,13 +268,29 @@ class ScopedMlflow:
         end = int(time.time() * 1000) if end_ms is None else end_ms
         self.client.set_terminated(run_id, status=status, end_time=end)
 
-    def set_tags(self, run_id: str, tags: dict[str, str]) -> None:
-        """Tags in batches; under secret names (user tags, journal texts) or secret-shaped: masked."""
+    def set_tags(self, run_id: str, tags: dict[str, str], bookkeeping: dict[str, str] | None = None) -> None:
+        """Tags in batches; under secret names (user tags, journal texts) or secret-shaped: masked.
+        ``bookkeeping`` entries are merged into the run's bookkeeping tag (read first unless this
+        client saw the run last) and sent in the same request as the first batch."""
         from mlflow.entities import RunTag
 
-        items = [RunTag(k, v) for k, v in mask_secrets(tags).items()]
+        masked = mask_secrets(tags)
+        merged: dict[str, str] | None = None
+        if bookkeeping:
+            current = self._bookkeeping.get(run_id)
+            if current is None:
+                current = dict(self._read_bookkeeping(run_id))
+            merged = {**current, **mask_secrets(bookkeeping)}
+            masked[BOOKKEEPING_TAG] = encode(merged)
+        items = [RunTag(k, v) for k, v in masked.items()]
         for batch in _batches(items, 100):
             self.client.log_batch(run_id, tags=batch)
+        if merged is not None:
+            self._bookkeeping[run_id] = merged
+
+    def _read_bookkeeping(self, run_id: str) -> dict[str, str]:
+        self.get_run(run_id)
+        return self._bookkeeping[run_id]
 
     def log_params(self, run_id: str, params: dict[str, str]) -> list[str]:
         """Log params in batches; a batch MLflow refuses is retried key by key. Returns refused keys."""

@@ -6,10 +6,11 @@ their original step and timestamp; every level of the aggregate metrics as metri
 history at the sample times; rollouts at ``rollouts/rollouts.jsonl`` and runtime artifacts at
 ``runtime/<name>``, uploaded whole (never appended, so a re-export cannot duplicate rows).
 Runs carry the run's send key (a digest of its files' bytes, known before anything is sent) from
-their creation and its content identity once complete, so a post-run export that died before its
-receipt finds its run again; the identity may be hashed while the run is sent
-(``hashes_while_sending``) and is then tagged last, with the completion, in one request. The SDK
-is imported only when a run is opened or exported.
+their creation and its content identity once complete, both in the one bookkeeping tag
+``gym_artifacts`` (see _mlflow_bookkeeping) with the rest of the exporter's own records, so a
+post-run export that died before its receipt finds its run again; the identity may be hashed
+while the run is sent (``hashes_while_sending``) and is then recorded last, with the completion,
+in one request. The SDK is imported only when a run is opened or exported.
 """
 
 from __future__ import annotations
@@ -50,8 +51,9 @@ from gym_artifacts.plugin import (
     utc_now_iso,
 )
 
+from ._mlflow_bookkeeping import bookkeeping_of
 from ._mlflow_client import (
-    IDENTITY_TAG,
+    IDENTITY_KEY,
     DeadlinePassed,
     RequestLimits,
     ScopedMlflow,
@@ -74,18 +76,19 @@ from ._rollouts import payload_traces
 
 logger = logging.getLogger(__name__)
 
-KIND_TAG = "gym_artifacts.kind"
-SOURCE_TAG = "gym_artifacts.source"
-CERTIFIED_TAG = "gym_artifacts.certified"
-SUPERSEDED_TAG = "gym_artifacts.superseded_by"
-TIMES_TAG = "gym_artifacts.times_from"  # session, journal or files: where the run's times came from
+# Keys of the run's one bookkeeping tag (``gym_artifacts``, see _mlflow_bookkeeping).
+KIND_KEY = "kind"
+SOURCE_KEY = "source"
+CERTIFIED_KEY = "certified"
+SUPERSEDED_KEY = "superseded_by"
+TIMES_KEY = "times_from"  # session, journal or files: where the run's times came from
 # Set last, after the run is FINISHED: every artifact and metric of the identity is in.
-COMPLETE_TAG = "gym_artifacts.complete"
+COMPLETE_KEY = "complete"
 # One export attempt's id: the runs it created, so that it deletes only its own orphans.
-ATTEMPT_TAG = "gym_artifacts.export_attempt"
+ATTEMPT_KEY = "export_attempt"
 # The run's send key (``ExportPlan.send_key``), set at creation: what finds a run whose content
 # identity was never tagged (an export that died between the upload and the final tag).
-SEND_KEY_TAG = "gym_artifacts.bytes_digest"  # not "..._key": that name would be masked as a secret
+SEND_KEY_KEY = "bytes_digest"  # not "..._key": that name would be masked as a secret
 LOGGED_ARTIFACTS_TAG = "mlflow.loggedArtifacts"
 
 
@@ -206,12 +209,16 @@ class MlflowExporter(LiveExporter):
         ensure_sqlite_schema(uri)  # never MLflow's own creation, which races in parallel processes
         return ScopedMlflow(uri, token, limits)
 
-    def _base_tags(self, run: RunArtifacts, kind: str) -> dict[str, str]:
-        """Our tags, plus MLflow's own Source and User columns: the run's files and who ran it."""
+    @staticmethod
+    def _base_bookkeeping(run: RunArtifacts, kind: str) -> dict[str, str]:
+        """What the bookkeeping tag holds from the run's creation: its kind and run stem."""
+        return {KIND_KEY: kind, SOURCE_KEY: tag_value(str(run.stem))}
+
+    def _base_tags(self, run: RunArtifacts) -> dict[str, str]:
+        """MLflow's own Source and User columns (the run's files and who ran it), plus the
+        user's configured tags."""
         source = run.rollouts_fpath or run.artifacts_dpath
         tags = {
-            KIND_TAG: kind,
-            SOURCE_TAG: tag_value(str(run.stem)),
             "mlflow.source.name": tag_value(str(source)),
             "mlflow.source.type": "LOCAL",
         }
@@ -234,21 +241,22 @@ class MlflowExporter(LiveExporter):
             if existing is not None and existing.info.lifecycle_stage == "active":
                 self._status_before_reopen = existing.info.status
                 ml.set_status(self.resume_run_id, "RUNNING")
-                ml.set_tags(self.resume_run_id, {"gym_artifacts.reopened_at": utc_now_iso()})
+                ml.set_tags(self.resume_run_id, {}, {"reopened_at": utc_now_iso()})
                 return self.resume_run_id
             logger.info("mlflow: run %s cannot be reopened; opening a new one", self.resume_run_id)
         return ml.create_run(
             experiment_id,
             self.settings.run_name or saved_config_run_name(self.run, self.name),
-            self._base_tags(self.run, "live"),
+            self._base_tags(self.run),
             int(time.time() * 1000),
+            self._base_bookkeeping(self.run, "live"),
         )
 
     def _log_config(self, config: dict[str, Any]) -> None:
         assert self._ml is not None and self.run_id is not None
         refused = self._ml.log_params(self.run_id, config_params(config))
         if refused:
-            self._ml.set_tags(self.run_id, {"gym_artifacts.params_refused": tag_value(", ".join(refused))})
+            self._ml.set_tags(self.run_id, {}, {"params_refused": tag_value(", ".join(refused))})
         self._upload_bytes(self._ml, self.run_id, "config.json", canonical_json(json_safe(config)), None)
 
     def _log_metrics(self, metrics: dict[str, Any], step: int, timestamp: float) -> None:
@@ -308,7 +316,7 @@ class MlflowExporter(LiveExporter):
         ml = self._client(live=False)
         experiment_id = ml.experiment_id(self.settings.experiment_name, self.settings.artifact_location)
         found = self._runs_of(ml, experiment_id, plan)
-        complete = [r for r in found if r.data.tags.get(COMPLETE_TAG) == "true"]
+        complete = [r for r in found if bookkeeping_of(r.data.tags).get(COMPLETE_KEY) == "true"]
         if complete:  # another folder's copy of this run (or a lost receipt) already put it here
             run_id = str(complete[0].info.run_id)
             logger.info("mlflow: run %s already holds this run's identity, complete", run_id)
@@ -321,16 +329,16 @@ class MlflowExporter(LiveExporter):
         times = run_times(run)
         lookup = self._lookup(plan)
         if not found:
-            tags = {ATTEMPT_TAG: attempt, **self._base_tags(run, "post-run")}
+            kept = {ATTEMPT_KEY: attempt, **self._base_bookkeeping(run, "post-run")}
             if plan.send_key:
-                tags[SEND_KEY_TAG] = plan.send_key
+                kept[SEND_KEY_KEY] = plan.send_key
             if not plan.identities_pending:
-                tags[IDENTITY_TAG] = plan.run_identity
+                kept[IDENTITY_KEY] = plan.run_identity
             if times is not None:
-                tags[TIMES_TAG] = times.source
+                kept[TIMES_KEY] = times.source
             start_ms = times.start_ms if times is not None else int(time.time() * 1000)
             name = self.settings.run_name or saved_config_run_name(run, self.name)
-            run_id = self._create_once(ml, experiment_id, name, tags, lookup, start_ms)
+            run_id = self._create_once(ml, experiment_id, name, self._base_tags(run), kept, lookup, start_ms)
         def undo() -> None:
             ml.delete_run(run_id)
 
@@ -348,20 +356,20 @@ class MlflowExporter(LiveExporter):
 
     @staticmethod
     def _lookup(plan: ExportPlan) -> tuple[str, str]:
-        """The tag and value this export's runs are created with and looked up by."""
-        return (SEND_KEY_TAG, plan.send_key) if plan.send_key else (IDENTITY_TAG, plan.run_identity)
+        """The bookkeeping key and value this export's runs are created with and looked up by."""
+        return (SEND_KEY_KEY, plan.send_key) if plan.send_key else (IDENTITY_KEY, plan.run_identity)
 
     @staticmethod
     def _runs_of(ml: ScopedMlflow, experiment_id: str, plan: ExportPlan) -> list[Any]:
         """Runs of this content, oldest first: those tagged with its identity (when known) and
-        those of the same bytes (``SEND_KEY_TAG``) never tagged with another identity."""
+        those of the same bytes (``SEND_KEY_KEY``) never tagged with another identity."""
         found: list[Any] = []
         if not plan.identities_pending:
-            found = list(ml.find_runs(experiment_id, IDENTITY_TAG, plan.run_identity))
+            found = list(ml.find_runs(experiment_id, IDENTITY_KEY, plan.run_identity))
         if plan.send_key:
             seen = {str(r.info.run_id) for r in found}
-            for other in ml.find_runs(experiment_id, SEND_KEY_TAG, plan.send_key):
-                tagged = other.data.tags.get(IDENTITY_TAG)
+            for other in ml.find_runs(experiment_id, SEND_KEY_KEY, plan.send_key):
+                tagged = bookkeeping_of(other.data.tags).get(IDENTITY_KEY)
                 if str(other.info.run_id) in seen:
                     continue
                 if tagged is None or plan.identities_pending or tagged == plan.run_identity:
@@ -373,12 +381,13 @@ class MlflowExporter(LiveExporter):
         """The last step: the run tagged with its content identity and as complete, in one
         request. Returns the run kept: when another complete run already holds the identity (a
         copy of the run with other bytes, exported meanwhile), that one, and this one is deleted."""
-        for other in ml.find_runs(experiment_id, IDENTITY_TAG, plan.run_identity):
-            if str(other.info.run_id) != run_id and other.data.tags.get(COMPLETE_TAG) == "true":
+        for other in ml.find_runs(experiment_id, IDENTITY_KEY, plan.run_identity):
+            done = bookkeeping_of(other.data.tags).get(COMPLETE_KEY) == "true"
+            if str(other.info.run_id) != run_id and done:
                 logger.info("mlflow: run %s holds this identity; deleting %s", other.info.run_id, run_id)
                 ml.delete_run(run_id)
                 return str(other.info.run_id)
-        ml.set_tags(run_id, {IDENTITY_TAG: plan.run_identity, COMPLETE_TAG: "true"})
+        ml.set_tags(run_id, {}, {IDENTITY_KEY: plan.run_identity, COMPLETE_KEY: "true"})
         return run_id
 
     def _create_once(
@@ -387,12 +396,13 @@ class MlflowExporter(LiveExporter):
         experiment_id: str,
         name: str,
         tags: dict[str, str],
+        kept: dict[str, str],
         lookup: tuple[str, str],
         start_ms: int,
     ) -> str:
         """Create the run for this content, never two: runs/create is sent without transport
         retries; after a failure (a timeout may still create the run on the server) the run is
-        looked up by ``lookup`` (its send key, else its identity: a tag it was created with) for a
+        looked up by ``lookup`` (its send key, else its identity: bookkeeping it was created with) for a
         while before creating again. Then, if a concurrent exporter elsewhere created one too,
         every exporter continues in the oldest run (and deletes its own)."""
         import requests
@@ -406,7 +416,7 @@ class MlflowExporter(LiveExporter):
         run_id: str | None = None
         for _ in range(s.export_request_retries + 1):
             try:
-                run_id = ml.create_run(experiment_id, name, tags, start_ms)
+                run_id = ml.create_run(experiment_id, name, tags, start_ms, kept)
                 break
             except (MlflowException, requests.RequestException) as exc:
                 last = exc
@@ -428,7 +438,7 @@ class MlflowExporter(LiveExporter):
         oldest = ml.find_runs(experiment_id, *lookup)
         if oldest and str(oldest[0].info.run_id) != run_id:
             logger.info("mlflow: run %s of this identity is older; continuing there", oldest[0].info.run_id)
-            if tags.get(ATTEMPT_TAG) == ml.get_run(run_id).data.tags.get(ATTEMPT_TAG):
+            if kept.get(ATTEMPT_KEY) == bookkeeping_of(ml.get_run(run_id).data.tags).get(ATTEMPT_KEY):
                 ml.delete_run(run_id)
             run_id = str(oldest[0].info.run_id)
         return run_id
@@ -439,7 +449,7 @@ class MlflowExporter(LiveExporter):
     ) -> None:
         """Delete the runs this export itself created and did not use (a create that timed out)."""
         for other in ml.find_runs(experiment_id, *lookup):
-            if str(other.info.run_id) != keep and other.data.tags.get(ATTEMPT_TAG) == attempt:
+            if str(other.info.run_id) != keep and bookkeeping_of(other.data.tags).get(ATTEMPT_KEY) == attempt:
                 logger.info("mlflow: deleting run %s, orphan of a timed-out create", other.info.run_id)
                 ml.delete_run(str(other.info.run_id))
 
@@ -453,14 +463,14 @@ class MlflowExporter(LiveExporter):
             raise CannotCertify(f"live run {live_run_id} is gone") from exc
         if live.info.lifecycle_stage != "active":
             raise CannotCertify(f"live run {live_run_id} is deleted")
-        ml.set_tags(live_run_id, {IDENTITY_TAG: plan.run_identity, CERTIFIED_TAG: "true"})
+        ml.set_tags(live_run_id, {}, {IDENTITY_KEY: plan.run_identity, CERTIFIED_KEY: "true"})
         rows, sent = self._send_run(ml, live_run_id, run, plan)
         ml.terminate(live_run_id, "FINISHED")
-        ml.set_tags(live_run_id, {COMPLETE_TAG: "true"})
+        ml.set_tags(live_run_id, {}, {COMPLETE_KEY: "true"})
         return Sent(backend_run_id=live_run_id, rows=rows, bytes=sent)
 
     def _mark_superseded(self, live_run_id: str, new_run_id: str) -> None:
-        self._client(live=False).set_tags(live_run_id, {SUPERSEDED_TAG: new_run_id})
+        self._client(live=False).set_tags(live_run_id, {}, {SUPERSEDED_KEY: new_run_id})
 
     def _send_run(
         self, ml: ScopedMlflow, run_id: str, run: RunArtifacts, plan: ExportPlan
@@ -469,10 +479,11 @@ class MlflowExporter(LiveExporter):
         payload = RunPayload.of(run, plan)
         sent = 0
         tags: dict[str, str] = {}
+        kept: dict[str, str] = {}  # the bookkeeping tag's entries
         if payload.config is not None:
             refused = ml.log_params(run_id, config_params(payload.config))
             if refused:
-                tags["gym_artifacts.params_refused"] = tag_value(", ".join(refused))
+                kept["params_refused"] = tag_value(", ".join(refused))
             sent += self._upload_bytes(
                 ml, run_id, "config.json", canonical_json(json_safe(payload.config)), None
             )
@@ -510,18 +521,18 @@ class MlflowExporter(LiveExporter):
             if report is not None:
                 sent += ml.log_artifact(run_id, report, None)
         if payload.coverage is not None:
-            tags["gym_artifacts.coverage"] = tag_value(payload.coverage.text())
-            tags["gym_artifacts.partial"] = "true" if payload.coverage.partial else "false"
+            kept["coverage"] = payload.coverage.text()
+            kept["partial"] = "true" if payload.coverage.partial else "false"
         for item in payload.sidecars:
             sent += self._upload_artifact(ml, run_id, item, "nemo_gym")
         acceptance = payload.acceptance
         if acceptance is not None and payload.acceptance_file is not None:
-            tags["gym_artifacts.accepted_partial"] = "true"
-            tags["gym_artifacts.acceptance_reason"] = tag_value(acceptance.reason)
-            tags["gym_artifacts.omitted_rows"] = str(acceptance.omitted_rows)
-            tags["gym_artifacts.planned_rows"] = str(acceptance.planned_rows)
+            kept["accepted_partial"] = "true"
+            kept["acceptance_reason"] = acceptance.reason
+            kept["omitted_rows"] = str(acceptance.omitted_rows)
+            kept["planned_rows"] = str(acceptance.planned_rows)
             sent += self._upload_artifact(ml, run_id, payload.acceptance_file, None)
-        self._send_system_metrics(ml, run_id, payload, tags)
+        self._send_system_metrics(ml, run_id, payload, kept)
         rollouts = run.rollouts_fpath
         with payload.rollouts_file() as complete:
             if complete is not None:
@@ -536,7 +547,7 @@ class MlflowExporter(LiveExporter):
         if omitted:
             ts = file_mtime_ms(rollouts) if rollouts is not None else 0
             ml.log_metrics(run_id, ((k, float(v), ts, 0) for k, v in omitted.items()))
-            tags.update({f"gym_artifacts.{k}": str(v) for k, v in omitted.items()})
+            kept.update({k: str(v) for k, v in omitted.items()})
         for item in payload.runtime_artifacts:
             parts = item.name.rsplit("/", 1)
             artifact_dir = "runtime" if len(parts) == 1 else f"runtime/{parts[0]}"
@@ -544,8 +555,8 @@ class MlflowExporter(LiveExporter):
         if table_paths or payload.rollout_rows:
             # MLflow's UI shows these artifacts as tables (what mlflow.log_table records)
             tags[LOGGED_ARTIFACTS_TAG] = logged_artifacts(table_paths)
-        if tags:
-            ml.set_tags(run_id, tags)
+        if tags or kept:
+            ml.set_tags(run_id, tags, kept)
         return payload.rollout_rows, sent
 
     @staticmethod
@@ -585,11 +596,11 @@ class MlflowExporter(LiveExporter):
 
     @staticmethod
     def _send_system_metrics(
-        ml: ScopedMlflow, run_id: str, payload: RunPayload, tags: dict[str, str]
+        ml: ScopedMlflow, run_id: str, payload: RunPayload, kept: dict[str, str]
     ) -> None:
         figures, reason = payload.nvml_summary
         if reason is not None:
-            tags["gym_artifacts.nvml"] = tag_value(reason)
+            kept["nvml"] = reason
         if figures:
             numbers, _ = split_metrics(figures, prefix="system")
             ts = file_mtime_ms(payload.run.artifacts_dpath / NVML_SUMMARY)

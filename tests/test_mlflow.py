@@ -20,6 +20,7 @@ pytest.importorskip("mlflow")
 from mlflow.tracking import MlflowClient
 
 from gym_artifacts import export_run
+from gym_artifacts._builtin_exporters._mlflow_bookkeeping import bookkeeping_of
 from gym_artifacts._builtin_exporters._mlflow_mapping import (
     config_params,
     sanitize_key,
@@ -58,7 +59,7 @@ def test_post_run_export_reads_back(quickstart_run: Path, tracking_uri: str, tmp
     assert run.data.params["policy_api_key"] == "***"
     assert run.data.params["num_repeats"] == "4"
     # tags: the run's identity
-    identity = run.data.tags["gym_artifacts.identity"]
+    identity = bookkeeping_of(run.data.tags)["identity"]
     assert identity.startswith("b3:")
     # aggregate metrics under NeMo Gym's own exporter's names; levels as table artifacts
     agg = json.loads(quickstart_run.with_name("eval_aggregate_metrics.json").read_text())
@@ -88,7 +89,7 @@ def test_post_run_export_reads_back(quickstart_run: Path, tracking_uri: str, tmp
         (j["step"], int(j["time"] * 1000), j["metrics"]["train/reward"]) for j in journal
     ]
     # the NVML summary said "no samples": a tag with the reason, no zero metrics
-    assert "NVML unavailable" in run.data.tags["gym_artifacts.nvml"]
+    assert "NVML unavailable" in bookkeeping_of(run.data.tags)["nvml"]
     assert not any(k.startswith("system/") for k in run.data.metrics)
     # artifacts, byte-identical
     out = tmp_path / "dl"
@@ -175,8 +176,8 @@ def test_export_killed_after_run_creation_leaves_one_run(quickstart_run: Path, t
     client = MlflowClient(uri)
     experiment = client.get_experiment_by_name("tests")
     runs = client.search_runs([experiment.experiment_id])
-    identity = client.get_run(result.backend_run_id).data.tags["gym_artifacts.identity"]
-    assert [r.info.run_id for r in runs if r.data.tags.get("gym_artifacts.identity") == identity] == [
+    identity = bookkeeping_of(client.get_run(result.backend_run_id).data.tags)["identity"]
+    assert [r.info.run_id for r in runs if bookkeeping_of(r.data.tags).get("identity") == identity] == [
         result.backend_run_id
     ]
     history = client.get_metric_history(result.backend_run_id, "train/reward")
@@ -212,7 +213,7 @@ def test_live_run_then_certify(quickstart_run: Path, tracking_uri: str, tmp_path
     assert result.status is ExportStatus.EXPORTED, result.reason
     assert result.backend_run_id == report.run_id
     run = client.get_run(report.run_id)
-    assert run.data.tags["gym_artifacts.certified"] == "true"
+    assert bookkeeping_of(run.data.tags)["certified"] == "true"
     assert "key_metrics/travel_simple_agent/mean/reward" in run.data.metrics
     assert len(client.get_metric_history(report.run_id, "reward")) == 10  # nothing duplicated
 

@@ -18,6 +18,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from gym_artifacts import export_run
+from gym_artifacts._builtin_exporters._mlflow_bookkeeping import bookkeeping_of
 from gym_artifacts.cli import main
 from gym_artifacts.contract.hooks import ExportStatus
 from gym_artifacts.report import build_report
@@ -183,10 +184,10 @@ def test_mlflow_uses_nemo_gyms_own_names_and_exports_sidecars(tmp_path: Path) ->
         metrics = run.data.metrics
         got = tuple(metrics[f"coverage/{k}"] for k in ("expected", "scored", "missing", "failed"))
         assert got == COVERAGE[name], name
-    assert runs["clean"].data.tags["gym_artifacts.partial"] == "false"
-    assert runs["clean"].data.tags["gym_artifacts.coverage"] == "10 of 10 planned rollouts scored"
-    assert failed.tags["gym_artifacts.partial"] == "true"
-    assert failed.tags["gym_artifacts.coverage"] == "8 of 10 planned rollouts scored (2 failed) - partial"
+    assert bookkeeping_of(runs["clean"].data.tags)["partial"] == "false"
+    assert bookkeeping_of(runs["clean"].data.tags)["coverage"] == "10 of 10 planned rollouts scored"
+    assert bookkeeping_of(failed.tags)["partial"] == "true"
+    assert bookkeeping_of(failed.tags)["coverage"] == "8 of 10 planned rollouts scored (2 failed) - partial"
     # nothing per rollout or per task among metrics and tags
     for data in (failed, runs["clean"].data):
         names = [*data.metrics, *data.tags]

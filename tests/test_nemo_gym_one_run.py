@@ -22,6 +22,8 @@ from typing import Any
 import pytest
 import yaml
 
+from gym_artifacts._builtin_exporters._mlflow_bookkeeping import bookkeeping_of
+
 pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parent.parent
 
@@ -120,8 +122,8 @@ def assert_one_certified_run(tmp_path: Path, mlflow_uri: str, experiment: str) -
     [run_id] = runs["mlflow"]
     run = MlflowClient(mlflow_uri).get_run(run_id)
     assert run.info.status == "FINISHED"
-    assert run.data.tags.get("gym_artifacts.certified") == "true"
-    assert "gym_artifacts.superseded_by" not in run.data.tags
+    assert bookkeeping_of(run.data.tags).get("certified") == "true"
+    assert "superseded_by" not in bookkeeping_of(run.data.tags)
     local = json.loads((tmp_path / "store" / experiment / runs["local"][0] / "run.json").read_text())
     assert local["status"] == "FINISHED" and local.get("certified") is True
 
@@ -190,7 +192,7 @@ def test_a_run_that_differs_from_what_was_logged_live_is_exported_anew(tmp_path:
     assert {name: len(ids) for name, ids in after.items()} == {"mlflow": 2, "local": 2}
     [new_ml] = set(after["mlflow"]) - set(live["mlflow"])
     [live_ml] = live["mlflow"]
-    assert MlflowClient(mlflow_server.uri).get_run(live_ml).data.tags["gym_artifacts.superseded_by"] == new_ml
+    assert bookkeeping_of(MlflowClient(mlflow_server.uri).get_run(live_ml).data.tags)["superseded_by"] == new_ml
     [live_local] = live["local"]
     live_json = json.loads((tmp_path / "store" / experiment / live_local / "run.json").read_text())
     assert live_json["superseded_by"] in after["local"]

@@ -22,6 +22,7 @@ from typing import Any
 
 import pytest
 
+from gym_artifacts._builtin_exporters._mlflow_bookkeeping import bookkeeping_of
 from tests.sweep import make_sweep
 
 pytestmark = pytest.mark.slow
@@ -93,7 +94,7 @@ def _assert_exported_once_each(results: list[dict[str, Any]], db: Path, runs: li
     client = MlflowClient(f"sqlite:///{db}")
     [experiment] = [e for e in client.search_experiments() if e.name == "gym-evals"]
     found = client.search_runs([experiment.experiment_id], max_results=1000)
-    identities = [r.data.tags.get("gym_artifacts.identity") for r in found]
+    identities = [bookkeeping_of(r.data.tags).get("identity") for r in found]
     assert len(found) == len(runs) == len(set(identities)), (len(found), identities)
     assert {r.info.run_id for r in found} == {r["backend_run_id"] for r in results if r["exporter"] == "mlflow"}
     assert not any(t.startswith("_alembic_tmp_") for t in _tables(db))

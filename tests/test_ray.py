@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 
+from gym_artifacts._builtin_exporters._mlflow_bookkeeping import bookkeeping_of
 from gym_artifacts.run.artifacts import RunArtifacts
 from gym_artifacts.run.receipts import read_receipt
 from tests.mlflow_server import MlflowServer
@@ -135,7 +136,7 @@ def assert_once_each(server: MlflowServer, experiment: str, runs: list[Path], st
     from mlflow.tracking import MlflowClient
 
     found = mlflow_runs(server, experiment)
-    identities = [r.data.tags.get("gym_artifacts.identity") for r in found]
+    identities = [bookkeeping_of(r.data.tags).get("identity") for r in found]
     assert len(found) == len(runs) == len(set(identities)), (len(found), len(runs))
     client = MlflowClient(server.uri)
     for mlrun in found:

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from gym_artifacts._builtin_exporters._mlflow_bookkeeping import bookkeeping_of
 from gym_artifacts.cli import main
 from gym_artifacts.core.flags import PARTIAL_OVERRIDE_FLAG, STALE_OVERRIDE_FLAG
 from gym_artifacts.run.torn import partial_last_line
@@ -223,7 +224,7 @@ def test_three_day_old_journal_gives_an_mlflow_run_three_days_ago(quickstart_run
     run = _mlflow_export(quickstart_run, tmp_path)
     assert run.info.start_time == int(first * 1000)
     assert run.info.end_time == int((first + 60 * (len(lines) - 1)) * 1000)
-    assert run.data.tags["gym_artifacts.times_from"] == "journal"
+    assert bookkeeping_of(run.data.tags)["times_from"] == "journal"
     assert run.data.tags["mlflow.source.name"] == str(quickstart_run.absolute())
     assert run.data.tags["mlflow.user"] == getpass.getuser()
 
@@ -235,7 +236,7 @@ def test_session_times_win_over_the_journal(quickstart_run: Path, tmp_path: Path
     run = _mlflow_export(quickstart_run, tmp_path)
     assert run.info.start_time == int(dt.datetime.fromisoformat(times["start"]).timestamp() * 1000)
     assert run.info.end_time == int(dt.datetime.fromisoformat(times["end"]).timestamp() * 1000)
-    assert run.data.tags["gym_artifacts.times_from"] == "session"
+    assert bookkeeping_of(run.data.tags)["times_from"] == "session"
 
 
 def test_without_session_or_journal_the_files_give_the_times(quickstart_run: Path, tmp_path: Path) -> None:
@@ -248,4 +249,4 @@ def test_without_session_or_journal_the_files_give_the_times(quickstart_run: Pat
     os.utime(quickstart_run.with_name("eval_aggregate_metrics.json"), (old + 100, old + 100))
     run = _mlflow_export(quickstart_run, tmp_path)
     assert (run.info.start_time, run.info.end_time) == (old * 1000, (old + 100) * 1000)
-    assert run.data.tags["gym_artifacts.times_from"] == "files"
+    assert bookkeeping_of(run.data.tags)["times_from"] == "files"

@@ -98,7 +98,7 @@ def _split_json(columns: list[str], rows: list[list[Any]]) -> bytes:
 
 # -- MLflow --------------------------------------------------------------------------------------
 def _log_mlflow(settings: Any, comparison: Comparison, ident: dict[str, Any], page: Path) -> tuple[str, str]:
-    from gym_artifacts._builtin_exporters._mlflow_client import IDENTITY_TAG, RequestLimits, ScopedMlflow
+    from gym_artifacts._builtin_exporters._mlflow_client import IDENTITY_KEY, RequestLimits, ScopedMlflow
     from gym_artifacts.core.destination import absolute_store_uri
 
     s = settings
@@ -108,7 +108,7 @@ def _log_mlflow(settings: Any, comparison: Comparison, ident: dict[str, Any], pa
     )
     ml = ScopedMlflow(absolute_store_uri(s.tracking_uri), token, limits)
     experiment_id = ml.experiment_id(s.experiment_name, s.artifact_location)
-    found = ml.find_runs(experiment_id, COMPARISON_TAG, ident["identity"])
+    found = ml.find_tagged(experiment_id, COMPARISON_TAG, ident["identity"])
     complete = [r for r in found if r.data.tags.get(COMPLETE_TAG) == "true"]
     if complete:
         run_id = str(complete[0].info.run_id)
@@ -125,7 +125,7 @@ def _log_mlflow(settings: Any, comparison: Comparison, ident: dict[str, Any], pa
     }
     # the runs' own MLflow runs, when they were exported to this experiment
     for role, identity in [("base", ident["base"]), *(("candidate", i) for i in ident["candidates"])]:
-        own = ml.find_runs(experiment_id, IDENTITY_TAG, identity)
+        own = ml.find_runs(experiment_id, IDENTITY_KEY, identity)
         if own:
             key = f"gym_artifacts.{role}_mlflow_run"
             tags[key] = ",".join(filter(None, [tags.get(key), str(own[0].info.run_id)]))

@@ -17,6 +17,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from gym_artifacts import export_run
+from gym_artifacts._builtin_exporters._mlflow_bookkeeping import bookkeeping_of
 from gym_artifacts.contract.hooks import ExportStatus
 from gym_artifacts.run.artifacts import RunArtifacts
 from gym_artifacts.run.identity import content_identities
@@ -191,8 +192,8 @@ def rerun_mlflow(quickstart_run: Path, uri: str, tmp_path: Path) -> None:
     client = MlflowClient(uri)
     experiment = client.get_experiment_by_name("crash")
     runs = client.search_runs([experiment.experiment_id])
-    identity = client.get_run(backend_run).data.tags["gym_artifacts.identity"]
-    assert [r.info.run_id for r in runs if r.data.tags.get("gym_artifacts.identity") == identity] == [
+    identity = bookkeeping_of(client.get_run(backend_run).data.tags)["identity"]
+    assert [r.info.run_id for r in runs if bookkeeping_of(r.data.tags).get("identity") == identity] == [
         backend_run
     ]
     assert len(runs) == 1
@@ -251,8 +252,8 @@ def test_killed_between_upload_and_identity_tag_then_rerun(
         client = MlflowClient(uri)
         [pending] = client.search_runs([client.get_experiment_by_name("crash").experiment_id])
         assert pending.info.status == "FINISHED"
-        assert "gym_artifacts.bytes_digest" in pending.data.tags
-        assert "gym_artifacts.identity" not in pending.data.tags
+        assert "bytes_digest" in bookkeeping_of(pending.data.tags)
+        assert "identity" not in bookkeeping_of(pending.data.tags)
     assert run.identity_cache_fpath.is_file()  # the killed export's hashing finished and was cached
     if cache == "cold":
         run.identity_cache_fpath.unlink()

@@ -19,6 +19,7 @@ from mlflow.entities import ViewType
 from mlflow.tracking import MlflowClient
 
 from gym_artifacts import export_run
+from gym_artifacts._builtin_exporters._mlflow_bookkeeping import bookkeeping_of
 from gym_artifacts.contract.hooks import ExportStatus
 from tests.mlflow_server import MlflowServer
 from tests.reliability.faulty_servers import DelayingProxy, delaying_proxy
@@ -56,7 +57,7 @@ def test_eight_copies_in_eight_folders_exported_at_once_make_one_run(
     assert [r["status"] for r in results] == ["EXPORTED"] * 8  # each folder gets its receipt
     assert len({r["backend_run_id"] for r in results}) == 1
     [only] = runs(server.uri, "eight", ViewType.ALL)
-    assert only.info.status == "FINISHED" and only.data.tags["gym_artifacts.complete"] == "true"
+    assert only.info.status == "FINISHED" and bookkeeping_of(only.data.tags)["complete"] == "true"
     assert len(MlflowClient(server.uri).get_metric_history(only.info.run_id, "train/reward")) == 20
 
 
