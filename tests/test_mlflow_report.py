@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
 import time
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -21,10 +23,16 @@ from tests.reliability.test_crash import check_receipt, killed
 EXPERIMENT = "report"
 
 
+@pytest.fixture(autouse=True)
+def _own_experiment(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An experiment of each test's own (the session's mlflow server is shared between tests)."""
+    monkeypatch.setattr(sys.modules[__name__], "EXPERIMENT", f"report-{uuid.uuid4().hex[:12]}")
+
+
 def _cfg(uri: str, report: object) -> Any:
     return OmegaConf.create(
-        {"exporters": {"mlflow": {"enabled": True, "tracking_uri": uri, "experiment_name": EXPERIMENT,
-                                  "report": report}}}
+        {"exporters": {"mlflow": {"enabled": True, "tracking_uri": uri,
+                                  "experiment_name": EXPERIMENT, "report": report}}}
     )  # fmt: skip
 
 
