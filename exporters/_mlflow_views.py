@@ -1,5 +1,6 @@
 """What MLflow's run views show for an eval beyond metrics: the planned inputs as the run's
-dataset input, a one-line headline as the run's description, the HTML report as an artifact.
+dataset input, a one-line headline as the run's description (the HTML report, uploaded after
+the receipt, is ``_mlflow_report``'s).
 
 Public MLflow entities only (``mlflow.entities.Dataset``/``DatasetInput``, logged with
 ``MlflowClient.log_inputs``); the SDK is imported when a view is built.
@@ -22,7 +23,6 @@ logger = logging.getLogger(__name__)
 
 DESCRIPTION_TAG = "mlflow.note.content"  # what MLflow's run page shows as the description
 DATASET_CONTEXT = "eval"
-REPORT_NAME = "report.html"
 _READ = 1 << 20
 
 
@@ -95,20 +95,6 @@ def headline(payload: RunPayload) -> str:
     if coverage is not None:
         parts.append(coverage.text())
     return " · ".join(parts) or "no aggregate metrics or coverage"
-
-
-def write_report(payload: RunPayload, dest: Path) -> Path | None:
-    """The run's HTML report (from the export's identities and coverage), or None when it
-    cannot be written (a report never fails the export)."""
-    from gym_artifacts.plugin import build_report
-
-    plan = payload.plan.complete()  # identities hashed beside the upload: waited for, never hashed again
-    try:
-        return build_report(payload.run, dest, identities=plan.identities or None, coverage=plan.coverage,
-                            secrets=plan.secrets)  # fmt: skip
-    except Exception as exc:
-        logger.warning("mlflow: report not written: %s", exc)
-        return None
 
 
 RECORDS = 1000  # evaluation dataset records a request

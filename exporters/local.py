@@ -28,7 +28,7 @@ import re
 import shutil
 import uuid
 from pathlib import Path
-from typing import IO, Any, Literal
+from typing import IO, Any
 
 from pydantic import field_validator
 
@@ -39,6 +39,7 @@ from gym_artifacts.plugin import (
     ExporterConfig,
     ExportPlan,
     LiveExporter,
+    ReportWhen,
     RunArtifacts,
     RunPayload,
     RunStatus,
@@ -79,7 +80,7 @@ class LocalSettings(ExporterConfig):
     experiment: str = "default"
     # When report.html is built: after the receipt in the exporting process, in a detached
     # process the export does not wait for, or never (``gym-artifacts report`` builds it).
-    report: Literal["after", "background", "off"] = "after"
+    report: ReportWhen = "after"
 
     @field_validator("root", mode="before")
     @classmethod
@@ -87,14 +88,6 @@ class LocalSettings(ExporterConfig):
         """``Path("")`` is ``.``: an empty root would scatter runs in the working directory."""
         if value is None or (isinstance(value, (str, os.PathLike)) and not os.fspath(value).strip()):
             raise ValueError("must not be empty (a folder path, e.g. ./gym-artifacts-runs)")
-        return value
-
-    @field_validator("report", mode="before")
-    @classmethod
-    def _report_switch(cls, value: Any) -> Any:
-        """YAML reads ``off`` (and ``no``, ``false``) as False: that is ``off``; True is the default."""
-        if isinstance(value, bool):
-            return "after" if value else "off"
         return value
 
     @field_validator("experiment")

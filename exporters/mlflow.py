@@ -35,6 +35,7 @@ from gym_artifacts.plugin import (
     ExportPlan,
     LiveExporter,
     PayloadArtifact,
+    ReportWhen,
     RolloutSpool,
     RunArtifacts,
     RunPayload,
@@ -61,16 +62,11 @@ from ._mlflow_client import (
     file_mtime_ms,
 )
 from ._mlflow_mapping import config_params, split_metrics, tag_value
+from ._mlflow_report import ReportTarget, build_and_upload, has_report, job_for
+from ._mlflow_report import start as start_report
 from ._mlflow_schema import ensure_sqlite_schema
 from ._mlflow_traces import log_rollout_traces
-from ._mlflow_views import (
-    DESCRIPTION_TAG,
-    REPORT_NAME,
-    evaluation_dataset,
-    headline,
-    planned_inputs,
-    write_report,
-)
+from ._mlflow_views import DESCRIPTION_TAG, evaluation_dataset, headline, planned_inputs
 from ._nemo_gym_shapes import MLFLOW_TABLE_FILE, file_documents, write_split_table
 from ._rollouts import payload_traces
 
@@ -125,6 +121,9 @@ class MlflowSettings(ExporterConfig):
     # start_trace request a trace, MLflow's only way to attach them. Off: verdicts as trace tags,
     # and the spans alone make each trace (several times fewer requests; BENCHMARKS notes).
     trace_assessments: bool = True
+    # When the run's report.html is built and uploaded: once the run is complete and the receipt
+    # written, in the exporting process (after), in a detached process (background), or never.
+    report: ReportWhen = "after"
 
 
 class MlflowExporter(LiveExporter):
@@ -469,6 +468,23 @@ class MlflowExporter(LiveExporter):
         ml.set_tags(live_run_id, {}, {COMPLETE_KEY: "true"})
         return Sent(backend_run_id=live_run_id, rows=rows, bytes=sent)
 
+    def _after_receipt(self, run: RunArtifacts, plan: ExportPlan, backend_run_id: str | None) -> None:
+        """``report.html`` uploaded to the run, now that it is complete and the receipt written
+        (from the export's identities and coverage: the run is not hashed again); a run that
+        holds one already (another copy of this content exported it) keeps it."""
+        if self.settings.report == "off" or backend_run_id is None:
+            return
+        ml = self._client(live=False)
+        if has_report(ml, backend_run_id):
+            return
+        job = job_for(run, plan, backend_run_id)
+        if self.settings.report == "background":
+            token = self.settings.tracking_token
+            start_report(job, ReportTarget(ml.tracking_uri, token.get_secret_value() if token else None,
+                                           backend_run_id, ml.limits))  # fmt: skip
+        else:
+            build_and_upload(job, ml, backend_run_id)
+
     def _mark_superseded(self, live_run_id: str, new_run_id: str) -> None:
         self._client(live=False).set_tags(live_run_id, {}, {SUPERSEDED_KEY: new_run_id})
 
@@ -516,10 +532,6 @@ class MlflowExporter(LiveExporter):
             ml.client.log_inputs(run_id, [dataset])
             experiment_id = str(ml.get_run(run_id).info.experiment_id)
             evaluation_dataset(ml, experiment_id, f"{run_name} planned inputs", payload)
-        with tempfile.TemporaryDirectory(prefix="gym-artifacts-mlflow-") as tmp:
-            report = write_report(payload, Path(tmp) / REPORT_NAME)
-            if report is not None:
-                sent += ml.log_artifact(run_id, report, None)
         if payload.coverage is not None:
             kept["coverage"] = payload.coverage.text()
             kept["partial"] = "true" if payload.coverage.partial else "false"

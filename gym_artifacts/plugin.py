@@ -20,7 +20,7 @@ from gym_artifacts.core.atomic import (
     open_regular,
     sync_barrier,
 )
-from gym_artifacts.core.config import ExporterConfig
+from gym_artifacts.core.config import ExporterConfig, ReportWhen
 from gym_artifacts.core.destination import (
     absolute_store_uri,
     credential_free_uri,
@@ -114,6 +114,7 @@ __all__ = [
     "PartialBatch",
     "PayloadArtifact",
     "ReportJob",
+    "ReportWhen",
     "RolloutSpool",
     "RolloutTrace",
     "RunArtifacts",

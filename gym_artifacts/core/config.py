@@ -10,9 +10,9 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Annotated, Any, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, TypeAdapter, ValidationError, field_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, TypeAdapter, ValidationError, field_validator
 
 from gym_artifacts.core.errors import ConfigError, RunError, first_validation_error
 from gym_artifacts.core.jsonio import read_yaml
@@ -102,6 +102,19 @@ class ExporterConfig(BaseModel):
     def _flag_as_parse_flag_reads_it(cls, value: Any) -> Any:
         """' on ' reads true here too, as ``parse_flag`` (which picks the exporters) reads it."""
         return value.strip() if isinstance(value, str) else value
+
+
+def _report_switch(value: Any) -> Any:
+    """YAML reads ``off`` (and ``no``, ``false``) as False: that is ``off``; True is the default."""
+    if isinstance(value, bool):
+        return "after" if value else "off"
+    return value
+
+
+# When a backend that writes the run's HTML report builds it (``exporters.<backend>.report``):
+# after the export's receipt in the exporting process, in a detached process the export does not
+# wait for, or never (``gym-artifacts report`` builds it). Off the export's critical path always.
+ReportWhen = Annotated[Literal["after", "background", "off"], BeforeValidator(_report_switch)]
 
 
 def _omegaconf() -> Any:

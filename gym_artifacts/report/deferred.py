@@ -9,7 +9,10 @@ missing report never means missing data. ``gym-artifacts report RUN -o <folder>/
 builds it again by hand.
 
 The job travels to the background process on its standard input (JSON), not on its command
-line: it carries the secret values the page must not quote.
+line: it carries the secret values the page must not quote. A backend whose report goes
+somewhere after it is built (MLflow uploads it to the run) names its own ``entry`` module, whose
+``main(dest, job_json)`` runs in the detached process, and a ``context`` (JSON) that travels
+with the job (``ReportJob.context_of``).
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from gym_artifacts.core.atomic import atomic_writer
 from gym_artifacts.run.artifacts import RunArtifacts
@@ -46,7 +50,7 @@ class ReportJob:
         """Where a failed build says why (beside the report it could not write)."""
         return self.dest.with_name(self.dest.name + ".error")
 
-    def to_json(self) -> bytes:
+    def to_json(self, context: dict[str, Any] | None = None) -> bytes:
         return json.dumps(
             {
                 "run": self.run.model_dump(mode="json"),
@@ -55,8 +59,15 @@ class ReportJob:
                 "identities": self.identities,
                 "coverage": dataclasses.asdict(self.coverage) if self.coverage is not None else None,
                 "secrets": sorted(self.secrets),
+                "context": context,
             }
         ).encode()
+
+    @staticmethod
+    def context_of(data: bytes) -> dict[str, Any] | None:
+        """The ``context`` a backend sent along with the job (``start_background``)."""
+        context = json.loads(data).get("context")
+        return dict(context) if isinstance(context, dict) else None
 
     @classmethod
     def from_json(cls, data: bytes) -> ReportJob:
@@ -105,23 +116,25 @@ job = sys.stdin.buffer.read()
 if os.fork():
     os._exit(0)
 sys.path.insert(0, sys.argv[3])  # the same gym_artifacts as the export's
-from gym_artifacts.report.deferred import main
-sys.exit(main(sys.argv[1], job))
+from importlib import import_module
+sys.exit(import_module(sys.argv[2]).main(sys.argv[1], job))
 """
 _BOOTSTRAP_WAIT_S = 30.0
 _PACKAGE_PARENT = str(Path(__file__).resolve().parents[2])
 
 
-def start_background(job: ReportJob) -> bool:
+def start_background(job: ReportJob, entry: str = MODULE, context: dict[str, Any] | None = None) -> bool:
     """Start a detached process that builds the report; False when it cannot start (logged).
 
     Its own session, so a Ctrl-C of the export's terminal does not reach it; its output goes
     nowhere (the outcome is the report or ``<report>.error``). The export waits only for the
-    short-lived first process (it forks the builder and exits), never for the build.
+    short-lived first process (it forks the builder and exits), never for the build. ``entry``:
+    the module whose ``main(dest, job_json)`` the process runs (this one's builds the report
+    only); ``context`` travels with the job, on standard input.
     """
     try:
         proc = subprocess.Popen(
-            [sys.executable, "-c", _BOOTSTRAP, str(job.dest), MODULE, _PACKAGE_PARENT],
+            [sys.executable, "-c", _BOOTSTRAP, str(job.dest), entry, _PACKAGE_PARENT],
             stdin=subprocess.PIPE,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
@@ -132,7 +145,7 @@ def start_background(job: ReportJob) -> bool:
         logger.warning("report %s not started: %s", job.dest, exc)
         return False
     try:
-        proc.communicate(job.to_json(), timeout=_BOOTSTRAP_WAIT_S)
+        proc.communicate(job.to_json(context), timeout=_BOOTSTRAP_WAIT_S)
     except (OSError, subprocess.TimeoutExpired) as exc:
         logger.warning("report %s: the background build did not start: %s", job.dest, exc)
         proc.kill()
