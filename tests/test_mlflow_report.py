@@ -16,6 +16,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from gym_artifacts import export_run
+from gym_artifacts._builtin_exporters._mlflow_bookkeeping import bookkeeping_of
 from gym_artifacts.contract.hooks import ExportStatus
 from gym_artifacts.run.artifacts import RunArtifacts
 from tests.reliability.test_crash import check_receipt, killed
@@ -59,8 +60,8 @@ def _assert_one_complete_run(uri: str, run: RunArtifacts, backend_run: str) -> N
     [only] = _runs(uri)
     assert only.info.run_id == backend_run and only.info.lifecycle_stage == "active"
     assert only.info.status == "FINISHED"
-    assert only.data.tags["gym_artifacts.complete"] == "true"
-    assert only.data.tags["gym_artifacts.identity"]
+    assert bookkeeping_of(only.data.tags)["complete"] == "true"
+    assert bookkeeping_of(only.data.tags)["identity"]
     dl = Path(MlflowClient(uri).download_artifacts(backend_run, "rollouts/rollouts.jsonl", str(run.stem.parent / "dl")))
     assert dl.read_bytes() == run.rollouts_fpath.read_bytes()  # type: ignore[union-attr]
 
@@ -97,7 +98,7 @@ def test_report_is_built_after_the_run_is_complete_and_the_receipt_written(
 
     def watched(*args: object, **kwargs: object) -> Any:
         receipt = run.export_done_fpath("mlflow").is_file()
-        seen.append((receipt, [r.data.tags.get("gym_artifacts.complete") for r in _runs(tracking_uri)]))
+        seen.append((receipt, [bookkeeping_of(r.data.tags).get("complete") for r in _runs(tracking_uri)]))
         return real(*args, **kwargs)
 
     monkeypatch.setattr(build, "render_page", watched)
