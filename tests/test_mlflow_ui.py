@@ -104,4 +104,12 @@ def test_mlflow_ui_shows_every_rollout_span_tree_tool_calls_and_dataset(
     text = page_text(page, "10 records")
     page.screenshot(path=str(SCREENSHOTS / "mlflow-datasets.png"))
     assert "10 records" in text and text.count('{"responses_create_params"') == 10
+
+    # the run's page: the headline as its description, and of the exporter's bookkeeping one
+    # tag only (gym_artifacts, a JSON object), none of the old one-per-fact tags
+    page.goto(f"{base}/runs/{result.backend_run_id}")
+    text = page_text(page, "Tags")
+    page.screenshot(path=str(SCREENSHOTS / "mlflow-run-overview.png"), full_page=True)
+    assert "8 of 10 planned rollouts scored (2 failed)" in text
+    assert "gym_artifacts" in text and "gym_artifacts." not in text, text
     page.close()
