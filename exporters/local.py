@@ -157,8 +157,20 @@ class LocalExporter(LiveExporter):
 
     # -- post-run ----------------------------------------------------------------------------
     def post_run_id(self, run: RunArtifacts, plan: ExportPlan) -> str:
-        """Deterministic: the same run identity always names the same folder."""
-        return f"{safe_name(saved_config_run_name(run, self.name))}-{plan.run_identity.split(':')[-1][:16]}"
+        """Deterministic: the same run identity always names the same folder. A finished folder
+        of this identity under another run name (a copy of the run in another folder, exported
+        before: the export's identity lock orders copies) is that folder: one per content."""
+        short = plan.run_identity.split(":")[-1][:16]
+        for other in sorted(self.experiment_dpath().glob(f"*-{short}")):
+            try:
+                finished = read_json(other / "run.json")
+            except Exception:  # unreadable or missing: not a finished run
+                continue
+            if isinstance(finished, dict) and finished.get("status") == "FINISHED" and finished.get(
+                "run_identity"
+            ) == plan.run_identity:
+                return other.name
+        return f"{safe_name(saved_config_run_name(run, self.name))}-{short}"
 
     def _refuse_root_inside(self, run: RunArtifacts) -> None:
         """A root inside the run's folder would be copied into itself (and change the run while it

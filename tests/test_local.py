@@ -122,3 +122,32 @@ def test_copy_when_not_linkable(
     copy = tmp_path / "store" / "default" / result.backend_run_id / "rollouts.jsonl"
     assert copy.read_bytes() == quickstart_run.read_bytes()
     assert not os.path.samefile(copy, quickstart_run)
+
+
+def test_copies_of_a_run_in_differently_named_folders_end_in_one_local_folder(make_run, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """The folder is named after the first copy exported; later copies (other folder names, same
+    content) are that folder, whether their identity is hashed while copying or known first,
+    and two processes at once (the identity lock orders them) end there too."""
+    import subprocess
+    import sys
+
+    root = tmp_path / "store"
+    cfg = OmegaConf.create({"exporters": {"local": {"enabled": True, "root": str(root), "report": "off"}}})
+    first, second = make_run(), make_run()
+    [a] = export_run(first, cfg)
+    [b] = export_run(second, cfg)  # cold: hashed while copying
+    [b_again] = export_run(second, cfg)  # the receipt: skipped
+    assert (a.status, b.status) == (ExportStatus.EXPORTED, ExportStatus.EXPORTED), (a, b)
+    assert b_again.status is ExportStatus.SKIPPED
+    assert a.backend_run_id == b.backend_run_id
+    both = [make_run(), make_run()]
+    script = (
+        "import sys; from omegaconf import OmegaConf; from gym_artifacts import export_run; "
+        f"cfg = OmegaConf.create({{'exporters': {{'local': {{'enabled': True, 'root': {str(root)!r}, 'report': 'off'}}}}}}); "
+        "[r] = export_run(sys.argv[1], cfg); print(r.status.value, r.backend_run_id)"
+    )
+    procs = [subprocess.Popen([sys.executable, "-c", script, str(p)], stdout=subprocess.PIPE, text=True) for p in both]
+    outs = [p.communicate(timeout=180)[0].split() for p in procs]
+    assert [o[0] for o in outs] == ["EXPORTED", "EXPORTED"] and {o[1] for o in outs} == {a.backend_run_id}, outs
+    folders = [p.name for p in (root / "default").iterdir()]
+    assert folders == [a.backend_run_id], folders  # one folder, no .sending- left

@@ -23,6 +23,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
+from gym_artifacts.core.errors import RunError
+
 if TYPE_CHECKING:
     from pathlib import Path
 
@@ -106,6 +108,9 @@ class ExportPlan:
     identities_later: Callable[[], tuple[dict[str, str], str]] | None = field(
         default=None, compare=False, repr=False
     )
+    # Whether the run's files are still as the export found them (size, times, inode): asked by
+    # ``complete()``. None from a caller that does not watch them.
+    files_unchanged: Callable[[], bool] | None = field(default=None, compare=False, repr=False)
 
     @property
     def identities_pending(self) -> bool:
@@ -116,15 +121,25 @@ class ExportPlan:
 
     def complete(self) -> ExportPlan:
         """This plan with its identities, waiting for the hashing when it is still in flight (a
-        file that cannot be hashed raises here, RunError naming it)."""
-        if self.identities_later is None:
-            return self
-        identities, run_identity = self.identities_later()
-        return replace(self, identities=identities, run_identity=run_identity, identities_later=None)
+        file that cannot be hashed raises here, RunError naming it). Also RunError when the run's
+        files changed since the export looked at them (``files_unchanged``): a backend calls this
+        before it marks its run complete, so a run is never sealed with an identity its content
+        does not have."""
+        plan = self
+        if self.identities_later is not None:
+            identities, run_identity = self.identities_later()
+            plan = replace(self, identities=identities, run_identity=run_identity, identities_later=None)
+        if plan.files_unchanged is not None and not plan.files_unchanged():
+            raise RunError(
+                "the run's files changed while it was exported; nothing of this export was kept: "
+                "export again once the run is finished"
+            )
+        return plan
 
     def complete_or_undo(self, undo: Callable[[], None]) -> ExportPlan:
         """``complete()``; when the identities cannot be computed (a malformed file: the run is
-        not exportable), ``undo()`` what was sent of it first, then raise that error. A backend
+        not exportable) or the files changed while they were sent, ``undo()`` what was sent of it
+        first, then raise that error. A backend
         calls it after its send, and when its send failed (a malformed file may fail the send
         first): a run that cannot be identified leaves nothing behind, as when it was hashed
         before the send."""

@@ -73,7 +73,7 @@ from gym_artifacts.run.run_config import backend_config, load_run_config, run_co
 logger = logging.getLogger(__name__)
 
 LOCK_WAIT_SECONDS = float(os.environ.get("GYM_ARTIFACTS_LOCK_WAIT", "600"))
-Signatures = dict[str, tuple[int, int, int]]
+Signatures = dict[str, tuple[int, int, int, int]]
 
 
 def select_exporters(
@@ -240,15 +240,12 @@ def identity_lock_fpath(name: str, key: str, run_identity: str) -> Path:
 
 
 def file_signatures(run: RunArtifacts) -> Signatures:
-    """``{artifact: (size, mtime_ns, inode)}``: any write to the run changes it.
-
-    Not ``run.identity.stat_key``: that one includes ctime, which a backend's own hard link to a run
-    file (the local backend's ``link_or_copy``) changes without changing the content.
-    """
+    """``{artifact: (size, mtime_ns, ctime_ns, inode)}``: any write to the run changes it, a
+    same-size rewrite whose modification time was put back included (its ctime moves)."""
     out: Signatures = {}
     for name, fpath in run.artifact_files().items():
         st = fpath.stat()
-        out[name] = (st.st_size, st.st_mtime_ns, st.st_ino)
+        out[name] = (st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino)
     return out
 
 
@@ -605,6 +602,7 @@ def export_resolved(
         coverage=coverage,
         send_key=key,
         identities_later=hashing.result if hashing is not None else None,
+        files_unchanged=lambda: file_signatures(run) == signatures,
     )
     # A run that saved no config gets the params its rollouts tell (``params_from_files``): a
     # full read of the rollouts, so made only once a backend is about to send (a SKIP answers
