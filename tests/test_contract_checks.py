@@ -98,4 +98,7 @@ def test_the_suite_command_keeps_pytest_arguments_whole_and_names_an_unknown_bac
     unknown = subprocess.run([*run, "no_such_backend"], capture_output=True, text=True, timeout=120)
     assert unknown.returncode == 2
     assert "no_such_backend" in unknown.stderr and "Traceback" not in unknown.stderr + unknown.stdout
+    for flag in ("--help", "-h"):  # not taken for a backend's name
+        helped = subprocess.run([*run, flag], capture_output=True, text=True, timeout=120)
+        assert helped.returncode == 0 and helped.stdout.startswith("usage: python -m gym_artifacts.testing")
     assert len(unknown.stderr.strip().splitlines()) == 1, unknown.stderr

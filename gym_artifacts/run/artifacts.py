@@ -366,7 +366,7 @@ class RunArtifacts(BaseModel):
         aggregate = self.aggregate_metrics_fpath
         torn = self.partial_rollouts_line()
         if rollouts_required and not rollouts.is_file():
-            problems.append(f"rollouts file {rollouts} is missing")
+            problems.append(f"rollouts file {rollouts} {_absent(rollouts)}")
         elif rollouts_required and _blank(rollouts):
             problems.append(f"rollouts file {rollouts} holds no rollouts")
         elif torn is not None and not accept_partial_line:
@@ -375,7 +375,7 @@ class RunArtifacts(BaseModel):
                 "lines (the backend run records what was left out)"
             )
         if not aggregate.is_file():
-            problems.append(f"aggregate metrics file {aggregate} is missing")
+            problems.append(f"aggregate metrics file {aggregate} {_absent(aggregate)}")
         else:
             try:
                 entries = self.read_aggregate_metrics()
@@ -428,3 +428,9 @@ def agent_label(agent_ref: Any) -> str:
     if isinstance(agent_ref, str) and agent_ref:
         return agent_ref
     return "agent"
+
+
+def _absent(fpath: Path) -> str:
+    """Why a run file that must be a regular file is not one: missing, or something else there
+    (a folder, a FIFO, a socket, a device)."""
+    return "is not a regular file" if os.path.lexists(fpath) else "is missing"

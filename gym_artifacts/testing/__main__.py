@@ -7,6 +7,10 @@ import sys
 from pathlib import Path
 
 EXIT_USAGE = 2  # an unknown backend name, or pytest's own usage error
+USAGE = """usage: python -m gym_artifacts.testing [NAME ...] [-- PYTEST ARGS]
+
+Runs the contract suite over the registered backends NAME (all of them when none is given);
+arguments after -- go to pytest as they are (e.g. -- -k live -x)."""
 
 
 def main(argv: list[str]) -> int:
@@ -14,6 +18,9 @@ def main(argv: list[str]) -> int:
 
     split = argv.index("--") if "--" in argv else len(argv)
     names, extra = argv[:split], argv[split + 1 :]  # pytest's arguments kept whole ("-k a and b")
+    if {"-h", "--help"} & set(names):
+        print(USAGE)
+        return 0
     if names:
         os.environ["GYM_ARTIFACTS_CONTRACT"] = ",".join(names)
     suite = Path(__file__).with_name("contract.py")

@@ -242,3 +242,18 @@ def test_big_json_runtime_artifact_hashed_in_bounded_memory(tmp_path: Path) -> N
     outcome = cli(tmp_path, "status", str(run), timeout=300)
     assert outcome.code == 0 and "Traceback" not in outcome.text, outcome.text[-2000:]
     assert outcome.rss_mb < RSS_LIMIT_MB, outcome.rss_mb
+
+
+def test_a_rollouts_file_that_is_a_fifo_is_named_so(tmp_path: Path) -> None:
+    """A FIFO where the rollouts belong is refused at once, saying it is not a regular file (not
+    "missing"), exit 1, no traceback; nothing is read from it (no hang). (A folder given as the
+    run is a reactor-style artifacts folder, another form of run.)"""
+    rollouts = copy_quickstart(tmp_path / "runs")
+    rollouts.unlink()
+    os.mkfifo(rollouts)
+    cmd = [sys.executable, "-m", "gym_artifacts", "export", str(rollouts), "-e", "local",
+           f"exporters.local.root={tmp_path / 'store'}"]  # fmt: skip
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "is not a regular file" in proc.stdout + proc.stderr and "missing" not in proc.stdout + proc.stderr
+    assert "Traceback" not in proc.stdout + proc.stderr
