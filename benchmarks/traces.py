@@ -9,8 +9,14 @@ above the imports, next to the platform's own per-item calls measured in the sam
 Where the MLflow time goes: the export is instrumented (time inside ``start_trace`` requests,
 4 in flight, and inside OTLP requests), so a ceiling that is the server's own ingestion shows.
 
+MLflow's floor is measured beside it: its own ``SqlAlchemyStore.start_trace`` and ``log_spans``
+called in-process on a fresh SQLite file for ``FLOOR_ROWS`` of the same traces (no HTTP, no
+client): what the server's store alone costs a trace, whoever sends it.
+
 ``GYM_BENCH_TRACES=mlflow,phoenix`` picks parts (``--tiny`` leaves out Phoenix: its server alone
-takes minutes to start); ``GYM_BENCH_TRACES_ROWS`` sets the size (default 100,000).
+takes minutes to start); ``GYM_BENCH_TRACES_ROWS`` sets the size (default 100,000);
+``GYM_BENCH_TRACES_MLFLOW=assessments,spans`` picks MLflow's variants (with ``start_trace`` and
+the spans alone; both by default).
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ from benchmarks.common import Row, run_measured
 
 ROWS = 100_000
 OWN_ROWS = 300
+FLOOR_ROWS = 1000
 TARGET_S = 600.0  # 10 minutes for 100,000 rollouts
 REPEATS = 4
 PARTS = ("mlflow", "phoenix")
@@ -93,6 +100,40 @@ __result['rows'] = len(rows)
 """
 
 
+MLFLOW_FLOOR = """
+import time, tempfile
+from pathlib import Path
+from mlflow.entities import Span
+from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+from gym_artifacts._builtin_exporters._mlflow_traces import RESOURCE, span_attributes, trace_info
+from gym_artifacts._builtin_exporters._otlp import export_request, trace_batches
+from gym_artifacts.core.jsonio import iter_jsonl
+from gym_artifacts.run.rollout_spans import rollout_trace
+tmp = Path(tempfile.mkdtemp(prefix="gymart-floor-"))
+store = SqlAlchemyStore(f"sqlite:///{{tmp}}/floor.db", str(tmp / "artifacts"))
+exp = store.create_experiment("floor")
+run_id = "0" * 32
+traces = [rollout_trace("floor", i, rec, 0.0) for i, (_, rec) in enumerate(iter_jsonl({out!r})) if i < {rows}]
+spent = {{"start_trace": 0.0, "log_spans": 0.0}}
+for batch in trace_batches(traces, 200):
+    infos = [trace_info(t, exp, run_id) for t in batch]
+    request = ExportTraceServiceRequest()
+    request.ParseFromString(export_request(batch, span_attributes, RESOURCE))
+    resource = request.resource_spans[0].resource
+    spans = [Span.from_otel_proto(s, resource=resource) for s in request.resource_spans[0].scope_spans[0].spans]
+    t0 = time.perf_counter()
+    for info in infos:
+        store.start_trace(info)
+    t1 = time.perf_counter()
+    store.log_spans(exp, spans)
+    spent["start_trace"] += t1 - t0
+    spent["log_spans"] += time.perf_counter() - t1
+__result.update(spent)
+__result['rows'] = len(traces)
+"""
+
+
 def _run(dpath: Path, rows: int) -> Path:
     from tests.nemo_gym_runs import write_run
 
@@ -111,12 +152,20 @@ def _export(out: Path, section: dict, imports: str) -> dict:
 def _mlflow(tmp: Path, out: Path, n: int, tiny: bool) -> list[Row]:
     from tests.mlflow_server import MlflowServer, free_port
 
+    variants = os.environ.get("GYM_BENCH_TRACES_MLFLOW", "assessments,spans").split(",")
+    floor = run_measured(MLFLOW_FLOOR.format(out=str(out), rows=20 if tiny else FLOOR_ROWS))
+    floor_ms = {k: floor[k] / floor["rows"] * 1000 for k in ("start_trace", "log_spans")}
     server = MlflowServer(tmp / "mlflow", free_port()).start()
+    measured = []
     try:
         base = {"enabled": True, "tracking_uri": server.uri, "log_traces": True}
-        ours = _export(out, {"mlflow": {**base, "experiment_name": "traces"}}, "mlflow")
-        spans_only = {**base, "experiment_name": "spans", "trace_assessments": False}
-        spans = _export(out, {"mlflow": spans_only}, "mlflow")
+        if "assessments" in variants:
+            got = _export(out, {"mlflow": {**base, "experiment_name": "traces"}}, "mlflow")
+            measured.append(("OTLP + start_trace", got, floor_ms["start_trace"] + floor_ms["log_spans"]))
+        if "spans" in variants:
+            spans_only = {**base, "experiment_name": "spans", "trace_assessments": False}
+            got = _export(out, {"mlflow": spans_only}, "mlflow")
+            measured.append(("OTLP only, trace_assessments=false", got, floor_ms["log_spans"]))
         plain = _export(out, {"mlflow": {**base, "experiment_name": "plain", "log_traces": False}}, "mlflow")
         own_rows = 20 if tiny else OWN_ROWS
         own = run_measured(MLFLOW_OWN.format(uri=server.uri, out=str(out), rows=own_rows))
@@ -124,7 +173,7 @@ def _mlflow(tmp: Path, out: Path, n: int, tiny: bool) -> list[Row]:
         server.stop()
     own_per = own["wall"] / own["rows"]
     rows = []
-    for label, got in (("OTLP + start_trace", ours), ("OTLP only, trace_assessments=false", spans)):
+    for label, got, floor_per_ms in measured:
         per = (got["wall"] - plain["wall"]) / n
         projected = got["wall"] * ROWS / n
         rows.append(
@@ -132,7 +181,9 @@ def _mlflow(tmp: Path, out: Path, n: int, tiny: bool) -> list[Row]:
                 f"traces: {n:,} rollouts to an mlflow server ({label})",
                 f"{got['wall']:.1f} s ({per * 1000:.2f} ms a trace; start_trace {got['start_trace']:.0f} s "
                 f"summed over 4 threads, OTLP {got['otlp']:.0f} s), +{got['above_mb']:.0f} MB; "
-                f"without traces {plain['wall']:.1f} s",
+                f"without traces {plain['wall']:.1f} s; MLflow's store alone {floor_per_ms:.1f} ms a trace "
+                f"(start_trace {floor_ms['start_trace']:.1f} + log_spans {floor_ms['log_spans']:.1f}, "
+                f"in-process, {floor['rows']} traces: {floor_per_ms * ROWS / 1000:.0f} s for {ROWS:,})",
                 f"MLflow's own calls {own_per * 1000:.1f} ms a trace ({own['rows']} rollouts)",
                 own_per / per if per > 0 else None,
                 f"<= {TARGET_S:.0f} s for {ROWS:,} (projected {projected:.0f} s), memory constant",

@@ -106,17 +106,22 @@ def _quoted(name: str) -> str:
 
 def evaluation_dataset(ml: Any, experiment_id: str, name: str, payload: RunPayload) -> str | None:
     """The planned inputs as an MLflow evaluation dataset of the experiment (MLflow's Datasets
-    page), on an ``mlflow server`` only (MLflow has no public call that writes records into a
-    given database store). Found by name before it is created; records are upserted by their
-    inputs, so a rerun adds none twice. Returns the dataset's id, or None when not made."""
+    page), on an ``mlflow server`` and on a database store alike. Found by name before it is
+    created; records are upserted by their inputs, so a rerun adds none twice. Returns the
+    dataset's id, or None when the run has no planned inputs.
+
+    The records go through the store of the exporter's scoped client (``upsert_dataset_records``:
+    MLflow's REST ``datasets/{id}/records`` on a server, MLflow's own SQL store code on a database
+    store), the call ``EvaluationDataset.merge_records`` makes on the process-wide store; never
+    the process-wide tracking URI, never MLflow's tables directly."""
     from gym_artifacts.plugin import iter_jsonl, redact_text
 
     fpath = payload.run.materialized_inputs_fpath
-    if not ml.tracking_uri.startswith(("http://", "https://")) or not fpath.is_file():
+    if not fpath.is_file():
         return None
     found = ml.client.search_datasets([experiment_id], filter_string=f"name = {_quoted(name)}", max_results=1)
     dataset = found[0] if found else ml.client.create_dataset(name, experiment_id=[experiment_id])
-    store = ml.client._tracking_client.store  # the scoped REST client of MLflow's public REST API
+    store = ml.client._tracking_client.store  # the scoped client's store (REST or SQL)
     batch: list[dict[str, Any]] = []
     secrets = payload.secrets
 

@@ -318,3 +318,31 @@ def test_a_sqlite_stores_trace_server_is_under_the_export_deadline(quickstart_ru
     experiment = client.get_experiment_by_name("traces")
     assert [r.info.run_id for r in client.search_runs([experiment.experiment_id])] == [result.backend_run_id]
     assert_one_trace_per_rollout(client, result.backend_run_id, quickstart_run)
+
+
+def test_a_sqlite_store_gets_the_evaluation_dataset_once(tmp_path: Path) -> None:
+    """A database store with no server (the embedded default) gets the planned inputs as an
+    evaluation dataset of the experiment too (MLflow's Datasets page), through MLflow's own store
+    calls: 10 records for the fixture's 10 planned rollouts, and an export of the same run after
+    its receipt is gone (found by identity) upserts them again without adding any."""
+    from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore
+
+    rollouts = fixture_run(tmp_path)
+    uri = f"sqlite:///{tmp_path / 'm.db'}"
+    cfg = OmegaConf.create({"exporters": {"mlflow": {"enabled": True, "tracking_uri": uri,
+                                                     "experiment_name": "datasets"}}})  # fmt: skip
+    [result] = export_run(rollouts, cfg)
+    assert result.status is ExportStatus.EXPORTED, result.reason
+    RunArtifacts.from_path(rollouts).export_done_fpath("mlflow").unlink()
+    [again] = export_run(rollouts, cfg)
+    assert again.backend_run_id == result.backend_run_id
+    client = MlflowClient(uri)
+    experiment_id = client.get_run(result.backend_run_id).info.experiment_id
+    [dataset] = client.search_datasets([experiment_id])
+    assert dataset.name.endswith("planned inputs")
+    store = SqlAlchemyStore(uri, str(tmp_path / "artifacts"))
+    records, _ = store._load_dataset_records(dataset.dataset_id)
+    planned = [json.loads(line) for line in rollouts.with_name("rollouts_materialized_inputs.jsonl").read_text().splitlines()]
+    assert sorted(json.dumps(r.inputs, sort_keys=True) for r in records) == sorted(
+        json.dumps(p, sort_keys=True) for p in planned
+    )
