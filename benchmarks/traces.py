@@ -121,7 +121,8 @@ for batch in trace_batches(traces, 200):
     request = ExportTraceServiceRequest()
     request.ParseFromString(export_request(batch, span_attributes, RESOURCE))
     resource = request.resource_spans[0].resource
-    spans = [Span.from_otel_proto(s, resource=resource) for s in request.resource_spans[0].scope_spans[0].spans]
+    otel_spans = request.resource_spans[0].scope_spans[0].spans
+    spans = [Span.from_otel_proto(s, resource=resource) for s in otel_spans]
     t0 = time.perf_counter()
     for info in infos:
         store.start_trace(info)

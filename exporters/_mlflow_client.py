@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote, unquote
 
-from gym_artifacts.plugin import adopted, current_watch, mask_secrets
+from gym_artifacts.plugin import adopted, current_watch, made_progress, mask_secrets
 
 from ._mlflow_bookkeeping import BOOKKEEPING_TAG, bookkeeping_of, encode, lookup_filter
 
@@ -59,6 +59,11 @@ class Deadline:
     def __init__(self, seconds: float | None) -> None:
         self.seconds = seconds
         self.at = None if seconds is None else time.monotonic() + seconds
+
+    def progress(self) -> None:
+        """The server took a unit of work (a batch of traces): the deadline restarts from now."""
+        if self.seconds is not None:
+            self.at = time.monotonic() + self.seconds
 
     def remaining(self) -> float | None:
         if self.at is None:
@@ -162,13 +167,17 @@ def _scoped_rest_store(
 class ScopedMlflow:
     """The MLflow operations the exporter needs, on explicit run ids (no fluent active run)."""
 
-    def __init__(self, tracking_uri: str, token: str | None, limits: RequestLimits) -> None:
+    def __init__(
+        self, tracking_uri: str, token: str | None, limits: RequestLimits, deadline: Deadline | None = None
+    ) -> None:
+        """``deadline``: one shared with another client of the same export (its progress counts
+        for both); by default a new one of ``limits.deadline`` seconds."""
         from mlflow.tracking import MlflowClient
 
         self.tracking_uri = tracking_uri
         self.token = token
         self.limits = limits
-        self.deadline = Deadline(limits.deadline)
+        self.deadline = deadline if deadline is not None else Deadline(limits.deadline)
         self._artifact_uris: dict[str, str] = {}
         # each run's bookkeeping as last read or written through this client: an update is a
         # read-modify-write of one tag, and needs no extra read when the run was just seen
@@ -328,6 +337,13 @@ class ScopedMlflow:
         return count
 
     # -- traces -------------------------------------------------------------------------------------
+    def progress(self) -> None:
+        """The server took a unit of work (a batch of traces): this client's deadline and the
+        export's watched deadline restart from now (``export_deadline`` bounds a stall, not a
+        large export that keeps landing batches)."""
+        self.deadline.progress()
+        made_progress()
+
     def post_otlp(self, experiment_id: str, body: bytes) -> None:
         """One OTLP/HTTP protobuf request to the server's ``/v1/traces`` (MLflow 3.6+) into the
         experiment, with this client's token, timeouts, retries and deadline. The server upserts

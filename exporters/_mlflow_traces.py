@@ -137,4 +137,5 @@ def log_rollout_traces(
                 ml.client.link_traces_to_run(ids[start : start + LINKS], run_id)
             sent.traces += len(batch)
             sent.failed += sum(1 for t in batch if t.failed)
+            ml.progress()  # the deadline bounds a stalled server, not the number of batches
     return sent

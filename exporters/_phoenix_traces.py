@@ -26,7 +26,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from gym_artifacts.plugin import LLM, TOOL, GymArtifactsError, RolloutTrace, Span
+from gym_artifacts.plugin import LLM, TOOL, GymArtifactsError, RolloutTrace, Span, made_progress
 
 from ._otlp import export_request, trace_batches
 
@@ -116,29 +116,35 @@ def send_traces(
     sent = Sent()
     headers = {"Content-Type": "application/x-protobuf", "x-project-name": project}
     resource = {"openinference.project.name": project, "service.name": SOURCE}
-    deadline = time.monotonic() + wait_s
     previous: list[RolloutTrace] = []
+    previous_deadline = 0.0
     # one batch behind: while Phoenix stores batch k in the background, batch k-1 is read back
-    # and annotated (synchronously: an annotation needs its span stored)
+    # and annotated (synchronously: an annotation needs its span stored). Each batch may take
+    # ``wait_s`` from when it was posted to be stored; once stored and annotated it counts as the
+    # export's progress (its ``export_deadline`` restarts), so a large export is bounded per
+    # batch, not in total.
     for batch in trace_batches(traces, BATCH):
         body = export_request(batch, span_attributes, resource)
         response = client._client.post("v1/traces", content=body, headers=headers, timeout=timeout)
         response.raise_for_status()
-        _landed_then_annotate(client, project, previous, timeout, deadline)
-        previous = batch
+        _landed_then_annotate(client, project, previous, timeout, previous_deadline)
+        previous, previous_deadline = batch, time.monotonic() + wait_s
         sent.traces += len(batch)
         sent.failed += sum(1 for t in batch if t.failed)
-    _landed_then_annotate(client, project, previous, timeout, deadline)
+    _landed_then_annotate(client, project, previous, timeout, previous_deadline)
     return sent
 
 
 def _landed_then_annotate(
     client: Any, project: str, batch: list[RolloutTrace], timeout: float, deadline: float
 ) -> None:
+    if not batch:
+        return
     _wait_landed(client, project, [t.root.span_id for t in batch], timeout, deadline)
     annotations = _annotations(batch)
     if annotations:
         client.spans.log_span_annotations(span_annotations=annotations, sync=True)
+    made_progress()
 
 
 def _wait_landed(client: Any, project: str, span_ids: list[str], timeout: float, deadline: float) -> None:

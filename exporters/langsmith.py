@@ -50,6 +50,7 @@ from gym_artifacts.plugin import (
     Sent,
     dataset_service_destination,
     json_safe,
+    made_progress,
     rollout_trace,
     run_times,
 )
@@ -300,6 +301,7 @@ class LangsmithExporter(LiveExporter):
             for run_id, trace in verdicts:
                 self._feedback(client, run_id, trace, session_id)
             verdicts.clear()
+            made_progress()  # the export's deadline bounds a stalled server, not the batches
 
         for trace in traces:
             rows += not trace.failed

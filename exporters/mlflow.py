@@ -16,7 +16,6 @@ in one request. The SDK is imported only when a run is opened or exported.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import getpass
 import json
 import logging
@@ -600,10 +599,10 @@ class MlflowExporter(LiveExporter):
         assessments = self.settings.trace_assessments
         if _is_rest(ml.tracking_uri):
             return log_rollout_traces(ml, experiment_id, run_id, traces, assessments).traces
-        # The export's deadline (counted from its start) bounds the server's start and, with what
-        # is left of it, the traces' requests.
+        # The export's deadline (counted from its start, and again from each batch of traces the
+        # server took) bounds the server's start and the traces' requests.
         with trace_server(ml.tracking_uri, remaining=ml.deadline.remaining) as url:
-            local = ScopedMlflow(url, None, dataclasses.replace(ml.limits, deadline=ml.deadline.remaining()))
+            local = ScopedMlflow(url, None, ml.limits, deadline=ml.deadline)  # one deadline, one progress
             return log_rollout_traces(local, experiment_id, run_id, traces, assessments).traces
 
     @staticmethod

@@ -55,7 +55,8 @@ class PhoenixSettings(ExporterConfig):
     # as span annotations) in the project ``project_name`` (default: the dataset's name).
     log_traces: bool = True
     project_name: str | None = None
-    # How long Phoenix may take to store the spans it was sent (it inserts in the background).
+    # How long Phoenix may take to store one batch of traces, from when it was posted (it inserts
+    # in the background).
     traces_landed_timeout: float = Field(default=600.0, gt=0, le=24 * 3600)
     # The dataset of tasks and the experiment of rollouts (one request per rollout).
     log_experiment: bool = True

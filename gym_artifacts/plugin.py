@@ -39,7 +39,7 @@ from gym_artifacts.core.jsonio import (
 )
 from gym_artifacts.core.secrets import mask_secrets, mask_values, redact_text
 from gym_artifacts.core.snapshot import snapshot_copy
-from gym_artifacts.core.watchdog import adopted, current_watch
+from gym_artifacts.core.watchdog import adopted, current_watch, made_progress
 
 # The contract and base classes, then what a backend reads from a run, where its settings point
 # (destinations), and how it keeps secrets out of what it sends. Nothing here imports an SDK.
@@ -145,6 +145,7 @@ __all__ = [
     "json_safe",
     "last_user_message",
     "level_tables",
+    "made_progress",
     "mask_secrets",
     "mask_values",
     "masked_artifact",

@@ -238,3 +238,31 @@ def test_sigkilled_traces_export_rerun_leaves_no_duplicate(quickstart_run: Path,
         span_ids=[s["context"]["span_id"] for s in roots], project_identifier="killed-traces", limit=1000
     )
     assert len(annotations) == 300
+
+
+def test_a_traces_export_longer_than_its_deadlines_lands_while_batches_keep_landing(
+    quickstart_run: Path, phoenix: PhoenixServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """300 rollouts in batches of 20, each post held 2 s: the export runs about twice its
+    ``export_deadline`` and ``traces_landed_timeout`` (15 s each), yet every batch is stored and
+    annotated within them, so every trace lands (both bound a stall, not the batches' number)."""
+    import time
+
+    from gym_artifacts._builtin_exporters import _phoenix_traces
+
+    real = _phoenix_traces.export_request
+
+    def slow_request(*args: Any) -> bytes:
+        time.sleep(2.0)
+        return real(*args)
+
+    monkeypatch.setattr(_phoenix_traces, "BATCH", 20)
+    monkeypatch.setattr(_phoenix_traces, "export_request", slow_request)
+    section = {"enabled": True, "base_url": phoenix.url, "project_name": "long-traces", "log_experiment": False,
+               "export_deadline": 15, "traces_landed_timeout": 15}  # fmt: skip
+    start = time.monotonic()
+    [result] = export_run(quickstart_run, OmegaConf.create({"exporters": {"phoenix": section}}))
+    assert result.status is ExportStatus.EXPORTED, result.reason
+    assert time.monotonic() - start > 15 * 1.5
+    roots = [s for s in all_spans(Client(base_url=phoenix.url), "long-traces") if not s.get("parent_id")]
+    assert len(roots) == 300

@@ -2,7 +2,10 @@
 
 An HTTP client's timeouts bound each read, not a request: a server that drips a byte every few
 seconds keeps every read timeout from firing, forever. ``run_watched`` runs a backend's send on
-a thread of its own and waits at most the deadline; when it passes, the send is *abandoned*:
+a thread of its own and waits at most the deadline, counted from the start and again from each
+unit of progress the send reports (``made_progress``: a batch of traces the server took), so a
+large export that keeps landing batches is never cut off while one whose server stops answering
+ends a deadline after its last batch. When it passes, the send is *abandoned*:
 every socket the send's threads connected is shut down (which wakes a blocked read at once),
 any further connection they attempt is refused, and the caller gets ``DeadlinePassed``, one
 line, reported as the backend's FAILED result. The abandoned thread ends on the error its
@@ -23,6 +26,7 @@ import contextlib
 import socket
 import sys
 import threading
+import time
 import weakref
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -45,6 +49,7 @@ class Watch:
         self.what = what
         self.addresses = addresses
         self.abandoned = False
+        self.last_progress = time.monotonic()
         self._sockets: weakref.WeakSet[socket.socket] = weakref.WeakSet()
         self._lock = threading.Lock()
 
@@ -56,6 +61,14 @@ class Watch:
         """The calling thread no longer works for this send."""
         if _WATCHED.get(threading.get_ident()) is self:
             del _WATCHED[threading.get_ident()]
+
+    def progress(self) -> None:
+        """The send took a step (the server answered a unit of work): the deadline restarts."""
+        self.last_progress = time.monotonic()
+
+    def left(self) -> float:
+        """Seconds until the deadline, counted from the last progress (<= 0: passed)."""
+        return self.last_progress + self.seconds - time.monotonic()
 
     def connecting(self, sock: socket.socket) -> None:
         with self._lock:
@@ -135,6 +148,14 @@ def current_watch() -> Watch | None:
     return _WATCHED.get(threading.get_ident())
 
 
+def made_progress() -> None:
+    """Report a unit of progress of the calling thread's send (its deadline restarts); a no-op
+    on a thread that works for no watched send."""
+    watch = current_watch()
+    if watch is not None:
+        watch.progress()
+
+
 def adopted(fn: Callable[[], T]) -> Callable[[], T]:
     """``fn`` for another thread, its connections attributed to the caller's send (if watched)."""
     watch = current_watch()
@@ -158,10 +179,11 @@ def run_watched(
     on_abandon: Callable[[], None] | None = None,
     server: str | None = None,
 ) -> T:
-    """``fn()``, or DeadlinePassed once ``seconds`` pass while it still runs (then abandoned:
-    its sockets shut down, then ``on_abandon()`` for what sockets of this process cannot stop,
-    such as a helper process sending on its behalf). ``server``: the backend's URL, whose
-    connections from any thread belong to the send while it runs."""
+    """``fn()``, or DeadlinePassed once ``seconds`` pass without progress while it still runs
+    (counted from the start and from each ``made_progress`` of its threads; then abandoned: its
+    sockets shut down, then ``on_abandon()`` for what sockets of this process cannot stop, such
+    as a helper process sending on its behalf). ``server``: the backend's URL, whose connections
+    from any thread belong to the send while it runs."""
     _install_hook()
     watch = Watch(seconds, what, server_addresses(server))
     outcome: dict[str, Any] = {}
@@ -180,7 +202,8 @@ def run_watched(
         _BY_ADDRESS.append(watch)
     try:
         thread.start()
-        thread.join(seconds)
+        while thread.is_alive() and watch.left() > 0:
+            thread.join(watch.left())
         if thread.is_alive():
             watch.abandon()
             if on_abandon is not None:
