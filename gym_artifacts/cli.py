@@ -257,10 +257,15 @@ def cmd_export(ns: argparse.Namespace) -> int:
         partial = getattr(interrupt, "finished", None)  # the backends a cut-off run finished
         if partial is not None and partial.results and partial.run not in {out.run for out in finished}:
             finished.append(partial)
-        cut = partial is not None and partial in finished
-        print(f"gym-artifacts: interrupted: {len(runs) - len(finished) + cut} run(s) not exported (cancelled)"
-              + (f"; {partial.run} only in part: its finished backends are listed" if cut else ""),
-              file=sys.stderr)  # fmt: skip
+        cut = partial is not None and partial in finished and not getattr(interrupt, "whole", False)
+        cancelled = len(runs) - len(finished) + cut
+        if cancelled:
+            print(f"gym-artifacts: interrupted: {cancelled} run(s) not exported (cancelled)"
+                  + (f"; {partial.run} only in part: its finished backends are listed" if cut else ""),
+                  file=sys.stderr)  # fmt: skip
+        else:
+            print("gym-artifacts: interrupted after every export finished (what ran after them, such as a "
+                  "report, was cancelled)", file=sys.stderr)  # fmt: skip
         _print_results(sorted(finished, key=lambda out: runs.index(out.run)), ns)
         return EXIT_INTERRUPTED
     for out in outputs:

@@ -150,6 +150,8 @@ def export_job(job: ExportJob) -> RunResults:
             )
         except KeyboardInterrupt as interrupt:  # Ctrl-C: what finished travels with it, to be printed
             interrupt.finished = RunResults(job.run, tuple(finished))  # type: ignore[attr-defined]
+            # every backend had its result (the Ctrl-C cut what runs after, e.g. a report)
+            interrupt.whole = len(finished) >= len(resolved.targets)  # type: ignore[attr-defined]
             raise
         finally:
             progress.close()

@@ -43,3 +43,42 @@ def test_ctrl_c_prints_the_backends_that_finished(quickstart_run: Path, tmp_path
     results = json.loads(out)
     assert [(r["exporter"], r["status"]) for r in results] == [("local", "EXPORTED")], (out, err[-2000:])
     assert "only in part" in err
+
+
+REPORT_HANGS = """
+import sys, time
+from pathlib import Path
+import gym_artifacts.plugin as plugin
+def building_report(job):
+    Path({marker!r}).write_text("building")
+    time.sleep(120)
+plugin.build_report_job = building_report
+from gym_artifacts.cli import main
+sys.exit(main(["export", {run!r}, "--json", "-e", "local", "exporters.local.root={store}"]))
+"""
+
+
+def test_ctrl_c_during_the_report_after_every_export_finished_cancels_no_run(
+    quickstart_run: Path, tmp_path: Path
+) -> None:
+    """Every backend of the run exported and wrote its receipt; Ctrl-C lands while the local
+    report is built after it: the run is EXPORTED and reported so, and stderr names what was cut
+    (the work after the export), never the run as cancelled or exported only in part."""
+    marker = tmp_path / "report-started"
+    script = REPORT_HANGS.format(marker=str(marker), run=str(quickstart_run), store=tmp_path / "store")
+    env = {k: v for k, v in os.environ.items() if k != "WANDB_SERVICE"}
+    proc = subprocess.Popen([sys.executable, "-c", script], cwd=REPO, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)  # fmt: skip
+    try:
+        deadline = time.monotonic() + 120
+        while not marker.exists() and time.monotonic() < deadline and proc.poll() is None:
+            time.sleep(0.1)
+        assert marker.exists(), proc.communicate(timeout=5)
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130, err[-2000:]
+    assert [(r["exporter"], r["status"]) for r in json.loads(out)] == [("local", "EXPORTED")]
+    assert "not exported" not in err and "only in part" not in err, err[-2000:]
+    assert "interrupted after every export finished" in err, err[-2000:]
