@@ -26,7 +26,7 @@ from gym_artifacts.plugin import (
 from gym_artifacts.plugin import response_text as api_response_text
 
 if TYPE_CHECKING:
-    from gym_artifacts.plugin import RunPayload
+    from gym_artifacts.plugin import ExportPlan, RunPayload
 
 NAMESPACE = uuid.UUID("5f0c1b7e-6d43-5b9a-9a43-6b1d2e0f8c21")
 REQUEST_KEYS = ("responses_create_params", "request", "input", "prompt")
@@ -157,22 +157,53 @@ def masked(value: Any, secrets: frozenset[str]) -> Any:
     return mask_values(value, secrets)
 
 
-def payload_traces(payload: RunPayload, scope: str, fallback_s: float) -> Iterator[RolloutTrace]:
+PROGRESS_EVERY = 100  # traces between two progress reports
+
+
+def payload_traces(
+    payload: RunPayload, scope: str, fallback_s: float, plan: ExportPlan | None = None
+) -> Iterator[RolloutTrace]:
     """Every rollout of the export as a trace (``gym_artifacts.run.rollout_spans``): the scored rows
     of ``OUT.jsonl`` in file order, then each row of ``OUT_failures.jsonl`` as an ERROR trace
-    with its planned input; streamed (memory holds the failures' planned inputs only)."""
+    with its planned input; streamed (memory holds the failures' planned inputs only).
+
+    ``plan``: the backend's plan, told how many traces were handed to the backend so far
+    (``ExportPlan.traces_sent``, every ``PROGRESS_EVERY`` and at the end) for the progress line."""
     from gym_artifacts.plugin import failure_trace, rollout_trace
 
     secrets = payload.secrets
+    total = trace_total(payload) if plan is not None and plan.on_traces_sent is not None else None
+    handed = 0
+
+    def handed_one() -> None:
+        nonlocal handed
+        handed += 1
+        if total is not None and plan is not None and handed % PROGRESS_EVERY == 0:
+            plan.traces_sent(handed, max(total, handed))
+
     earliest = fallback_s
     for row, record in enumerate(payload.rollout_records()):
         trace = rollout_trace(scope, row, record, fallback_s, secrets)
         earliest = min(earliest, trace.start_ns / 1e9)
         yield trace
+        handed_one()
     # a failure has no time of its own: the eval's start, or the first rollout's if earlier (the
     # run's files may be younger than the eval: a copy, a download)
     for index, record, planned in failed_rollouts(payload):
         yield failure_trace(scope, index, record, planned, earliest, secrets)
+        handed_one()
+    if total is not None and plan is not None:
+        plan.traces_sent(handed, max(total, handed))
+
+
+def trace_total(payload: RunPayload) -> int:
+    """How many traces ``payload_traces`` yields: the rollouts and the failures sidecar's rows."""
+    from gym_artifacts.plugin import count_lines
+
+    if not payload.sends_rollouts:
+        return 0
+    failures = payload.run.failures_fpath
+    return payload.rollout_rows + (count_lines(failures) if failures.is_file() else 0)
 
 
 def failed_rollouts(payload: RunPayload) -> Iterator[tuple[int, Any, Any]]:

@@ -201,7 +201,7 @@ class LangsmithExporter(LiveExporter):
         if payload.sends_rollouts:
             namespace = _live_namespace(project.reference_dataset_id, project.id)
             times = run_times(run)
-            traces = payload_traces(payload, str(namespace), times.start if times is not None else 0.0)
+            traces = payload_traces(payload, str(namespace), times.start if times is not None else 0.0, plan)
             rows = self._send_rollouts(
                 client, traces, project.reference_dataset_id, project.id, project.name, namespace, errors
             )
@@ -252,7 +252,7 @@ class LangsmithExporter(LiveExporter):
         payload = RunPayload.of(run, plan)
         if payload.sends_rollouts:
             times = run_times(run)
-            traces = payload_traces(payload, str(namespace), times.start if times is not None else 0.0)
+            traces = payload_traces(payload, str(namespace), times.start if times is not None else 0.0, plan)
             rows = self._send_rollouts(
                 client, traces, dataset.id, project.id, project_name, namespace, errors
             )

@@ -553,7 +553,7 @@ class MlflowExporter(LiveExporter):
                 if self.settings.log_traces:
                     times = run_times(run)
                     start_ms = times.start_ms if times is not None else file_mtime_ms(rollouts)
-                    self._log_traces(ml, run_id, payload, start_ms)
+                    self._log_traces(ml, run_id, payload, start_ms, plan)
         omitted = payload.omitted_partial_line
         if omitted:
             ts = file_mtime_ms(rollouts) if rollouts is not None else 0
@@ -586,7 +586,9 @@ class MlflowExporter(LiveExporter):
                 logger.warning("mlflow: NeMo Gym's %s table not logged: %s", MLFLOW_TABLE_FILE, exc)
                 return 0
 
-    def _log_traces(self, ml: ScopedMlflow, run_id: str, payload: RunPayload, fallback_ms: int) -> int:
+    def _log_traces(
+        self, ml: ScopedMlflow, run_id: str, payload: RunPayload, fallback_ms: int, plan: ExportPlan
+    ) -> int:
         """Every rollout (failed ones too) as a trace in the run's experiment, linked to the run
         (see _mlflow_traces); a database store gets MLflow's own server for the duration. A
         rollout without its own time is placed at ``fallback_ms`` (the eval's start) plus its row
@@ -595,7 +597,7 @@ class MlflowExporter(LiveExporter):
         from ._mlflow_trace_server import trace_server
 
         experiment_id = str(ml.get_run(run_id).info.experiment_id)
-        traces = payload_traces(payload, f"mlflow/{run_id}", fallback_ms / 1000)
+        traces = payload_traces(payload, f"mlflow/{run_id}", fallback_ms / 1000, plan)
         assessments = self.settings.trace_assessments
         if _is_rest(ml.tracking_uri):
             return log_rollout_traces(ml, experiment_id, run_id, traces, assessments).traces

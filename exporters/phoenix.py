@@ -141,7 +141,7 @@ class PhoenixExporter(Exporter):
 
         times = run_times(payload.run)
         fallback = times.start if times is not None else 0.0
-        traces = payload_traces(payload, f"phoenix/{project}/{plan.run_identity}", fallback)
+        traces = payload_traces(payload, f"phoenix/{project}/{plan.run_identity}", fallback, plan)
         s = self.settings
         send_traces(client, project, traces, float(s.request_timeout), s.traces_landed_timeout)
 

@@ -187,8 +187,10 @@ def test_with_failures_fixture_as_runs(langsmith_api: LangsmithApi, tmp_path: Pa
     from tests.test_mlflow_traces import fixture_run
 
     rollouts = fixture_run(tmp_path)
-    [result] = export_run(rollouts, ls_cfg(langsmith_api.url))
+    calls: list[tuple[str, int, int]] = []
+    [result] = export_run(rollouts, ls_cfg(langsmith_api.url), progress=lambda *call: calls.append(call))
     assert result.status is ExportStatus.EXPORTED, result.reason
+    assert [c for c in calls if c[0] == "traces to langsmith"][-1] == ("traces to langsmith", 10, 10)
     client = Client(api_url=langsmith_api.url, api_key=API_KEY, auto_batch_tracing=False)
     everything = list(client.list_runs(project_id=result.backend_run_id))
     roots = [r for r in everything if r.parent_run_id is None]

@@ -346,3 +346,27 @@ def test_a_sqlite_store_gets_the_evaluation_dataset_once(tmp_path: Path) -> None
     assert sorted(json.dumps(r.inputs, sort_keys=True) for r in records) == sorted(
         json.dumps(p, sort_keys=True) for p in planned
     )
+
+
+def test_a_trace_export_reports_its_traces_on_the_progress_line(mlflow_server: Any, tmp_path: Path) -> None:
+    """An hour-long trace export must not look hung: the progress callback gets ``traces to
+    mlflow`` with the traces handed to the backend so far, rising, ending at every rollout of the
+    run (8 scored + 2 failed), and the progress line counts them as traces."""
+    import io
+
+    from gym_artifacts.core.progress import Progress
+
+    rollouts = fixture_run(tmp_path)
+    calls: list[tuple[str, int, int]] = []
+    [result] = export_run(rollouts, traces_cfg(mlflow_server.uri, "progress"),
+                          progress=lambda *call: calls.append(call))  # fmt: skip
+    assert result.status is ExportStatus.EXPORTED, result.reason
+    traced = [(done, total) for label, done, total in calls if label == "traces to mlflow"]
+    assert traced and traced[-1] == (10, 10), calls
+    assert [d for d, _ in traced] == sorted(d for d, _ in traced)
+    stream = io.StringIO()
+    line = Progress(stream=stream, enabled=True)
+    line.MIN_INTERVAL_S = 0
+    line.update("traces to mlflow", 4, 10)
+    line.close()
+    assert "4/10" in stream.getvalue() and "trace" in stream.getvalue()

@@ -180,8 +180,11 @@ def test_with_failures_fixture_as_traces(phoenix: PhoenixServer, tmp_path: Path)
     rollouts = fixture_run(tmp_path)
     section = {"enabled": True, "base_url": phoenix.url, "project_name": "with-failures-traces",
                "log_experiment": False}  # fmt: skip
-    [result] = export_run(rollouts, OmegaConf.create({"exporters": {"phoenix": section}}))
+    calls: list[tuple[str, int, int]] = []
+    [result] = export_run(rollouts, OmegaConf.create({"exporters": {"phoenix": section}}),
+                          progress=lambda *call: calls.append(call))  # fmt: skip
     assert result.status is ExportStatus.EXPORTED, result.reason
+    assert [c for c in calls if c[0] == "traces to phoenix"][-1] == ("traces to phoenix", 10, 10)
     client = Client(base_url=phoenix.url)
     spans = all_spans(client, "with-failures-traces")
     roots = [s for s in spans if not s.get("parent_id")]

@@ -111,6 +111,14 @@ class ExportPlan:
     # Whether the run's files are still as the export found them (size, times, inode): asked by
     # ``complete()``. None from a caller that does not watch them.
     files_unchanged: Callable[[], bool] | None = field(default=None, compare=False, repr=False)
+    # Where a backend reports rollouts sent as traces, ``(sent, total)`` (the export's progress
+    # line: an hour-long trace export must not look hung). None: nobody shows it.
+    on_traces_sent: Callable[[int, int], None] | None = field(default=None, compare=False, repr=False)
+
+    def traces_sent(self, sent: int, total: int) -> None:
+        """Report ``sent`` of ``total`` rollouts sent as traces so far (a batch landed)."""
+        if self.on_traces_sent is not None:
+            self.on_traces_sent(sent, total)
 
     @property
     def identities_pending(self) -> bool:

@@ -15,6 +15,12 @@ def human_bytes(n: float) -> str:
     return f"{n} B"
 
 
+EXPORTING_PROGRESS = "exporting to "  # + a backend's name: counts exporters
+TRACES_PROGRESS = "traces to "  # + a backend's name: counts rollouts sent as traces
+# What a progress label counts, by its start; any other label counts bytes (hashing).
+UNITS = {EXPORTING_PROGRESS: "exporter", TRACES_PROGRESS: "trace"}
+
+
 class Progress:
     """A tqdm progress line on stderr (nothing at all off a terminal).
 
@@ -31,8 +37,9 @@ class Progress:
         self._kind: tuple[str, int] | None = None
 
     def update(self, label: str, done: int, total: int) -> None:
-        """Bytes: ``done`` of ``total`` bytes of ``label`` (exporters for ``exporting to ...``)."""
-        unit = "exporter" if label.startswith("exporting to ") else "B"
+        """Bytes: ``done`` of ``total`` bytes of ``label`` (what ``UNITS`` names for the labels
+        it knows: exporters, traces)."""
+        unit = next((u for prefix, u in UNITS.items() if label.startswith(prefix)), "B")
         self._draw(label, done, total, unit)
 
     def count(self, label: str, done: int, total: int) -> None:

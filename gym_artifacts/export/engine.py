@@ -43,6 +43,7 @@ from gym_artifacts.core.config import (
 from gym_artifacts.core.destination import Destination, destination_key
 from gym_artifacts.core.errors import ConfigError, GymArtifactsError, ReceiptError, RunError
 from gym_artifacts.core.locking import LockBusy, exclusive_lock
+from gym_artifacts.core.progress import EXPORTING_PROGRESS, TRACES_PROGRESS
 from gym_artifacts.core.secrets import (
     collect_secret_values,
     install_log_redaction,
@@ -351,6 +352,11 @@ def _hash_while_sending(run: RunArtifacts, resolved: ResolvedExport, known: Any)
     return not identities_cached(run, known)
 
 
+def _traces_progress(progress: Callable[[str, int, int], None], name: str) -> Callable[[int, int], None]:
+    """A backend's ``(sent, total)`` traces as the export's progress line."""
+    return lambda sent, total: progress(f"{TRACES_PROGRESS}{name}", sent, total)
+
+
 def _export_one(
     run: RunArtifacts,
     target: Target,
@@ -613,7 +619,7 @@ def export_resolved(
         for i, target in enumerate(resolved.targets):
             name = target.name
             if progress is not None:
-                progress(f"exporting to {name}", i, len(names))
+                progress(f"{EXPORTING_PROGRESS}{name}", i, len(names))
             logger.info("%s: checking the receipt, then sending what the backend lacks", name)
             after_receipt: list[Callable[[], None]] = []
             # a receipt decided without --verify: what _export_one would answer first (an export
@@ -627,7 +633,10 @@ def export_resolved(
                 except OSError as exc:
                     result = _failed(name, f"cannot read {run.rollouts_fpath}: {exc}", start)
             if result is None:
-                result = _export_one(run, target, plan, signatures, options.verify, after_receipt)
+                sending = plan  # with the progress line of its traces, when one is shown
+                if progress is not None:
+                    sending = replace(plan, on_traces_sent=_traces_progress(progress, name))
+                result = _export_one(run, target, sending, signatures, options.verify, after_receipt)
             result = _redacted(result, secrets)
             logger.info("%s: %s %s", name, result.status.value, result.backend_run_id or result.reason or "")
             results.append(result)
