@@ -58,6 +58,12 @@ def test_report_failure_never_fails_the_export(
     _assert_data_published(run, folder)
     assert not (folder / "report.html").exists()
     assert (folder / "report.html.error").read_text() == "RuntimeError: matplotlib exploded\n"
+    # built again by hand once the cause is gone: the report, and no stale word of a failure
+    monkeypatch.undo()
+    from gym_artifacts.cli import main
+
+    assert main(["report", str(quickstart_run), "-o", str(folder / "report.html")]) == 0
+    assert (folder / "report.html").is_file() and not (folder / "report.html.error").exists()
 
 
 @pytest.mark.slow

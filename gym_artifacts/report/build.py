@@ -359,4 +359,10 @@ def build_report(
         page = redact_secret_values(page, secrets)
     logger.info("writing %s", dest)
     atomic_write_bytes(dest, page.encode("utf-8"))
+    failure_note(dest).unlink(missing_ok=True)  # an earlier build's failure no longer holds
     return dest
+
+
+def failure_note(dest: Path) -> Path:
+    """Where a report build that failed says why: ``<report>.error`` beside the report."""
+    return dest.with_name(dest.name + ".error")

@@ -48,7 +48,9 @@ class ReportJob:
     @property
     def error_fpath(self) -> Path:
         """Where a failed build says why (beside the report it could not write)."""
-        return self.dest.with_name(self.dest.name + ".error")
+        from gym_artifacts.report.build import failure_note
+
+        return failure_note(self.dest)
 
     def to_json(self, context: dict[str, Any] | None = None) -> bytes:
         return json.dumps(
