@@ -100,8 +100,28 @@ def headline(payload: RunPayload) -> str:
 RECORDS = 1000  # evaluation dataset records a request
 
 
-def _quoted(name: str) -> str:
-    return "'" + name.replace("\\", "\\\\").replace("'", "\\'") + "'"
+def _same_name(ml: Any, experiment_id: str, name: str) -> Any | None:
+    """The experiment's evaluation dataset named exactly ``name``, or None. MLflow's filter
+    parser keeps a quoted value's characters as written (no escapes): a name is compared with
+    ``=`` inside a quote it does not hold, else (both quotes, a backslash: an escape in some
+    databases' LIKE) matched by a LIKE with those characters as ``_`` wildcards; every candidate
+    is compared exactly here (a LIKE may match more, case-insensitively on SQLite)."""
+    if "\\" not in name and ("'" not in name or '"' not in name):
+        quote = "'" if "'" not in name else '"'
+        condition = f"name = {quote}{name}{quote}"
+    else:
+        condition = "name LIKE '" + "".join("_" if c in "'\"\\" else c for c in name) + "'"
+    token = None
+    while True:
+        page = ml.client.search_datasets(
+            [experiment_id], filter_string=condition, max_results=100, page_token=token
+        )
+        for dataset in page:
+            if dataset.name == name:
+                return dataset
+        token = page.token
+        if not token:
+            return None
 
 
 def evaluation_dataset(ml: Any, experiment_id: str, name: str, payload: RunPayload) -> str | None:
@@ -114,25 +134,25 @@ def evaluation_dataset(ml: Any, experiment_id: str, name: str, payload: RunPaylo
     MLflow's REST ``datasets/{id}/records`` on a server, MLflow's own SQL store code on a database
     store), the call ``EvaluationDataset.merge_records`` makes on the process-wide store; never
     the process-wide tracking URI, never MLflow's tables directly."""
-    from gym_artifacts.plugin import iter_jsonl, redact_text
+    from gym_artifacts.plugin import iter_jsonl, mask_values
 
     fpath = payload.run.materialized_inputs_fpath
     if not fpath.is_file():
         return None
-    found = ml.client.search_datasets([experiment_id], filter_string=f"name = {_quoted(name)}", max_results=1)
-    dataset = found[0] if found else ml.client.create_dataset(name, experiment_id=[experiment_id])
+    dataset = _same_name(ml, experiment_id, name)
+    if dataset is None:
+        dataset = ml.client.create_dataset(name, experiment_id=[experiment_id])
     store = ml.client._tracking_client.store  # the scoped client's store (REST or SQL)
     batch: list[dict[str, Any]] = []
     secrets = payload.secrets
 
     def flush() -> None:
-        records = batch
-        if secrets:
-            records = json.loads(redact_text(json.dumps(batch), secrets))
-        store.upsert_dataset_records(dataset.dataset_id, records)
+        store.upsert_dataset_records(dataset.dataset_id, batch)
         batch.clear()
 
     for _, record in iter_jsonl(fpath, "materialized inputs JSONL"):
+        if secrets:  # masked in the decoded record: a mask in escaped JSON text could tear it
+            record = mask_values(record, secrets)
         batch.append({"inputs": record if isinstance(record, dict) else {"input": record}})
         if len(batch) == RECORDS:
             flush()

@@ -1,0 +1,100 @@
+"""Attacks on the planned inputs as an MLflow evaluation dataset on a database store
+(``exporters/_mlflow_views.evaluation_dataset``): a run name with quotes, and planned inputs
+whose text a secret mask applied to escaped JSON would tear."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import stat
+from pathlib import Path
+from typing import Any
+
+import pytest
+from omegaconf import OmegaConf
+
+pytest.importorskip("mlflow")
+
+from mlflow.tracking import MlflowClient
+
+from gym_artifacts import export_run
+from gym_artifacts.contract.hooks import ExportStatus
+from tests.fixture_paths import NEMO_GYM_FIXTURES
+
+CANARY = "sk-dataset-canary-5e2b9c"
+
+
+def fixture_run(tmp_path: Path, folder: str = "runs") -> Path:
+    target = tmp_path / folder / "with-failures"
+    shutil.copytree(NEMO_GYM_FIXTURES / "with-failures", target)
+    for p in [target, *target.iterdir()]:
+        p.chmod(p.stat().st_mode | stat.S_IWUSR)
+    return target / "rollouts.jsonl"
+
+
+def set_input_text(rollouts: Path, texts: list[str]) -> None:
+    """The user message of the first planned inputs replaced by ``texts``."""
+    inputs = rollouts.with_name("rollouts_materialized_inputs.jsonl")
+    lines = inputs.read_text().splitlines()
+    for i, text in enumerate(texts):
+        record = json.loads(lines[i])
+        record["responses_create_params"]["input"][-1]["content"] = text
+        lines[i] = json.dumps(record)
+    inputs.write_text("\n".join(lines) + "\n")
+
+
+def sqlite_cfg(tmp_path: Path, **settings: Any) -> Any:
+    section = {"enabled": True, "tracking_uri": f"sqlite:///{tmp_path / 'm.db'}", "experiment_name": "datasets",
+               "log_traces": False, **settings}  # fmt: skip
+    return OmegaConf.create({"exporters": {"mlflow": section}})
+
+
+def dataset_records(tmp_path: Path, run_id: str) -> tuple[list[Any], list[Any]]:
+    from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore
+
+    uri = f"sqlite:///{tmp_path / 'm.db'}"
+    client = MlflowClient(uri)
+    experiment_id = client.get_run(run_id).info.experiment_id
+    datasets = client.search_datasets([experiment_id])
+    store = SqlAlchemyStore(uri, str(tmp_path / "artifacts"))
+    records = [r for d in datasets for r in store._load_dataset_records(d.dataset_id)[0]]
+    return datasets, records
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("run_name", ["it's an eval", "back\\slash eval", "both ' and \" eval"])
+def test_two_evals_of_a_quoted_run_name_share_one_evaluation_dataset(tmp_path: Path, run_name: str) -> None:
+    """Two evals of one run name into one experiment share its evaluation dataset, found by name
+    before it is created: a name with a quote or a backslash must be found too, else each export
+    adds another dataset of the same name (and the shared records again)."""
+    cfg = sqlite_cfg(tmp_path, run_name=run_name)
+    first, second = fixture_run(tmp_path, "a"), fixture_run(tmp_path, "b")
+    set_input_text(second, ["a task only the second eval planned"])  # another run's content
+    [result] = export_run(first, cfg)
+    assert result.status is ExportStatus.EXPORTED, result.reason
+    [other] = export_run(second, cfg)
+    assert other.status is ExportStatus.EXPORTED, other.reason
+    assert other.backend_run_id != result.backend_run_id
+    datasets, records = dataset_records(tmp_path, result.backend_run_id)
+    assert [d.name for d in datasets] == [f"{run_name} planned inputs"]
+    assert len(records) == 11  # the 10 planned inputs, one of them changed in the second run
+
+
+@pytest.mark.slow
+def test_planned_inputs_with_shell_quotes_and_a_secret_land_masked(tmp_path: Path) -> None:
+    """A planned input quoting a command line (``--api-key "x"``, ``token=a\\"b``) while the run
+    has a secret: masking the escaped JSON text of a batch tears it (the mask swallows an escaped
+    quote) and the whole MLflow export fails. Masked in the decoded records instead, it lands,
+    the secret masked, the rest as written."""
+    rollouts = fixture_run(tmp_path)
+    set_input_text(rollouts, [f'run it with --api-key "x" and {CANARY}', 'token=abc" ,"x":1', 'secret: a\\"b'])
+    config = tmp_path / "nemo_gym_config.yaml"
+    config.write_text(f"policy_api_key: {CANARY}\n")
+    [result] = export_run(rollouts, sqlite_cfg(tmp_path), nemo_gym_config=config)
+    assert result.status is ExportStatus.EXPORTED, result.reason
+    _, records = dataset_records(tmp_path, result.backend_run_id)
+    assert len(records) == 10
+    dumped = json.dumps([r.inputs for r in records])
+    assert CANARY not in dumped
+    contents = {r.inputs["responses_create_params"]["input"][-1]["content"] for r in records}
+    assert 'run it with --api-key "***" and ***' in contents  # each string masked on its own
