@@ -98,3 +98,48 @@ def test_planned_inputs_with_shell_quotes_and_a_secret_land_masked(tmp_path: Pat
     assert CANARY not in dumped
     contents = {r.inputs["responses_create_params"]["input"][-1]["content"] for r in records}
     assert 'run it with --api-key "***" and ***' in contents  # each string masked on its own
+
+
+@pytest.mark.slow
+def test_two_exports_at_once_fill_one_evaluation_dataset_of_a_fresh_store(tmp_path: Path) -> None:
+    """Two exports of one run name into one fresh SQLite store at the same time (``--jobs 2``
+    over two evals of one benchmark): both look the dataset up, both upsert the same planned
+    inputs. Neither may fail on the other's rows (MLflow's unique input hash) and the store ends
+    with one dataset holding each input once. Repeated a few times: the race is real, not staged."""
+    import threading
+    from types import SimpleNamespace
+
+    from exporters._mlflow_client import RequestLimits, ScopedMlflow
+    from exporters._mlflow_views import evaluation_dataset
+
+    inputs = tmp_path / "inputs.jsonl"
+    inputs.write_text("".join(json.dumps({"task": i, "pad": "x" * 100}) + "\n" for i in range(3000)))
+    payload = SimpleNamespace(run=SimpleNamespace(materialized_inputs_fpath=inputs), secrets=frozenset())
+    for attempt in range(3):
+        uri = f"sqlite:///{tmp_path / f'race{attempt}.db'}"
+        experiment_id = MlflowClient(uri).create_experiment("datasets")
+        barrier = threading.Barrier(2)
+        errors: list[BaseException] = []
+
+        def export(uri: str = uri, experiment_id: str = experiment_id, barrier: Any = barrier,
+                   errors: list[BaseException] = errors) -> None:  # fmt: skip
+            try:
+                ml = ScopedMlflow(uri, None, RequestLimits(timeout=30, retries=0))
+                barrier.wait(30)
+                evaluation_dataset(ml, experiment_id, "shared planned inputs", payload)
+            except Exception as exc:  # reported below
+                errors.append(exc)
+
+        threads = [threading.Thread(target=export) for _ in range(2)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(240)
+        assert not any(t.is_alive() for t in threads), "an upsert hung"
+        assert not errors, errors
+        from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore
+
+        datasets = MlflowClient(uri).search_datasets([experiment_id])
+        assert [d.name for d in datasets] == ["shared planned inputs"], [(d.dataset_id, d.created_time) for d in datasets]
+        store = SqlAlchemyStore(uri, str(tmp_path / "artifacts"))
+        assert len(store._load_dataset_records(datasets[0].dataset_id)[0]) == 3000
