@@ -166,6 +166,7 @@ def evaluation_dataset(ml: Any, experiment_id: str, name: str, payload: RunPaylo
             logger.info("mlflow: evaluation dataset records refused once; upserting them again")
             store.upsert_dataset_records(dataset.dataset_id, batch)
         batch.clear()
+        ml.progress()  # the export's deadline bounds a stalled server, not the number of inputs
 
     for _, record in iter_jsonl(fpath, "materialized inputs JSONL"):
         if secrets:  # masked in the decoded record: a mask in escaped JSON text could tear it

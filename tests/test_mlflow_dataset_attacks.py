@@ -172,3 +172,33 @@ def test_a_database_stores_traces_get_their_deadline_after_a_long_export_before_
     assert isinstance(ml.deadline, Deadline) and ml.deadline.at is not None
     ml.deadline.at = time.monotonic() - 1  # 181 s of the export before its traces have passed
     assert exporter._log_traces(ml, run_id, payload, 0, plan) == 10
+
+
+@pytest.mark.slow
+def test_a_large_evaluation_dataset_on_a_server_is_bounded_per_batch(mlflow_server: Any, tmp_path: Path) -> None:
+    """``export_deadline`` bounds a stall, not a large export: an evaluation dataset of many
+    planned inputs that a real ``mlflow server`` takes 1,000 records at a time, each batch in
+    well under the deadline, must not fail at the deadline counted from its start (both the
+    client's request deadline and the export's watched one restart at each batch it took)."""
+    import time
+    from types import SimpleNamespace
+
+    from exporters._mlflow_client import RequestLimits, ScopedMlflow
+    from exporters._mlflow_views import RECORDS, evaluation_dataset
+    from gym_artifacts.core.watchdog import run_watched
+
+    deadline = 4.0
+    inputs = tmp_path / "inputs.jsonl"
+    rows = 12 * RECORDS
+    inputs.write_text("".join(json.dumps({"task": i, "pad": "x" * 100}) + "\n" for i in range(rows)))
+    payload = SimpleNamespace(run=SimpleNamespace(materialized_inputs_fpath=inputs), secrets=frozenset())
+    ml = ScopedMlflow(mlflow_server.uri, None, RequestLimits(timeout=30, retries=0, deadline=deadline))
+    experiment_id = ml.client.create_experiment(f"large dataset {tmp_path.name}")
+    start = time.monotonic()
+    dataset_id = run_watched(lambda: evaluation_dataset(ml, experiment_id, "large planned inputs", payload),
+                             deadline, "mlflow", server=mlflow_server.uri)  # fmt: skip
+    took = time.monotonic() - start
+    reader = ScopedMlflow(mlflow_server.uri, None, RequestLimits(timeout=60, retries=2))
+    records = len(reader.client._tracking_client.store._load_dataset_records(dataset_id)[0])
+    assert records == rows
+    assert took > deadline, f"{took:.1f} s: make the dataset larger so it outlasts the deadline"
