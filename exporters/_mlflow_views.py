@@ -98,10 +98,43 @@ def headline(payload: RunPayload) -> str:
 
 
 RECORDS = 1000  # evaluation dataset records a request
+DATASET_LOCK_WAIT_S = 120.0  # how long an export waits for another to look its dataset up
 
 
-def _quoted(name: str) -> str:
-    return "'" + name.replace("\\", "\\\\").replace("'", "\\'") + "'"
+def _same_name(ml: Any, experiment_id: str, name: str) -> Any | None:
+    """The experiment's evaluation dataset named exactly ``name`` (the oldest, should two exports
+    at once have made one each: every export picks the same one), or None. MLflow's filter
+    parser keeps a quoted value's characters as written (no escapes): a name is compared with
+    ``=`` inside a quote it does not hold, else (both quotes, a backslash: an escape in some
+    databases' LIKE) matched by a LIKE with those characters as ``_`` wildcards; every candidate
+    is compared exactly here (a LIKE may match more, case-insensitively on SQLite)."""
+    if "\\" not in name and ("'" not in name or '"' not in name):
+        quote = "'" if "'" not in name else '"'
+        condition = f"name = {quote}{name}{quote}"
+    else:
+        condition = "name LIKE '" + "".join("_" if c in "'\"\\" else c for c in name) + "'"
+    token = None
+    same: list[Any] = []
+    while True:
+        page = ml.client.search_datasets(
+            [experiment_id], filter_string=condition, max_results=100, page_token=token
+        )
+        same.extend(dataset for dataset in page if dataset.name == name)
+        token = page.token
+        if not token:
+            return min(same, key=lambda d: (d.created_time or 0, d.dataset_id), default=None)
+
+
+def _dataset_of(ml: Any, experiment_id: str, name: str) -> Any:
+    """The experiment's dataset ``name``, made when missing; looked up and made under one lock
+    per store, experiment and name, so two exports at once on this machine (``--jobs``, two
+    commands into one SQLite store) never make one each."""
+    from gym_artifacts.plugin import exclusive_lock, shared_lock_fpath
+
+    lock = shared_lock_fpath("mlflow evaluation dataset", ml.tracking_uri, experiment_id, name)
+    with exclusive_lock(lock, wait_seconds=DATASET_LOCK_WAIT_S):
+        found = _same_name(ml, experiment_id, name)
+        return found if found is not None else ml.client.create_dataset(name, experiment_id=[experiment_id])
 
 
 def evaluation_dataset(ml: Any, experiment_id: str, name: str, payload: RunPayload) -> str | None:
@@ -114,25 +147,30 @@ def evaluation_dataset(ml: Any, experiment_id: str, name: str, payload: RunPaylo
     MLflow's REST ``datasets/{id}/records`` on a server, MLflow's own SQL store code on a database
     store), the call ``EvaluationDataset.merge_records`` makes on the process-wide store; never
     the process-wide tracking URI, never MLflow's tables directly."""
-    from gym_artifacts.plugin import iter_jsonl, redact_text
+    from gym_artifacts.plugin import iter_jsonl, mask_values
 
     fpath = payload.run.materialized_inputs_fpath
     if not fpath.is_file():
         return None
-    found = ml.client.search_datasets([experiment_id], filter_string=f"name = {_quoted(name)}", max_results=1)
-    dataset = found[0] if found else ml.client.create_dataset(name, experiment_id=[experiment_id])
+    dataset = _dataset_of(ml, experiment_id, name)
     store = ml.client._tracking_client.store  # the scoped client's store (REST or SQL)
     batch: list[dict[str, Any]] = []
     secrets = payload.secrets
 
     def flush() -> None:
-        records = batch
-        if secrets:
-            records = json.loads(redact_text(json.dumps(batch), secrets))
-        store.upsert_dataset_records(dataset.dataset_id, records)
+        try:
+            store.upsert_dataset_records(dataset.dataset_id, batch)
+        except Exception:  # once more, see below
+            # another export upserting the same inputs at once inserted some first (MLflow's
+            # unique input hash refuses the second insert): now found, they are merged
+            logger.info("mlflow: evaluation dataset records refused once; upserting them again")
+            store.upsert_dataset_records(dataset.dataset_id, batch)
         batch.clear()
+        ml.progress()  # the export's deadline bounds a stalled server, not the number of inputs
 
     for _, record in iter_jsonl(fpath, "materialized inputs JSONL"):
+        if secrets:  # masked in the decoded record: a mask in escaped JSON text could tear it
+            record = mask_values(record, secrets)
         batch.append({"inputs": record if isinstance(record, dict) else {"input": record}})
         if len(batch) == RECORDS:
             flush()

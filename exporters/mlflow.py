@@ -601,8 +601,10 @@ class MlflowExporter(LiveExporter):
         assessments = self.settings.trace_assessments
         if _is_rest(ml.tracking_uri):
             return log_rollout_traces(ml, experiment_id, run_id, traces, assessments).traces
-        # The export's deadline (counted from its start, and again from each batch of traces the
-        # server took) bounds the server's start and the traces' requests.
+        # A database store has no server before its traces: the export's deadline bounds their
+        # part only, counted from here (the store answered all along before it) and again from
+        # each batch of traces the server took: the server's start and the traces' requests.
+        ml.deadline.progress()
         with trace_server(ml.tracking_uri, remaining=ml.deadline.remaining) as url:
             local = ScopedMlflow(url, None, ml.limits, deadline=ml.deadline)  # one deadline, one progress
             return log_rollout_traces(local, experiment_id, run_id, traces, assessments).traces

@@ -37,6 +37,7 @@ from gym_artifacts.core.jsonio import (
     metric_value,
     read_json,
 )
+from gym_artifacts.core.locking import exclusive_lock, shared_lock_fpath
 from gym_artifacts.core.secrets import mask_secrets, mask_values, redact_text
 from gym_artifacts.core.snapshot import snapshot_copy
 from gym_artifacts.core.watchdog import adopted, current_watch, made_progress
@@ -137,6 +138,7 @@ __all__ = [
     "current_watch",
     "dataset_service_destination",
     "eval_times",
+    "exclusive_lock",
     "failure_trace",
     "flatten",
     "iter_journal",
@@ -160,6 +162,7 @@ __all__ = [
     "run_times",
     "run_values",
     "saved_config_run_name",
+    "shared_lock_fpath",
     "snapshot_copy",
     "start_report_in_background",
     "sync_barrier",

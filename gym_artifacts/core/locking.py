@@ -20,11 +20,24 @@ import contextlib
 import fcntl
 import os
 import stat
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import blake3
+
 _OPEN_FLAGS = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+
+
+def shared_lock_fpath(*parts: str) -> Path:
+    """The lock of something outside any run folder that exports from any folder share (a
+    destination's copy of one run identity, a backend object made on first use), named by
+    ``parts``: in ``GYM_ARTIFACTS_LOCK_DIR``, else a per-user folder of the temp folder."""
+    default = Path(tempfile.gettempdir()) / f"gym-artifacts-locks-{os.getuid()}"
+    root = Path(os.environ.get("GYM_ARTIFACTS_LOCK_DIR") or default)
+    root.mkdir(parents=True, exist_ok=True)
+    return root / f"{blake3.blake3(chr(0).join(parts).encode()).hexdigest()[:32]}.lock"
 
 
 class LockBusy(Exception):

@@ -16,15 +16,12 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import tempfile
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from functools import cached_property, partial
 from pathlib import Path
 from typing import Any
-
-import blake3
 
 from gym_artifacts.contract.exporter import CERTIFIED_NOTE, Exporter
 from gym_artifacts.contract.hooks import ExportPlan, ExportResult, ExportStatus
@@ -42,7 +39,7 @@ from gym_artifacts.core.config import (
 )
 from gym_artifacts.core.destination import Destination, destination_key
 from gym_artifacts.core.errors import ConfigError, GymArtifactsError, ReceiptError, RunError
-from gym_artifacts.core.locking import LockBusy, exclusive_lock
+from gym_artifacts.core.locking import LockBusy, exclusive_lock, shared_lock_fpath
 from gym_artifacts.core.progress import EXPORTING_PROGRESS, TRACES_PROGRESS
 from gym_artifacts.core.secrets import (
     collect_secret_values,
@@ -233,11 +230,7 @@ def resolve_export(
 def identity_lock_fpath(name: str, key: str, run_identity: str) -> Path:
     """The lock every export of this run identity (or send key) to this destination takes, from
     any folder."""
-    default = Path(tempfile.gettempdir()) / f"gym-artifacts-locks-{os.getuid()}"
-    root = Path(os.environ.get("GYM_ARTIFACTS_LOCK_DIR") or default)
-    root.mkdir(parents=True, exist_ok=True)
-    digest = blake3.blake3(f"{name}\0{key}\0{run_identity}".encode()).hexdigest()[:32]
-    return root / f"{digest}.lock"
+    return shared_lock_fpath(name, key, run_identity)
 
 
 def file_signatures(run: RunArtifacts) -> Signatures:
