@@ -203,7 +203,10 @@ def trace_total(payload: RunPayload) -> int:
     if not payload.sends_rollouts:
         return 0
     failures = payload.run.failures_fpath
-    return payload.rollout_rows + (count_lines(failures) if failures.is_file() else 0)
+    try:  # for the progress line only: an unreadable sidecar is the send's to report, not this
+        return payload.rollout_rows + (count_lines(failures) if failures.is_file() else 0)
+    except OSError:
+        return payload.rollout_rows
 
 
 def failed_rollouts(payload: RunPayload) -> Iterator[tuple[int, Any, Any]]:

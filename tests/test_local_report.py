@@ -152,3 +152,13 @@ def test_unknown_report_mode_is_refused_naming_the_key(quickstart_run: Path, tmp
     assert result.status is ExportStatus.FAILED
     assert "exporters.local.report" in (result.reason or "")
     assert not (tmp_path / "store").exists()
+
+
+def test_a_folder_named_like_the_failure_note_never_fails_a_built_report(quickstart_run: Path, tmp_path: Path) -> None:
+    """The stale note is removed when it can be; whatever sits under its name (a folder), the
+    report that was written is the build's result."""
+    from gym_artifacts.report import build_report
+
+    dest = tmp_path / "report.html"
+    (tmp_path / "report.html.error").mkdir()
+    assert build_report(quickstart_run, dest) == dest and dest.is_file()

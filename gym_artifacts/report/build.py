@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import contextlib
 import html
 import json
 import logging
@@ -359,7 +360,8 @@ def build_report(
         page = redact_secret_values(page, secrets)
     logger.info("writing %s", dest)
     atomic_write_bytes(dest, page.encode("utf-8"))
-    failure_note(dest).unlink(missing_ok=True)  # an earlier build's failure no longer holds
+    with contextlib.suppress(OSError):  # an earlier build's failure no longer holds
+        failure_note(dest).unlink(missing_ok=True)
     return dest
 
 
