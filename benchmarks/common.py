@@ -118,6 +118,9 @@ def best_of(fn: Callable[[], object], repeat: int = 3) -> float:
     return min(timed(fn) for _ in range(repeat))
 
 
+MEASURED_TIMEOUT_S = 4 * 3600  # a hung measurement must end; 100,000 traces to MLflow took over an hour
+
+
 def run_measured(code: str, env: dict[str, str] | None = None, cwd: Path | None = None) -> dict[str, float]:
     """Run Python ``code`` in a fresh process; it prints a JSON dict; adds peak RSS (MB)."""
     wrapper = (
@@ -132,7 +135,8 @@ def run_measured(code: str, env: dict[str, str] | None = None, cwd: Path | None 
     full_env = dict(os.environ, MLFLOW_DISABLE_TELEMETRY="true", **(env or {}))
     full_env.pop("WANDB_SERVICE", None)
     proc = subprocess.run(
-        [sys.executable, "-c", wrapper], capture_output=True, text=True, env=full_env, cwd=cwd, timeout=3600
+        [sys.executable, "-c", wrapper], capture_output=True, text=True, env=full_env, cwd=cwd,
+        timeout=MEASURED_TIMEOUT_S,
     )
     if proc.returncode != 0:
         raise RuntimeError(f"benchmark subprocess failed: {proc.stderr[-3000:]}")
