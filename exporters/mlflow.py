@@ -176,6 +176,15 @@ class MlflowExporter(LiveExporter):
     def server_url(self) -> str | None:
         return self.settings.tracking_uri if self.export_deadline_s() is not None else None
 
+    def _abandon(self) -> None:
+        """The abandoned send's sockets were shut down, pooled keep-alive connections of MLflow's
+        process-wide request sessions among them: drop those sessions, so that a later export in
+        this process (a notebook, a Ray worker) opens fresh connections instead of failing on a
+        closed one ("file descriptor cannot be a negative integer")."""
+        from mlflow.utils import request_utils
+
+        request_utils._cached_get_request_session.cache_clear()
+
     @classmethod
     def prepare_destination(cls, settings: MlflowSettings) -> None:
         """A fresh ``sqlite:///`` store gets its schema here, once, before parallel exports."""

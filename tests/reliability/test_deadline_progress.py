@@ -117,9 +117,15 @@ def test_a_trace_export_longer_than_its_deadline_lands_while_batches_keep_landin
 
 @pytest.mark.slow
 def test_a_trace_export_whose_server_stops_answering_fails_a_deadline_after_the_last_batch(
-    quickstart_run: Path, mlflow_server: Any, monkeypatch: pytest.MonkeyPatch
+    quickstart_run: Path, own_mlflow_server: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """Its own server (the abandoned export shuts its sockets down, pooled connections of
+    MLflow's process-wide request sessions among them); then an export from the same process to
+    the same server lands (it failed on a closed pooled connection before ``_abandon`` dropped
+    MLflow's cached sessions)."""
     from omegaconf import OmegaConf
+
+    mlflow_server = own_mlflow_server.start()
 
     from gym_artifacts import export_run
     from gym_artifacts._builtin_exporters import _mlflow_traces
@@ -150,3 +156,9 @@ def test_a_trace_export_whose_server_stops_answering_fails_a_deadline_after_the_
     assert len(calls) == 4
     assert 8 * 0.95 <= failed_at - calls[3] < 8 + BOUND
     assert not RunArtifacts.from_path(quickstart_run).export_done_fpath("mlflow").exists()
+    # the same process exports again to the same server, once it answers: no closed pooled
+    # connection of the abandoned export is reused
+    monkeypatch.setattr(ScopedMlflow, "post_otlp", real)
+    section["experiment_name"] = "after-stall"
+    [again] = export_run(quickstart_run, OmegaConf.create({"exporters": {"mlflow": section}}))
+    assert again.status is ExportStatus.EXPORTED, again.reason
