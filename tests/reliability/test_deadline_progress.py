@@ -81,6 +81,23 @@ def test_progress_from_no_send_is_a_no_op() -> None:
     made_progress()  # outside any watched send: nothing to extend, nothing raised
 
 
+def export_traces_in_batches_of_25(quickstart_run: Path, uri: str, experiment: str, deadline: float) -> Any:
+    """The quickstart run's 300 rollouts as MLflow traces, 25 a batch, under ``deadline``."""
+    from omegaconf import OmegaConf
+
+    from gym_artifacts import export_run
+    from gym_artifacts._builtin_exporters import _mlflow_traces
+
+    _mlflow_traces.BATCH, batch = 25, _mlflow_traces.BATCH
+    section = {"enabled": True, "tracking_uri": uri, "experiment_name": experiment, "log_traces": True,
+               "export_deadline": deadline}  # fmt: skip
+    try:
+        [result] = export_run(quickstart_run, OmegaConf.create({"exporters": {"mlflow": section}}))
+    finally:
+        _mlflow_traces.BATCH = batch
+    return result
+
+
 @pytest.mark.slow
 def test_a_trace_export_longer_than_its_deadline_lands_while_batches_keep_landing(
     quickstart_run: Path, mlflow_server: Any, monkeypatch: pytest.MonkeyPatch
@@ -88,10 +105,7 @@ def test_a_trace_export_longer_than_its_deadline_lands_while_batches_keep_landin
     """300 rollouts as traces in batches of 25, each batch held 2 s: the trace part alone takes
     about twice ``export_deadline`` (12 s); the export lands every trace."""
     from mlflow.tracking import MlflowClient
-    from omegaconf import OmegaConf
 
-    from gym_artifacts import export_run
-    from gym_artifacts._builtin_exporters import _mlflow_traces
     from gym_artifacts._builtin_exporters._mlflow_client import ScopedMlflow
     from gym_artifacts.contract.hooks import ExportStatus
     from tests.test_mlflow_traces import all_traces
@@ -102,12 +116,9 @@ def test_a_trace_export_longer_than_its_deadline_lands_while_batches_keep_landin
         time.sleep(2.0)
         return real(self, experiment_id, body)
 
-    monkeypatch.setattr(_mlflow_traces, "BATCH", 25)
     monkeypatch.setattr(ScopedMlflow, "post_otlp", slow_post)
-    section = {"enabled": True, "tracking_uri": mlflow_server.uri, "experiment_name": "progress",
-               "log_traces": True, "export_deadline": 12}  # fmt: skip
     start = time.monotonic()
-    [result] = export_run(quickstart_run, OmegaConf.create({"exporters": {"mlflow": section}}))
+    result = export_traces_in_batches_of_25(quickstart_run, mlflow_server.uri, "progress", 12)
     assert result.status is ExportStatus.EXPORTED, result.reason
     assert time.monotonic() - start > 12 * 1.5  # it did outlive its deadline
     client = MlflowClient(mlflow_server.uri)
@@ -123,12 +134,9 @@ def test_a_trace_export_whose_server_stops_answering_fails_a_deadline_after_the_
     MLflow's process-wide request sessions among them); then an export from the same process to
     the same server lands (it failed on a closed pooled connection before ``_abandon`` dropped
     MLflow's cached sessions)."""
-    from omegaconf import OmegaConf
 
     mlflow_server = own_mlflow_server.start()
 
-    from gym_artifacts import export_run
-    from gym_artifacts._builtin_exporters import _mlflow_traces
     from gym_artifacts._builtin_exporters._mlflow_client import ScopedMlflow
     from gym_artifacts.contract.hooks import ExportStatus
     from gym_artifacts.run.artifacts import RunArtifacts
@@ -143,12 +151,9 @@ def test_a_trace_export_whose_server_stops_answering_fails_a_deadline_after_the_
             never.wait(120)
         return real(self, experiment_id, body)
 
-    monkeypatch.setattr(_mlflow_traces, "BATCH", 25)
     monkeypatch.setattr(ScopedMlflow, "post_otlp", stops_answering)
-    section = {"enabled": True, "tracking_uri": mlflow_server.uri, "experiment_name": "stalled",
-               "log_traces": True, "export_deadline": 8}  # fmt: skip
     try:
-        [result] = export_run(quickstart_run, OmegaConf.create({"exporters": {"mlflow": section}}))
+        result = export_traces_in_batches_of_25(quickstart_run, mlflow_server.uri, "stalled", 8)
         failed_at = time.monotonic()
     finally:
         never.set()
@@ -159,6 +164,5 @@ def test_a_trace_export_whose_server_stops_answering_fails_a_deadline_after_the_
     # the same process exports again to the same server, once it answers: no closed pooled
     # connection of the abandoned export is reused
     monkeypatch.setattr(ScopedMlflow, "post_otlp", real)
-    section["experiment_name"] = "after-stall"
-    [again] = export_run(quickstart_run, OmegaConf.create({"exporters": {"mlflow": section}}))
+    again = export_traces_in_batches_of_25(quickstart_run, mlflow_server.uri, "after-stall", 8)
     assert again.status is ExportStatus.EXPORTED, again.reason
