@@ -58,8 +58,8 @@ from gym_artifacts.plugin import (
     saved_config_run_name,
     snapshot_copy,
     sync_barrier,
-    table_jsonl,
     utc_now_iso,
+    write_table_jsonl,
 )
 
 logger = logging.getLogger(__name__)
@@ -321,9 +321,8 @@ class LocalExporter(LiveExporter):
         summary.update(payload.omitted_partial_line)
         atomic_write_json(dpath / "summary.json", json_safe(summary))
         for table in payload.tables:
-            data = table_jsonl(table)
-            atomic_write_bytes(dpath / "tables" / f"{table.name}.jsonl", data)
-            sent_bytes += len(data)
+            with atomic_writer(dpath / "tables" / f"{table.name}.jsonl") as fh:
+                sent_bytes += write_table_jsonl(table, fh.write)
         if payload.aggregate_file is not None:
             sent_bytes += payload.aggregate_file.write_to(dpath / payload.aggregate_file.name)
         for item in payload.sidecars:

@@ -32,6 +32,7 @@ from gym_artifacts.plugin import (
     CannotCertify,
     ExporterConfig,
     ExportPlan,
+    LevelTable,
     LiveExporter,
     PayloadArtifact,
     ReportWhen,
@@ -47,8 +48,8 @@ from gym_artifacts.plugin import (
     run_times,
     saved_config_run_name,
     snapshot_copy,
-    table_split_json,
     utc_now_iso,
+    write_table_split_json,
 )
 
 from ._mlflow_bookkeeping import bookkeeping_of
@@ -346,6 +347,7 @@ class MlflowExporter(LiveExporter):
             start_ms = times.start_ms if times is not None else int(time.time() * 1000)
             name = self.settings.run_name or saved_config_run_name(run, self.name)
             run_id = self._create_once(ml, experiment_id, name, self._base_tags(run), kept, lookup, start_ms)
+
         def undo() -> None:
             ml.delete_run(run_id)
 
@@ -531,7 +533,7 @@ class MlflowExporter(LiveExporter):
             sent += self._upload_artifact(ml, run_id, payload.aggregate_file, None)
         tables = payload.tables
         for table in tables:
-            sent += self._upload_bytes(ml, run_id, f"{table.name}.json", table_split_json(table), "tables")
+            sent += self._upload_written(ml, run_id, f"{table.name}.json", table, "tables")
         table_paths = [f"tables/{t.name}.json" for t in tables]
         tags[DESCRIPTION_TAG] = headline(payload)
         run_name = self.settings.run_name or saved_config_run_name(run, self.name)
@@ -658,6 +660,18 @@ class MlflowExporter(LiveExporter):
         with tempfile.TemporaryDirectory(prefix="gym-artifacts-mlflow-") as tmp:
             staged = Path(tmp) / name
             staged.write_bytes(data)
+            return ml.log_artifact(run_id, staged, artifact_dir)
+
+    @staticmethod
+    def _upload_written(
+        ml: ScopedMlflow, run_id: str, name: str, table: LevelTable, artifact_dir: str
+    ) -> int:
+        """A level table written a row at a time to a staged file (``write_table_split_json``),
+        then uploaded: a table of any size is never whole in memory."""
+        with tempfile.TemporaryDirectory(prefix="gym-artifacts-mlflow-") as tmp:
+            staged = Path(tmp) / name
+            with open(staged, "wb") as fh:
+                write_table_split_json(table, fh.write)
             return ml.log_artifact(run_id, staged, artifact_dir)
 
     @staticmethod

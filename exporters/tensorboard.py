@@ -51,7 +51,7 @@ from gym_artifacts.plugin import (
     redact_text,
     resolved_path,
     saved_config_run_name,
-    table_jsonl,
+    write_table_jsonl,
 )
 
 from ._histogram import Histogram
@@ -199,6 +199,11 @@ def level_columns(table: LevelTable) -> list[str]:
     return shown + [c for c in LEVEL_COLUMNS if c in table.columns]
 
 
+def _redacted_line(line: bytes, secrets: frozenset[str]) -> bytes:
+    """One JSON line with ``secrets`` redacted (a line never holds a raw line break)."""
+    return redact_text(line.decode(), secrets).encode() if secrets else line
+
+
 def level_markdown(table: LevelTable, limit: int, attached: str) -> str:
     """A per-task or per-repeat level as a Markdown table of a few readable columns and its first
     ``limit`` rows; ``attached`` names the file that holds every column and row."""
@@ -342,8 +347,8 @@ class TensorboardExporter(LiveExporter):
         for table in payload.tables:  # TensorBoard has no table artifacts: a Markdown text per level
             attached = f"tables/{table.name}.jsonl"
             (w.fpath.parent / "tables").mkdir(exist_ok=True)
-            every_column = redact_text(table_jsonl(table).decode(), payload.secrets)
-            (w.fpath.parent / attached).write_text(every_column, encoding="utf-8")
+            with open(w.fpath.parent / attached, "wb") as fh:  # a line at a time: any size
+                write_table_jsonl(table, lambda line: fh.write(_redacted_line(line, payload.secrets)))
             texts[f"tables/{table.name}"] = level_markdown(table, self.settings.table_rows, attached)
         for tag, text in texts.items():
             w.text(tag, redact_text(text, payload.secrets), 0, finished)

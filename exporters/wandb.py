@@ -46,7 +46,7 @@ from gym_artifacts.plugin import (
     resolved_path,
     run_times,
     saved_config_run_name,
-    table_jsonl,
+    write_table_jsonl,
 )
 
 from ._nemo_gym_shapes import ROLLOUT_COLUMN, WANDB_TABLE_KEY, file_documents, rollout_documents
@@ -455,11 +455,12 @@ class WandbExporter(LiveExporter):
         artifact = wandb.Artifact(f"levels-{wb_run.id}", type="aggregate-levels")
         sent = 0
         for table in tables:
-            wb_table = wandb.Table(columns=table.columns, data=table.rows)
+            rows = list(table.rows)  # a wandb.Table holds its rows in memory: W&B's own limit
+            wb_table = wandb.Table(columns=table.columns, data=rows)
             artifact.add(wb_table, table.name)
-            if len(table.rows) <= self.settings.table_max_rows:
+            if len(rows) <= self.settings.table_max_rows:
                 wb_run.summary[f"tables/{table.name}"] = wb_table
-            sent += len(table_jsonl(table))
+            sent += write_table_jsonl(table, lambda _: None)
         wb_run.log_artifact(artifact)
         return sent
 

@@ -51,6 +51,8 @@ from gym_artifacts.run.aggregate import (
     run_values,
     table_jsonl,
     table_split_json,
+    write_table_jsonl,
+    write_table_split_json,
 )
 from gym_artifacts.run.artifacts import RunArtifacts, agent_label
 from gym_artifacts.run.journal import iter_journal, journal_line, repair_partial_last_line
@@ -169,4 +171,6 @@ __all__ = [
     "table_jsonl",
     "table_split_json",
     "utc_now_iso",
+    "write_table_jsonl",
+    "write_table_split_json",
 ]

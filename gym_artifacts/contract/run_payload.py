@@ -36,6 +36,7 @@ if TYPE_CHECKING:
     from gym_artifacts.contract.hooks import ExportPlan
     from gym_artifacts.core.flatten import Scalar
     from gym_artifacts.run.aggregate import LevelTable
+    from gym_artifacts.run.aggregate_read import AggregateRead
     from gym_artifacts.run.artifacts import Acceptance, RunArtifacts
     from gym_artifacts.run.coverage import Coverage
 
@@ -160,18 +161,26 @@ class RunPayload:
 
     # -- aggregate --------------------------------------------------------------------------------
     @cached_property
-    def aggregate_entries(self) -> list[dict[str, Any]] | None:
-        """The aggregate metrics file's entries (None when the run has none)."""
+    def _aggregate(self) -> AggregateRead | None:
         run = self.run
         if run.has_rollouts_file and run.aggregate_metrics_fpath.is_file():
-            return run.read_aggregate_metrics()
+            return run.read_aggregate()
         return None
+
+    @property
+    def aggregate_entries(self) -> list[dict[str, Any]] | None:
+        """Each agent's aggregate entry without its per-task and per-repeat lists (those are
+        ``tables``; the file itself is ``aggregate_file``), None when the run has none: what a
+        run of any size holds in memory."""
+        read = self._aggregate
+        return read.heads if read is not None else None
 
     @cached_property
     def _values_and_tables(self) -> tuple[dict[str, Scalar], list[LevelTable]]:
         from gym_artifacts.run.aggregate import values_and_tables
 
-        values, tables = values_and_tables(self.aggregate_entries, self.coverage, self.run.omitted_rows())
+        values, _ = values_and_tables(self.aggregate_entries, self.coverage, self.run.omitted_rows())
+        tables = self._aggregate.tables if self._aggregate is not None else []
         return _redacted_values(values, self.secrets), [_redacted_table(t, self.secrets) for t in tables]
 
     @property
@@ -330,6 +339,12 @@ def _redacted_table(table: LevelTable, secrets: frozenset[str]) -> LevelTable:
 
     from gym_artifacts.core.secrets import redact_secret_values
 
+    if not secrets:
+        return table
+    from gym_artifacts.run.aggregate_read import SpooledRows
+
+    if isinstance(table.rows, SpooledRows):  # on disk: redacted as each row is read back
+        return replace(table, rows=table.rows.redacted(secrets))
     joined = "\n".join(c for row in table.rows for c in row if isinstance(c, str))
     if redact_secret_values(joined, secrets) == joined:
         return table

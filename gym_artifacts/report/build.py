@@ -19,7 +19,7 @@ from gym_artifacts.report import charts
 from gym_artifacts.report.levels import cell_text, level_table_html
 from gym_artifacts.report.page import render_page, rollout_data_element
 from gym_artifacts.report.rollouts import RolloutTable, rollout_lines
-from gym_artifacts.run.aggregate import agent_labels, level_tables, tracker_values
+from gym_artifacts.run.aggregate import agent_labels, tracker_values
 from gym_artifacts.run.artifacts import RunArtifacts, agent_label
 from gym_artifacts.run.coverage import Coverage, coverage_of
 from gym_artifacts.run.identity import content_identities
@@ -84,7 +84,8 @@ def _aggregate(run: RunArtifacts) -> str:
     """The bounded values under the names trackers get, then the per-task and per-repeat tables."""
     if not run.has_rollouts_file or not run.aggregate_metrics_fpath.is_file():
         return _missing("No aggregate metrics: the run has no aggregate metrics file.")
-    entries = run.read_aggregate_metrics()
+    read = run.read_aggregate()
+    entries = read.heads
     agents = agent_labels(entries)
     cells: dict[tuple[str, str], dict[str, Any]] = {}
     for agent, entry in zip(agents, entries, strict=True):
@@ -106,7 +107,7 @@ def _aggregate(run: RunArtifacts) -> str:
         "(agent_metrics), <code>key_metrics/&lt;agent&gt;/&lt;metric&gt;</code>, "
         "<code>perf_summary/&lt;agent&gt;/&lt;metric&gt;</code>.</p>",
     ]
-    parts.extend(level_table_html(table) for table in level_tables(entries))
+    parts.extend(level_table_html(table) for table in read.tables)
     return "".join(parts)
 
 

@@ -11,6 +11,7 @@ names them too. Values are written at full precision (see :func:`cell_text`).
 from __future__ import annotations
 
 import html
+import itertools
 from typing import Any
 
 from gym_artifacts.run.aggregate import LevelTable
@@ -51,12 +52,12 @@ def level_table_html(table: LevelTable) -> str:
         return ' class="extra"' if i >= SHOWN_COLUMNS else ""
 
     head = "".join(f"<th{cls(i)}>{html.escape(c)}</th>" for i, c in enumerate(columns))
-    records = table.records()
+    records = list(itertools.islice(table.iter_records(), MAX_ROWS))
     body = "".join(
         "<tr>"
         + "".join(f"<td{cls(i)}>{html.escape(cell_text(rec.get(c)))}</td>" for i, c in enumerate(columns))
         + "</tr>"
-        for rec in records[:MAX_ROWS]
+        for rec in records
     )
     notes: list[str] = []
     if hidden:
@@ -72,7 +73,7 @@ def level_table_html(table: LevelTable) -> str:
             + ", ".join(f"<code>{html.escape(c)}</code>" for c in nested)
             + "."
         )
-    more = len(records) - MAX_ROWS
+    more = len(table.rows) - MAX_ROWS
     if more > 0:
         notes.append(f"{more:,} more rows in the exported table.")
     note = f'<p class="note" id="note-{name}">' + " ".join(notes) + "</p>" if notes else ""

@@ -6,7 +6,7 @@ import os
 import re
 from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -14,8 +14,12 @@ from gym_artifacts.core.errors import MissingRunError, RunError, RunNameTooLong,
 from gym_artifacts.core.flags import PARTIAL_OVERRIDE_FLAG
 from gym_artifacts.core.jsonio import read_json
 from gym_artifacts.run import layout
+from gym_artifacts.run.levels import agent_label
 from gym_artifacts.run.staleness import stale_reason
 from gym_artifacts.run.torn import PartialLine, partial_last_line
+
+if TYPE_CHECKING:
+    from gym_artifacts.run.aggregate_read import AggregateRead
 
 EXPORTER_NAME_RE = re.compile(r"^[a-z][a-z0-9_-]{0,63}$")
 
@@ -83,7 +87,6 @@ def _check_not_a_folder_of_runs(given: str, dpath: Path) -> None:
                     f"no run at {given}: it is a folder of runs; name one by its rollouts file "
                     f"({os.path.join(given, name)})"
                 )
-
 
 
 def _no_exporters() -> tuple[str, ...]:
@@ -312,14 +315,18 @@ class RunArtifacts(BaseModel):
         return files
 
     def read_aggregate_metrics(self) -> list[dict[str, Any]]:
-        """The aggregate metrics entries, checked to be NeMo Gym's format (a list of objects)."""
-        data = read_json(self.aggregate_metrics_fpath, "aggregate metrics JSON")
-        if not isinstance(data, list) or not all(isinstance(e, dict) for e in data):
-            raise RunError(
-                f"{self.aggregate_metrics_fpath}: aggregate metrics must be a JSON list of "
-                "per-agent objects (NeMo Gym format)"
-            )
-        return data
+        """The aggregate metrics entries, checked to be NeMo Gym's format (a list of objects),
+        parsed whole: readers of a run use ``read_aggregate`` (its size does not count)."""
+        from gym_artifacts.run.aggregate_read import read_entries
+
+        return read_entries(self.aggregate_metrics_fpath)
+
+    def read_aggregate(self) -> AggregateRead:
+        """The aggregate metrics file as readers take it (heads, level tables, expected
+        rollouts), read once per unchanged file in memory that does not grow with it."""
+        from gym_artifacts.run.aggregate_read import read_aggregate
+
+        return read_aggregate(self.aggregate_metrics_fpath)
 
     def read_acceptance(self) -> Acceptance | None:
         """The accepted-partial record, or None when the run has none."""
@@ -378,7 +385,7 @@ class RunArtifacts(BaseModel):
             problems.append(f"aggregate metrics file {aggregate} {_absent(aggregate)}")
         else:
             try:
-                entries = self.read_aggregate_metrics()
+                entries = self.read_aggregate().heads
             except RunError as exc:
                 problems.append(str(exc))
             else:
@@ -417,17 +424,6 @@ def _blank(fpath: Path) -> bool:
     if size > 1 << 16:
         return False
     return not fpath.read_bytes().strip()
-
-
-def agent_label(agent_ref: Any) -> str:
-    """A readable name for an ``agent_ref`` (a name string or ``{"name": ...}``)."""
-    if isinstance(agent_ref, dict):
-        name = agent_ref.get("name")
-        if isinstance(name, str) and name:
-            return name
-    if isinstance(agent_ref, str) and agent_ref:
-        return agent_ref
-    return "agent"
 
 
 def _absent(fpath: Path) -> str:

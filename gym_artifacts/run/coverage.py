@@ -23,7 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from gym_artifacts.core.jsonio import count_lines, metric_value
+from gym_artifacts.core.jsonio import count_lines
 
 if TYPE_CHECKING:
     from gym_artifacts.run.artifacts import RunArtifacts
@@ -112,21 +112,6 @@ class Coverage:
         )
 
 
-def _aggregate_expected(entries: list[dict[str, Any]]) -> int | None:
-    """The sum of the groups' ``expected_num_rollouts``; None when no group states one."""
-    total, found = 0, False
-    for entry in entries:
-        groups = entry.get("group_level_metrics")
-        if not isinstance(groups, list):
-            continue
-        for group in groups:
-            value = metric_value(group.get("expected_num_rollouts")) if isinstance(group, dict) else None
-            if value is not None:
-                total += int(value)
-                found = True
-    return total if found else None
-
-
 def coverage_of(run: RunArtifacts, record_counts: dict[str, int] | None = None) -> Coverage:
     """The run's coverage; ``record_counts`` (from the identity pass) saves re-reading files."""
     counts = record_counts or {}
@@ -146,7 +131,7 @@ def coverage_of(run: RunArtifacts, record_counts: dict[str, int] | None = None) 
         from gym_artifacts.core.errors import RunError
 
         try:
-            expected = _aggregate_expected(run.read_aggregate_metrics())
+            expected = run.read_aggregate().expected_rollouts
         except RunError:
             expected = None
         if expected is not None:

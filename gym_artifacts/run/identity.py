@@ -116,7 +116,19 @@ def hash_gzip_file(fpath: Path) -> str:
 
 
 def hash_json_file(fpath: Path) -> str:
-    """Digest of the canonical form (sorted keys, no insignificant white space)."""
+    """Digest of the canonical form (sorted keys, no insignificant white space). A file of
+    ``STREAMED_JSON_MIN_BYTES`` or more is canonicalised as a stream (the same bytes, in memory
+    that does not grow with the document: NeMo Gym's aggregate metrics file holds every
+    rollout's infos); one the stream cannot read exactly is parsed whole."""
+    from gym_artifacts.core.json_stream import STREAMED_JSON_MIN_BYTES, NotStreamable, canonical_digest
+
+    if os.stat(fpath).st_size >= STREAMED_JSON_MIN_BYTES:
+        hasher = blake3.blake3()
+        try:
+            canonical_digest(fpath, hasher.update)
+            return _hex(hasher)
+        except NotStreamable:
+            pass
     return _hex(blake3.blake3(canonical_json(read_json(fpath))))
 
 
@@ -244,8 +256,8 @@ class JsonlInFlight:
 
 
 # A JSON or YAML document is identified by its canonical form (formatting does not count) only
-# up to this size: parsing holds the whole document in memory (several times its size). A
-# bigger one is identified by its bytes, streamed in constant memory.
+# up to this size; a bigger one by its bytes, streamed in constant memory. (Kept for the
+# identities already recorded: a JSON file is canonicalised as a stream now, see hash_json_file.)
 CANONICAL_MAX_BYTES = 64 << 20
 
 

@@ -1,0 +1,299 @@
+"""NeMo Gym's aggregate metrics file read once per export, in memory that does not grow with its
+tasks and rollouts.
+
+NeMo Gym 0.7 writes one JSON document with, per agent, its bounded statistics and the per-task
+(``group_level_metrics``, each with every repeat's ``rollout_infos``) and per-repeat levels: about
+50 MB for 100,000 rollouts, held at three times that size when parsed whole, by each of the
+checks, the coverage, the payload and the report that read it. ``read_aggregate`` streams it
+instead (``core.json_stream``): each agent's head (everything but its level lists) is kept, and
+each level item becomes a table row written to a temporary file as it is read, the file's
+rows read back one at a time by whoever sends the table (``SpooledRows``). A small file, and one
+the stream cannot read exactly (NaN, integers past 64 bits, a repeated level key, malformed), is
+read whole: the same result, and a malformed file's usual error.
+
+One read serves every reader of the same unchanged file in this process (``_CACHE``: the file's
+device, inode, size and times), so an export reads the document once.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import tempfile
+import threading
+import weakref
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, overload
+
+import orjson
+
+from gym_artifacts.core.errors import RunError
+from gym_artifacts.core.flatten import Scalar
+from gym_artifacts.core.jsonio import metric_value
+from gym_artifacts.run.levels import LEVEL_INDEX, LevelTable, agent_labels, level_tables, row_of
+
+WHAT = "aggregate metrics JSON"
+
+
+@dataclass(frozen=True)
+class AggregateRead:
+    """What readers take from the aggregate metrics file."""
+
+    heads: list[dict[str, Any]]
+    """Each agent's entry without its per-task and per-repeat lists (values, labels, errors)."""
+    tables: list[LevelTable]
+    """The per-task and per-repeat levels (``aggregate.level_tables``), rows on disk when streamed."""
+    expected_rollouts: int | None
+    """The sum of the groups' ``expected_num_rollouts`` (None when no group states one)."""
+
+
+class SpooledRows(Sequence[list[Scalar]]):
+    """A level table's rows in a temporary file, read back one at a time on each iteration
+    (every reader opens the file anew: backends sending at once do not share a position). The
+    file is removed when the last reference goes."""
+
+    def __init__(
+        self,
+        fpath: Path,
+        count: int,
+        columns: list[str],
+        labels: list[str],
+        owner: _Unlink,
+        secrets: frozenset[str] = frozenset(),
+    ) -> None:
+        self._fpath = fpath
+        self._count = count
+        self._columns = columns
+        self._labels = labels
+        self._secrets = secrets
+        self._owner = owner  # shared with ``redacted`` copies: the file goes with the last one
+
+    def redacted(self, secrets: frozenset[str]) -> SpooledRows:
+        """The same rows with ``secrets`` redacted from their text cells as they are read."""
+        copy = SpooledRows.__new__(SpooledRows)
+        copy.__dict__.update(self.__dict__, _secrets=self._secrets | secrets)
+        return copy
+
+    def __len__(self) -> int:
+        return self._count
+
+    def __iter__(self) -> Iterator[list[Scalar]]:
+        from gym_artifacts.core.secrets import redact_secret_values
+
+        columns, labels, secrets = self._columns, self._labels, self._secrets
+        with open(self._fpath, "rb") as fh:
+            for line in fh:
+                entry, record = orjson.loads(line)
+                record["agent"] = labels[entry]
+                row = [record.get(c) for c in columns]
+                if secrets:
+                    row = [redact_secret_values(c, secrets) if isinstance(c, str) else c for c in row]
+                yield row
+
+    @overload
+    def __getitem__(self, index: int) -> list[Scalar]: ...
+    @overload
+    def __getitem__(self, index: slice) -> list[list[Scalar]]: ...
+    def __getitem__(self, index: int | slice) -> list[Scalar] | list[list[Scalar]]:
+        """A row or rows by position: read through from the start (iterate instead)."""
+        import itertools
+
+        if isinstance(index, slice):
+            return list(itertools.islice(self, *index.indices(self._count)))
+        if index < 0:
+            index += self._count
+        if not 0 <= index < self._count:
+            raise IndexError(index)
+        return next(itertools.islice(self, index, None))
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, Sequence) and not isinstance(other, str):
+            return len(self) == len(other) and all(a == b for a, b in zip(self, other, strict=True))
+        return NotImplemented
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return f"SpooledRows({self._count} rows in {self._fpath})"
+
+
+class _Unlink:
+    """Removes a file when garbage-collected (or at exit)."""
+
+    def __init__(self, fpath: Path) -> None:
+        weakref.finalize(self, _remove, fpath)
+
+
+def _remove(fpath: Path) -> None:
+    with contextlib.suppress(OSError):
+        os.unlink(fpath)
+
+
+class _LevelSpool:
+    """One level's rows as they are read: ``[entry, row]`` JSON lines, columns in first-seen order."""
+
+    def __init__(self, level: str) -> None:
+        self.level = level
+        self.index_key = LEVEL_INDEX[level]
+        fd, name = tempfile.mkstemp(prefix="gymart-level-", suffix=".jsonl")
+        self.fpath = Path(name)
+        self._owner = _Unlink(self.fpath)
+        self._fh = os.fdopen(fd, "wb")
+        self.columns: dict[str, None] = {}
+        self.count = 0
+
+    def add(self, entry: int, item: Any) -> None:
+        row = row_of("", self.index_key, item)
+        self.columns.update(dict.fromkeys(row))
+        self._fh.write(orjson.dumps([entry, row]) + b"\n")
+        self.count += 1
+
+    def close(self) -> None:
+        self._fh.close()
+
+    def table(self, labels: list[str]) -> LevelTable:
+        self.close()
+        columns = list(self.columns)
+        rows = SpooledRows(self.fpath, self.count, columns, labels, self._owner)
+        return LevelTable(self.level, self.index_key, columns, rows)
+
+
+def _expected(group: Any) -> int | None:
+    """A group's ``expected_num_rollouts`` (None when it states none a count can be made of:
+    absent, text, NaN or infinite)."""
+    value = metric_value(group.get("expected_num_rollouts")) if isinstance(group, dict) else None
+    return int(value) if value is not None and math.isfinite(value) else None
+
+
+def _streamed(fpath: Path) -> AggregateRead:
+    """``read_aggregate`` as a stream; ``NotStreamable`` when it must be read whole."""
+
+    spools = {level: _LevelSpool(level) for level in LEVEL_INDEX}
+    try:
+        return _read_into(fpath, spools)
+    finally:
+        for spool in spools.values():
+            spool.close()
+
+
+def _read_into(fpath: Path, spools: dict[str, _LevelSpool]) -> AggregateRead:
+    from gym_artifacts.core.json_stream import NotStreamable, build_value, json_events
+
+    heads: list[dict[str, Any]] = []
+    expected = [0, False]
+    events = json_events(fpath, WHAT)
+    if next(events, (None, None))[0] != "start_array":
+        raise NotStreamable("not a list")
+    for event, _ in events:
+        if event == "end_array":
+            break
+        if event != "start_map":
+            raise NotStreamable("an entry that is not an object")
+        head: dict[str, Any] = {}
+        levels_seen: set[str] = set()
+        for event, key in events:
+            if event == "end_map":
+                break
+            if key in levels_seen:
+                raise NotStreamable(f"{key} given twice in one entry")
+            first = next(events)
+            if key not in LEVEL_INDEX or first[0] not in ("start_array", "start_map"):
+                head[key] = build_value(events, first)
+                continue
+            levels_seen.add(key)
+            head.pop(key, None)
+            items = _items(events, first)
+            for item in items:
+                spools[key].add(len(heads), item)
+                if key == "group_level_metrics" and first[0] == "start_array":
+                    value = _expected(item)
+                    if value is not None:
+                        expected[0] += value
+                        expected[1] = True
+        heads.append(head)
+    for _ in events:  # only white space may follow: ijson raises on anything else
+        raise NotStreamable("data after the list")
+    labels = agent_labels(heads)
+    tables = [s.table(labels) for s in spools.values() if s.count]
+    return AggregateRead(heads, tables, int(expected[0]) if expected[1] else None)
+
+
+def _items(events: Iterator[tuple[str, Any]], first: tuple[str, Any]) -> Iterator[Any]:
+    """A level's items: each item of its list, or the one object of a pre-0.7 shape."""
+    from gym_artifacts.core.json_stream import build_value
+
+    if first[0] == "start_map":
+        yield build_value(events, first)
+        return
+    for event in events:
+        if event[0] == "end_array":
+            return
+        yield build_value(events, event)
+
+
+def _whole(entries: list[dict[str, Any]]) -> AggregateRead:
+    heads = [
+        {k: v for k, v in e.items() if not (k in LEVEL_INDEX and isinstance(v, dict | list))} for e in entries
+    ]
+    total, found = 0, False
+    for entry in entries:
+        groups = entry.get("group_level_metrics")
+        for group in groups if isinstance(groups, list) else []:
+            value = _expected(group)
+            if value is not None:
+                total, found = total + value, True
+    return AggregateRead(heads, level_tables(entries), total if found else None)
+
+
+_CACHE: dict[Path, tuple[tuple[int, ...], AggregateRead]] = {}
+_CACHE_LOCK = threading.Lock()
+_CACHE_SIZE = 2
+
+
+def _stat_key(fpath: Path) -> tuple[int, ...]:
+    st = os.stat(fpath)
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+
+
+def read_aggregate(fpath: Path, *, stream: bool | None = None) -> AggregateRead:
+    """The aggregate metrics file at ``fpath`` as readers take it (RunError when it is not NeMo
+    Gym's format: a list of per-agent objects). ``stream``: force the streamed (True) or whole
+    (False) read; by default a file of ``STREAMED_JSON_MIN_BYTES`` or more is streamed."""
+    from gym_artifacts.core.json_stream import STREAMED_JSON_MIN_BYTES, NotStreamable
+
+    try:
+        key = _stat_key(fpath)
+    except OSError as exc:
+        raise RunError(f"{fpath}: cannot read {WHAT}: {exc.strerror or exc}") from exc
+    with _CACHE_LOCK:
+        cached = _CACHE.get(fpath)
+        if cached is not None and cached[0] == key and stream is None:
+            return cached[1]
+        if stream is None:
+            stream = key[2] >= STREAMED_JSON_MIN_BYTES
+        result = None
+        if stream:
+            with contextlib.suppress(NotStreamable):
+                result = _streamed(fpath)
+        if result is None:
+            result = _whole(read_entries(fpath))
+        if _stat_key(fpath) == key:  # unchanged while it was read: others may share it
+            _CACHE[fpath] = (key, result)
+            while len(_CACHE) > _CACHE_SIZE:
+                _CACHE.pop(next(iter(_CACHE)))
+        return result
+
+
+def read_entries(fpath: Path) -> list[dict[str, Any]]:
+    """The whole document, checked to be NeMo Gym's format (a list of objects)."""
+    from gym_artifacts.core.jsonio import read_json
+
+    data = read_json(fpath, WHAT)
+    if not isinstance(data, list) or not all(isinstance(e, dict) for e in data):
+        raise RunError(
+            f"{fpath}: aggregate metrics must be a JSON list of per-agent objects (NeMo Gym format)"
+        )
+    return data
