@@ -53,8 +53,9 @@ def test_the_streamed_canonical_form_is_the_whole_parse_s_bytes(
     fpath = _write(tmp_path, doc, indent=indent, ascii_only=ascii_only)
     try:
         streamed = canonical_bytes(fpath)
-    except NotStreamable:  # only for a surrogate escape (an escaped emoji): read whole instead
-        assert re.search(rb"\\u[dD][89a-fA-F]", fpath.read_bytes())
+    except NotStreamable:  # a surrogate escape (an escaped emoji) or -2**63 (yajl's overflow)
+        raw = fpath.read_bytes()
+        assert re.search(rb"\\u[dD][89a-fA-F]", raw) or b"-9223372036854775808" in raw
         return
     assert streamed == canonical_json(read_json(fpath))
 
@@ -263,6 +264,11 @@ if mode == "identity":
 elif mode == "identity-whole":
     json_stream.STREAMED_JSON_MIN_BYTES = 1 << 60
     hash_json_file(Path({fpath!r}))
+elif mode == "mask":
+    from gym_artifacts.run.sidecars import masked_values
+    assert masked_values(Path({fpath!r}), frozenset({{"sk-not-in-the-file-0123"}})) is None
+elif mode == "mask-whole":
+    Path({fpath!r}).read_bytes().decode("utf-8", errors="surrogateescape")
 else:
     read = read_aggregate(Path({fpath!r}), stream=(mode == "stream"))
     rows = sum(1 for t in read.tables for _ in t.rows)
@@ -295,6 +301,47 @@ def test_reading_a_large_aggregate_takes_memory_that_does_not_grow_with_it(tmp_p
     assert streamed < 0.25 * whole, (streamed, whole)
     assert identity < 0.25 * identity_whole, (identity, identity_whole)
     assert streamed < streamed_small + 0.1 * size_mb, (streamed_small, streamed)  # not growing with it
+    # shipping it: looking for the config's secrets before copying it as it is
+    assert _peak_mb(large, "mask") < 0.4 * _peak_mb(large, "mask-whole")
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    data=st.binary(max_size=200),
+    secret=st.text(min_size=4, max_size=12),
+    at=st.integers(0, 200),
+    block=st.integers(1, 40),
+    present=st.booleans(),
+)
+def test_a_secret_is_found_wherever_it_lies_across_the_blocks_of_a_scan(data, secret, at, block, present) -> None:
+    """The scan that spares reading a large file whole before shipping it: a secret's every
+    encoded form, astride any block boundary, is found exactly when the whole read finds it."""
+    import tempfile
+
+    from gym_artifacts.core.secrets import file_holds_any, secret_forms_as_bytes
+
+    forms = secret_forms_as_bytes({secret}, known=False)
+    if forms is None:  # a lone surrogate: no byte form, the file is read whole
+        return
+    form = sorted(forms)[0]
+    body = data[:at] + form + data[at:] if present else data
+    with tempfile.NamedTemporaryFile() as fh:
+        fh.write(body)
+        fh.flush()
+        assert file_holds_any(fh.name, forms, block=block) == any(f in body for f in forms)
+
+
+def test_a_secret_in_a_large_aggregate_is_still_masked_when_it_is_shipped(tmp_path: Path) -> None:
+    from gym_artifacts.run.sidecars import masked_values
+
+    fpath = tmp_path / "agg.json"
+    _big_aggregate(fpath, tasks=3000)
+    secret = "sk-live-0123456789"
+    text = fpath.read_text()
+    fpath.write_text(text[: len(text) // 2] + json.dumps(secret)[1:-1] + text[len(text) // 2 :])
+    masked = masked_values(fpath, frozenset({secret}))
+    assert masked is not None and secret.encode() not in masked
+    assert masked_values(fpath, frozenset({"sk-other-0000"})) is None
 
 
 def test_a_run_exported_with_its_aggregate_streamed_lands_byte_for_byte_as_read_whole(

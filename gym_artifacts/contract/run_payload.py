@@ -265,27 +265,12 @@ class RunPayload:
     def _rollouts_hold_a_secret(self) -> bool:
         """Whether the rollouts file holds a known secret in any encoding: one scan in C over the
         bytes, so that records are walked one by one only when there is something to mask."""
-        from gym_artifacts.core.secrets import MIN_REDACTED_SECRET, encoded_forms
+        from gym_artifacts.core.secrets import file_holds_any, secret_forms_as_bytes
 
         if not self.secrets or self.run.rollouts_fpath is None:
             return False
-        forms = {
-            f.encode("utf-8", "backslashreplace")
-            for s in self.secrets
-            if len(s) >= MIN_REDACTED_SECRET
-            for f in encoded_forms(s)
-        }
-        if not forms:
-            return False
-        overlap = max(len(f) for f in forms)
-        tail = b""
-        with open(self.run.rollouts_fpath, "rb") as fh:
-            while block := fh.read(1 << 22):
-                window = tail + block
-                if any(f in window for f in forms):
-                    return True
-                tail = window[-overlap:]
-        return False
+        forms = secret_forms_as_bytes(self.secrets, known=False)
+        return forms is None or file_holds_any(self.run.rollouts_fpath, forms)
 
     @contextlib.contextmanager
     def rollouts_file(self) -> Iterator[Path | None]:

@@ -402,6 +402,37 @@ def remember_secrets(secrets: Iterable[str]) -> None:
             _known_secrets.update(new)
 
 
+def secret_forms_as_bytes(secrets: Iterable[str], *, known: bool = True) -> frozenset[bytes] | None:
+    """Every encoded form (``encoded_forms``) of the ``secrets`` of ``MIN_REDACTED_SECRET`` or
+    more characters (and, with ``known``, of every known secret) as UTF-8 bytes, to search a file
+    for; None when one has no UTF-8 form (a lone surrogate): only a decoded search can find it."""
+    wanted = {s for s in secrets if len(s) >= MIN_REDACTED_SECRET} | (_known_secrets if known else set())
+    forms = set()
+    for secret in wanted:
+        for form in _encoded_forms(secret):
+            try:
+                forms.add(form.encode("utf-8"))
+            except UnicodeEncodeError:
+                return None
+    return frozenset(forms)
+
+
+def file_holds_any(fpath: Any, forms: frozenset[bytes], block: int = 1 << 20) -> bool:
+    """Whether the file's bytes hold one of ``forms``: a scan in C, a block at a time (constant
+    memory whatever the file's size), each block searched with the tail of the one before."""
+    if not forms:
+        return False
+    overlap = max(len(f) for f in forms) - 1
+    tail = b""
+    with open(fpath, "rb") as fh:
+        while chunk := fh.read(block):
+            window = tail + chunk
+            if any(f in window for f in forms):
+                return True
+            tail = window[-overlap:] if overlap else b""
+    return False
+
+
 def redact_secret_values(text: str, secrets: Iterable[str] = ()) -> str:
     """Replace every occurrence of the given and the known secret values (no shapes: for large
     data texts, where a value search costs a scan in C and a shape search a regex per field)."""

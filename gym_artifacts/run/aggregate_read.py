@@ -87,7 +87,8 @@ class SpooledRows(Sequence[list[Scalar]]):
         with open(self._fpath, "rb") as fh:
             for line in fh:
                 entry, record = orjson.loads(line)
-                record["agent"] = labels[entry]
+                if entry is not None:
+                    record["agent"] = labels[entry]
                 row = [record.get(c) for c in columns]
                 if secrets:
                     row = [redact_secret_values(c, secrets) if isinstance(c, str) else c for c in row]
@@ -133,7 +134,8 @@ def _remove(fpath: Path) -> None:
 
 
 class _LevelSpool:
-    """One level's rows as they are read: ``[entry, row]`` JSON lines, columns in first-seen order."""
+    """One level's rows as they are read: ``[entry, row]`` JSON lines (``entry`` None when the
+    item names its own ``agent``), columns in first-seen order."""
 
     def __init__(self, level: str) -> None:
         self.level = level
@@ -148,7 +150,8 @@ class _LevelSpool:
     def add(self, entry: int, item: Any) -> None:
         row = row_of("", self.index_key, item)
         self.columns.update(dict.fromkeys(row))
-        self._fh.write(orjson.dumps([entry, row]) + b"\n")
+        own_agent = isinstance(item, dict) and "agent" in item  # the item's own field wins, as in row_of
+        self._fh.write(orjson.dumps([None if own_agent else entry, row]) + b"\n")
         self.count += 1
 
     def close(self) -> None:

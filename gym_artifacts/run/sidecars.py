@@ -73,8 +73,11 @@ def masked_values(fpath: Any, secrets: frozenset[str]) -> bytes | None:
     holds none. By value only and whatever its size (aggregate metrics can be large): NeMo Gym's
     numbers and tables have no credential shapes to look for."""
 
-    from gym_artifacts.core.secrets import redact_secret_values
+    from gym_artifacts.core.secrets import file_holds_any, redact_secret_values, secret_forms_as_bytes
 
+    forms = secret_forms_as_bytes(secrets)
+    if forms is not None and not file_holds_any(fpath, forms):
+        return None  # the usual case, found without holding the file (it can be 50 MB)
     text = Path(fpath).read_bytes().decode("utf-8", errors="surrogateescape")
     masked = redact_secret_values(text, secrets)
     return None if masked == text else masked.encode("utf-8", errors="surrogateescape")
