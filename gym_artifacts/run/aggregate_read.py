@@ -26,7 +26,7 @@ import weakref
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, overload
+from typing import IO, Any, overload
 
 import orjson
 
@@ -51,48 +51,54 @@ class AggregateRead:
 
 
 class SpooledRows(Sequence[list[Scalar]]):
-    """A level table's rows in a temporary file, read back one at a time on each iteration
-    (every reader opens the file anew: backends sending at once do not share a position). The
-    file is removed when the last reference goes."""
+    """A level table's rows in an anonymous temporary file, read back one at a time on each
+    iteration. Each iteration reads at its own offsets (``os.pread``), so backends sending at once
+    do not share a position; the file has no name, so nothing is left behind, even by a killed
+    process, and it goes when the last reference (``redacted`` copies share it) goes."""
 
     def __init__(
         self,
-        fpath: Path,
+        spool: _Spool,
         count: int,
         columns: list[str],
         labels: list[str],
-        owner: _Unlink,
         secrets: frozenset[str] = frozenset(),
     ) -> None:
-        self._fpath = fpath
+        self._spool = spool
         self._count = count
         self._columns = columns
         self._labels = labels
         self._secrets = secrets
-        self._owner = owner  # shared with ``redacted`` copies: the file goes with the last one
 
     def redacted(self, secrets: frozenset[str]) -> SpooledRows:
         """The same rows with ``secrets`` redacted from their text cells as they are read."""
-        copy = SpooledRows.__new__(SpooledRows)
-        copy.__dict__.update(self.__dict__, _secrets=self._secrets | secrets)
-        return copy
+        return SpooledRows(self._spool, self._count, self._columns, self._labels, self._secrets | secrets)
 
     def __len__(self) -> int:
         return self._count
+
+    def _lines(self) -> Iterator[bytes]:
+        fd, offset, tail = self._spool.file.fileno(), 0, b""
+        while block := os.pread(fd, _READ_BYTES, offset):
+            offset += len(block)
+            lines = (tail + block).split(b"\n")
+            tail = lines.pop()
+            yield from lines
+        if tail:
+            yield tail
 
     def __iter__(self) -> Iterator[list[Scalar]]:
         from gym_artifacts.core.secrets import redact_secret_values
 
         columns, labels, secrets = self._columns, self._labels, self._secrets
-        with open(self._fpath, "rb") as fh:
-            for line in fh:
-                entry, record = orjson.loads(line)
-                if entry is not None:
-                    record["agent"] = labels[entry]
-                row = [record.get(c) for c in columns]
-                if secrets:
-                    row = [redact_secret_values(c, secrets) if isinstance(c, str) else c for c in row]
-                yield row
+        for line in self._lines():
+            entry, record = orjson.loads(line)
+            if entry is not None:
+                record["agent"] = labels[entry]
+            row = [record.get(c) for c in columns]
+            if secrets:
+                row = [redact_secret_values(c, secrets) if isinstance(c, str) else c for c in row]
+            yield row
 
     @overload
     def __getitem__(self, index: int) -> list[Scalar]: ...
@@ -118,19 +124,18 @@ class SpooledRows(Sequence[list[Scalar]]):
     __hash__ = None  # type: ignore[assignment]
 
     def __repr__(self) -> str:
-        return f"SpooledRows({self._count} rows in {self._fpath})"
+        return f"SpooledRows({self._count} rows on disk)"
 
 
-class _Unlink:
-    """Removes a file when garbage-collected (or at exit)."""
-
-    def __init__(self, fpath: Path) -> None:
-        weakref.finalize(self, _remove, fpath)
+_READ_BYTES = 1 << 20
 
 
-def _remove(fpath: Path) -> None:
-    with contextlib.suppress(OSError):
-        os.unlink(fpath)
+class _Spool:
+    """An anonymous temporary file, closed when the last holder goes (rows and their copies)."""
+
+    def __init__(self) -> None:
+        self.file: IO[bytes] = tempfile.TemporaryFile(prefix="gymart-level-")  # noqa: SIM115
+        weakref.finalize(self, self.file.close)
 
 
 class _LevelSpool:
@@ -140,10 +145,7 @@ class _LevelSpool:
     def __init__(self, level: str) -> None:
         self.level = level
         self.index_key = LEVEL_INDEX[level]
-        fd, name = tempfile.mkstemp(prefix="gymart-level-", suffix=".jsonl")
-        self.fpath = Path(name)
-        self._owner = _Unlink(self.fpath)
-        self._fh = os.fdopen(fd, "wb")
+        self._spool = _Spool()
         self.columns: dict[str, None] = {}
         self.count = 0
 
@@ -151,16 +153,20 @@ class _LevelSpool:
         row = row_of("", self.index_key, item)
         self.columns.update(dict.fromkeys(row))
         own_agent = isinstance(item, dict) and "agent" in item  # the item's own field wins, as in row_of
-        self._fh.write(orjson.dumps([None if own_agent else entry, row]) + b"\n")
+        self._spool.file.write(orjson.dumps([None if own_agent else entry, row]) + b"\n")
         self.count += 1
 
     def close(self) -> None:
-        self._fh.close()
+        """Flush what was written (the rows read it back by descriptor); closed with its rows."""
+        self._spool.file.flush()
+
+    def discard(self) -> None:
+        self._spool.file.close()
 
     def table(self, labels: list[str]) -> LevelTable:
         self.close()
         columns = list(self.columns)
-        rows = SpooledRows(self.fpath, self.count, columns, labels, self._owner)
+        rows = SpooledRows(self._spool, self.count, columns, labels)
         return LevelTable(self.level, self.index_key, columns, rows)
 
 
@@ -176,10 +182,15 @@ def _streamed(fpath: Path) -> AggregateRead:
 
     spools = {level: _LevelSpool(level) for level in LEVEL_INDEX}
     try:
-        return _read_into(fpath, spools)
-    finally:
+        read = _read_into(fpath, spools)
+    except BaseException:
         for spool in spools.values():
-            spool.close()
+            spool.discard()
+        raise
+    for level, spool in spools.items():
+        if not any(t.name == level for t in read.tables):
+            spool.discard()  # no rows: nothing reads it
+    return read
 
 
 def _read_into(fpath: Path, spools: dict[str, _LevelSpool]) -> AggregateRead:
