@@ -1,0 +1,122 @@
+"""A hostile review of the streamed aggregate read (``core.json_stream``, ``run.aggregate_read``):
+documents the stream must not read differently from the whole parse (bytes yajl lets through
+that no strict JSON parser accepts, bytes that crash its UTF-8 decoding), and what a streamed
+table must still redact.
+
+Each case is compared with the whole read of the same file, forced (``stream=True`` /
+``stream=False``) on a small document, so every test runs in well under a second.
+"""
+
+from __future__ import annotations
+
+import glob
+from pathlib import Path
+
+import pytest
+
+from gym_artifacts.core.errors import RunError
+from gym_artifacts.core.json_stream import NotStreamable, canonical_bytes
+from gym_artifacts.core.jsonio import canonical_json, read_json
+from gym_artifacts.run.aggregate_read import SpooledRows, read_aggregate
+
+# Bytes no strict JSON parser accepts but yajl (ijson's C backend) reads past: a form feed or a
+# vertical tab as white space, and an unterminated string after the document (yajl waits for
+# its end and takes the end of the file as "no more input").
+NOT_JSON_BUT_YAJL_READS_IT = [
+    b'[\x0c{"a": 1}]',
+    b'\x0b[{"a": 1}]',
+    b'[{"a": 1}]\x0c',
+    b'[{"a": 1}] "',
+    b'[{"a": 1}] "abc]',
+    b'[{"a": 1}]\n"{\\"b\\": 2}',
+]
+
+# Bytes that are not UTF-8 inside a string: yajl passes them on, and ijson's decoding of them
+# raises UnicodeDecodeError (neither NotStreamable nor RunError).
+NOT_UTF8 = [
+    b'[{"a": "x\xed\xa0\x80y"}]',  # an encoded surrogate
+    b'[{"a": "x\xc0\x80y"}]',  # an overlong NUL
+    b'[{"a": "x\xf4\x90\x80\x80y"}]',  # past U+10FFFF
+    b'[{"k\xe0\x80\x80": 1}]',  # an overlong form in a key
+    b'[{"group_level_metrics": [{"s": "\xed\xbf\xbf"}]}]',
+]
+
+
+def _whole_error(fpath: Path) -> str:
+    with pytest.raises(RunError) as whole:
+        read_aggregate(fpath, stream=False)
+    return str(whole.value)
+
+
+@pytest.mark.parametrize("data", NOT_JSON_BUT_YAJL_READS_IT + NOT_UTF8)
+def test_what_the_whole_read_refuses_the_streamed_canonical_form_refuses_too(tmp_path: Path, data) -> None:
+    fpath = tmp_path / "doc.json"
+    fpath.write_bytes(data)
+    with pytest.raises(RunError):
+        read_json(fpath)
+    with pytest.raises(NotStreamable):
+        canonical_bytes(fpath)
+
+
+@pytest.mark.parametrize("data", NOT_JSON_BUT_YAJL_READS_IT + NOT_UTF8)
+def test_a_streamed_aggregate_refuses_what_the_whole_read_refuses_with_its_error(tmp_path: Path, data) -> None:
+    fpath = tmp_path / "aggregate_metrics.json"
+    fpath.write_bytes(data)
+    expected = _whole_error(fpath)
+    with pytest.raises(RunError) as streamed:
+        read_aggregate(fpath, stream=True)
+    assert str(streamed.value) == expected
+
+
+@pytest.mark.parametrize("data", [b'[{"a": 1}]\n', b"[]\r\n\t ", b'"abc"', b"12", b"true", b'{"a": "\\\\"}'])
+def test_a_valid_document_s_trailing_white_space_and_top_level_scalars_still_stream(
+    tmp_path: Path, data
+) -> None:
+    fpath = tmp_path / "doc.json"
+    fpath.write_bytes(data)
+    assert canonical_bytes(fpath) == canonical_json(read_json(fpath))
+
+
+def test_a_refused_stream_leaves_no_spooled_rows_behind(tmp_path: Path) -> None:
+    before = set(glob.glob("/tmp/gymart-level-*"))
+    for i, data in enumerate(NOT_JSON_BUT_YAJL_READS_IT + NOT_UTF8 + [b'[{"group_level_metrics": [1], "x": NaN}]']):
+        fpath = tmp_path / f"agg{i}.json"
+        fpath.write_bytes(data)
+        try:
+            read_aggregate(fpath, stream=True)
+        except RunError:
+            pass
+    assert set(glob.glob("/tmp/gymart-level-*")) - before <= _cached_spools()
+
+
+def _cached_spools() -> set[str]:
+    from gym_artifacts.run import aggregate_read
+
+    return {
+        str(t.rows._fpath)  # noqa: SLF001 - the cache's own files are expected to stay
+        for _, read in aggregate_read._CACHE.values()  # noqa: SLF001
+        for t in read.tables
+        if isinstance(t.rows, SpooledRows)
+    }
+
+
+KNOWN = "gymart-known-zq81x7-secret"
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_secret_the_process_knows_is_redacted_from_level_tables_without_config_secrets(
+    tmp_path: Path, stream: bool
+) -> None:
+    """``redact_secret_values`` redacts the process-wide known secrets (``remember_secrets``) as
+    well as the config's: a level table sent for a run whose config holds none must still lose
+    a known one, as before the tables were streamed."""
+    from gym_artifacts.contract.run_payload import _redacted_table
+    from gym_artifacts.core.secrets import remember_secrets
+
+    remember_secrets({KNOWN})
+    fpath = tmp_path / "aggregate_metrics.json"
+    fpath.write_text('[{"group_level_metrics": [{"_ng_task_index": 0, "note": "key=' + KNOWN + '"}]}]')
+    (table,) = read_aggregate(fpath, stream=stream).tables
+    sent = _redacted_table(table, frozenset())
+    cells = [c for row in sent.rows for c in row if isinstance(c, str)]
+    assert cells and not any(KNOWN in c for c in cells)
