@@ -60,7 +60,9 @@ def test_what_the_whole_read_refuses_the_streamed_canonical_form_refuses_too(tmp
 
 
 @pytest.mark.parametrize("data", NOT_JSON_BUT_YAJL_READS_IT + NOT_UTF8)
-def test_a_streamed_aggregate_refuses_what_the_whole_read_refuses_with_its_error(tmp_path: Path, data) -> None:
+def test_a_streamed_aggregate_refuses_what_the_whole_read_refuses_with_its_error(
+    tmp_path: Path, data
+) -> None:
     fpath = tmp_path / "aggregate_metrics.json"
     fpath.write_bytes(data)
     expected = _whole_error(fpath)
@@ -80,7 +82,9 @@ def test_a_valid_document_s_trailing_white_space_and_top_level_scalars_still_str
 
 def test_a_refused_stream_leaves_no_spooled_rows_behind(tmp_path: Path) -> None:
     before = set(glob.glob("/tmp/gymart-level-*"))
-    for i, data in enumerate(NOT_JSON_BUT_YAJL_READS_IT + NOT_UTF8 + [b'[{"group_level_metrics": [1], "x": NaN}]']):
+    for i, data in enumerate(
+        NOT_JSON_BUT_YAJL_READS_IT + NOT_UTF8 + [b'[{"group_level_metrics": [1], "x": NaN}]']
+    ):
         fpath = tmp_path / f"agg{i}.json"
         fpath.write_bytes(data)
         with contextlib.suppress(RunError):
