@@ -69,28 +69,33 @@ class SpooledRows(Sequence[list[Scalar]]):
         self._columns = columns
         self._labels = labels
         self._secrets = secrets
+        self._redact = bool(secrets)
         self._owner = owner  # shared with ``redacted`` copies: the file goes with the last one
 
     def redacted(self, secrets: frozenset[str]) -> SpooledRows:
-        """The same rows with ``secrets`` redacted from their text cells as they are read."""
+        """The same rows with ``secrets`` and the process's known secrets
+        (``redact_secret_values``) redacted from their text cells as they are read."""
         copy = SpooledRows.__new__(SpooledRows)
-        copy.__dict__.update(self.__dict__, _secrets=self._secrets | secrets)
+        copy.__dict__.update(self.__dict__, _secrets=self._secrets | secrets, _redact=True)
         return copy
 
     def __len__(self) -> int:
         return self._count
 
     def __iter__(self) -> Iterator[list[Scalar]]:
-        from gym_artifacts.core.secrets import redact_secret_values
+        from gym_artifacts.core.secrets import redact_secret_values, secret_forms_as_bytes
 
-        columns, labels, secrets = self._columns, self._labels, self._secrets
+        columns, labels, secrets, redact = self._columns, self._labels, self._secrets, self._redact
+        if redact:  # no cell searched when neither these nor the known secrets hold any value
+            forms = secret_forms_as_bytes(secrets)
+            redact = forms is None or bool(forms)
         with open(self._fpath, "rb") as fh:
             for line in fh:
                 entry, record = orjson.loads(line)
                 if entry is not None:
                     record["agent"] = labels[entry]
                 row = [record.get(c) for c in columns]
-                if secrets:
+                if redact:
                     row = [redact_secret_values(c, secrets) if isinstance(c, str) else c for c in row]
                 yield row
 
