@@ -123,3 +123,32 @@ def test_a_secret_the_process_knows_is_redacted_from_level_tables_without_config
     sent = _redacted_table(table, frozenset())
     cells = [c for row in sent.rows for c in row if isinstance(c, str)]
     assert cells and not any(KNOWN in c for c in cells)
+
+
+def test_a_url_credential_in_a_level_cell_is_masked_in_tensorboard_s_table_file(
+    quickstart_run: Path, tmp_path: Path
+) -> None:
+    """TensorBoard's attached level tables went through ``redact_text`` (credential shapes such
+    as ``user:password@`` in a URL, and the known secrets) whatever the config's secrets; a
+    table written a line at a time must mask the same, also for a config that holds none."""
+    import json
+
+    from omegaconf import OmegaConf
+
+    from gym_artifacts import export_run
+    from gym_artifacts.contract.hooks import ExportStatus
+
+    password = "hunter2-level-pass"
+    aggregate = quickstart_run.with_name("eval_aggregate_metrics.json")
+    entries = json.loads(aggregate.read_text())
+    levelled = next(e for e in entries if isinstance(e.get("group_level_metrics"), list))
+    levelled["group_level_metrics"][0]["endpoint"] = f"https://alice:{password}@models.example.com/v1"
+    aggregate.write_text(json.dumps(entries))
+    quickstart_run.with_name("eval_config.yaml").write_text("seed: 1\n")  # a config without secrets
+    logdir = tmp_path / "tb"
+    cfg = OmegaConf.create({"exporters": {"tensorboard": {"enabled": True, "logdir": str(logdir)}}})
+    [result] = export_run(quickstart_run, cfg)
+    assert result.status is ExportStatus.EXPORTED, result.reason
+    [table] = logdir.rglob("tables/group_level_metrics.jsonl")
+    text = table.read_text()
+    assert "models.example.com" in text and password not in text
