@@ -152,3 +152,34 @@ def test_a_url_credential_in_a_level_cell_is_masked_in_tensorboard_s_table_file(
     [table] = logdir.rglob("tables/group_level_metrics.jsonl")
     text = table.read_text()
     assert "models.example.com" in text and password not in text
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_an_aggregate_file_removed_while_it_is_read_gives_what_was_read_not_an_oserror(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, stream: bool
+) -> None:
+    """The file goes (a cleanup, a rotation) between its read and the check that it did not
+    change: the read is still returned (not kept for others), never a FileNotFoundError."""
+    from gym_artifacts.core import json_stream
+    from gym_artifacts.run import aggregate_read
+
+    fpath = tmp_path / "aggregate_metrics.json"
+    fpath.write_text('[{"agent_ref": "a", "group_level_metrics": [{"_ng_task_index": 0, "r": 1}]}]')
+    real_events = json_stream.json_events
+    real_entries = aggregate_read.read_entries
+
+    def events_then_gone(path: Path, what: str = "JSON"):
+        yield from real_events(path, what)
+        path.unlink()
+
+    def entries_then_gone(path: Path):
+        try:
+            return real_entries(path)
+        finally:
+            path.unlink()
+
+    monkeypatch.setattr(json_stream, "json_events", events_then_gone)
+    monkeypatch.setattr(aggregate_read, "read_entries", entries_then_gone)
+    read = read_aggregate(fpath, stream=stream)
+    assert read.heads == [{"agent_ref": "a"}]
+    assert fpath not in aggregate_read._CACHE
