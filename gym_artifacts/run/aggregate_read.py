@@ -266,6 +266,15 @@ def _stat_key(fpath: Path) -> tuple[int, ...]:
     return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
 
 
+def _unchanged(fpath: Path, key: tuple[int, ...]) -> bool:
+    """Whether the file is still the one read (False when it has gone since: the read stands,
+    for this reader only)."""
+    try:
+        return _stat_key(fpath) == key
+    except OSError:
+        return False
+
+
 def read_aggregate(fpath: Path, *, stream: bool | None = None) -> AggregateRead:
     """The aggregate metrics file at ``fpath`` as readers take it (RunError when it is not NeMo
     Gym's format: a list of per-agent objects). ``stream``: force the streamed (True) or whole
@@ -288,7 +297,7 @@ def read_aggregate(fpath: Path, *, stream: bool | None = None) -> AggregateRead:
                 result = _streamed(fpath)
         if result is None:
             result = _whole(read_entries(fpath))
-        if _stat_key(fpath) == key:  # unchanged while it was read: others may share it
+        if _unchanged(fpath, key):  # others may share it
             _CACHE[fpath] = (key, result)
             while len(_CACHE) > _CACHE_SIZE:
                 _CACHE.pop(next(iter(_CACHE)))
