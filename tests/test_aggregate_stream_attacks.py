@@ -183,3 +183,40 @@ def test_an_aggregate_file_removed_while_it_is_read_gives_what_was_read_not_an_o
     read = read_aggregate(fpath, stream=stream)
     assert read.heads == [{"agent_ref": "a"}]
     assert fpath not in aggregate_read._CACHE
+
+
+def test_an_aggregate_streamed_where_no_temporary_file_can_be_made_is_read_whole(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """TMPDIR gone (or full): the spool cannot be written, and the read falls back to the whole
+    parse (as before the stream existed) instead of an OSError out of every backend."""
+    import tempfile
+
+    fpath = tmp_path / "aggregate_metrics.json"
+    fpath.write_text('[{"agent_ref": "a", "group_level_metrics": [{"_ng_task_index": 0, "r": 1}]}]')
+    whole = read_aggregate(fpath, stream=False)
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "no-such-tmp"))
+    streamed = read_aggregate(fpath, stream=True)
+    assert streamed.heads == whole.heads
+    assert [list(r) for t in streamed.tables for r in t.rows] == [
+        list(r) for t in whole.tables for r in t.rows
+    ]
+
+
+def test_a_json_identity_streamed_where_no_temporary_file_can_be_made_is_the_whole_parse_s(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A member past ``SPILL_BYTES`` waits in a temporary file: none can be made, and the
+    identity is still the whole parse's (not an OSError)."""
+    import tempfile
+
+    from gym_artifacts.core import json_stream
+    from gym_artifacts.run.identity import hash_json_file
+
+    fpath = tmp_path / "doc.json"
+    fpath.write_text('{"z": [' + ",".join(str(i) for i in range(200)) + '], "a": 1}')
+    whole = hash_json_file(fpath)
+    monkeypatch.setattr(json_stream, "SPILL_BYTES", 16)
+    monkeypatch.setattr(json_stream, "STREAMED_JSON_MIN_BYTES", 0)
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "no-such-tmp"))
+    assert hash_json_file(fpath) == whole
