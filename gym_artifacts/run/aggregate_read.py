@@ -293,7 +293,7 @@ def read_aggregate(fpath: Path, *, stream: bool | None = None) -> AggregateRead:
             stream = key[2] >= STREAMED_JSON_MIN_BYTES
         result = None
         if stream:
-            with contextlib.suppress(NotStreamable):
+            with contextlib.suppress(NotStreamable, OSError):  # OSError: no spool (TMPDIR full)
                 result = _streamed(fpath)
         if result is None:
             result = _whole(read_entries(fpath))
