@@ -10,6 +10,7 @@ Each case is compared with the whole read of the same file, forced (``stream=Tru
 from __future__ import annotations
 
 import contextlib
+import copy
 import glob
 from pathlib import Path
 
@@ -220,3 +221,30 @@ def test_a_json_identity_streamed_where_no_temporary_file_can_be_made_is_the_who
     monkeypatch.setattr(json_stream, "STREAMED_JSON_MIN_BYTES", 0)
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "no-such-tmp"))
     assert hash_json_file(fpath) == whole
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_reader_that_edits_its_aggregate_read_does_not_change_the_next_reader_s(
+    tmp_path: Path, stream: bool
+) -> None:
+    """Each export (and each ``payload.aggregate_entries``) used to get its own parse: a plugin
+    that edits the entries or a table's rows in place must not change what the next export of
+    the same unchanged file reads from the shared cache."""
+    from gym_artifacts.run import aggregate_read
+
+    fpath = tmp_path / "aggregate_metrics.json"
+    fpath.write_text(
+        '[{"agent_ref": "a", "agent_metrics": {"mean/reward": 0.5},'
+        ' "repeat_level_metrics": [{"_ng_rollout_index": 0, "r": 1}]}]'
+    )
+    aggregate_read._CACHE.clear()
+    first = read_aggregate(fpath, stream=stream)
+    heads = copy.deepcopy(first.heads)
+    rows = [list(r) for r in first.tables[0].rows]
+    first.heads[0]["agent_metrics"]["mean/reward"] = 99.0
+    first.heads.append({"agent_ref": "injected"})
+    if isinstance(first.tables[0].rows, list):
+        first.tables[0].rows[0][2] = "edited"
+    again = read_aggregate(fpath)
+    assert again.heads == heads
+    assert [list(r) for r in again.tables[0].rows] == rows
