@@ -165,7 +165,7 @@ class _LevelSpool:
     def table(self, labels: list[str]) -> LevelTable:
         self.close()
         columns = list(self.columns)
-        rows = SpooledRows(self.fpath, self.count, columns, labels, self._owner)
+        rows = SpooledRows(self.fpath, self.count, list(columns), labels, self._owner)  # its own
         return LevelTable(self.level, self.index_key, columns, rows)
 
 
@@ -288,7 +288,7 @@ def read_aggregate(fpath: Path, *, stream: bool | None = None) -> AggregateRead:
     with _CACHE_LOCK:
         cached = _CACHE.get(fpath)
         if cached is not None and cached[0] == key and stream is None:
-            return cached[1]
+            return _own_copy(cached[1])
         if stream is None:
             stream = key[2] >= STREAMED_JSON_MIN_BYTES
         result = None
@@ -301,7 +301,22 @@ def read_aggregate(fpath: Path, *, stream: bool | None = None) -> AggregateRead:
             _CACHE[fpath] = (key, result)
             while len(_CACHE) > _CACHE_SIZE:
                 _CACHE.pop(next(iter(_CACHE)))
-        return result
+        return _own_copy(result)
+
+
+def _own_copy(read: AggregateRead) -> AggregateRead:
+    """A copy of a shared read that its reader may edit (each reader parsed its own before the
+    cache): the heads (small) deep, a table's columns and in-memory rows (cells are scalars);
+    spooled rows are read anew on each iteration already."""
+    import copy
+    from dataclasses import replace
+
+    tables = [replace(t, columns=list(t.columns), rows=_rows_copy(t.rows)) for t in read.tables]
+    return AggregateRead(copy.deepcopy(read.heads), tables, read.expected_rollouts)
+
+
+def _rows_copy(rows: Sequence[list[Scalar]]) -> Sequence[list[Scalar]]:
+    return [list(r) for r in rows] if isinstance(rows, list) else rows
 
 
 def read_entries(fpath: Path) -> list[dict[str, Any]]:
