@@ -248,3 +248,20 @@ def test_a_reader_that_edits_its_aggregate_read_does_not_change_the_next_reader_
     again = read_aggregate(fpath)
     assert again.heads == heads
     assert [list(r) for r in again.tables[0].rows] == rows
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_an_integer_past_python_s_digit_limit_is_a_run_error_not_a_value_error(
+    tmp_path: Path, stream: bool
+) -> None:
+    """orjson refuses an integer of thousands of digits, the stdlib fallback raises ValueError
+    (past ``sys.get_int_max_str_digits``) and yajl an overflow: the file is refused with a
+    RunError by the whole read and the stream alike, and its identity too."""
+    from gym_artifacts.run.identity import hash_json_file
+
+    fpath = tmp_path / "aggregate_metrics.json"
+    fpath.write_text('[{"group_level_metrics": [{"_ng_task_index": 0, "r": ' + "7" * 5000 + "}]}]")
+    with pytest.raises(RunError, match="aggregate metrics JSON"):
+        read_aggregate(fpath, stream=stream)
+    with pytest.raises(RunError):
+        hash_json_file(fpath)
