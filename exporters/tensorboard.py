@@ -200,8 +200,10 @@ def level_columns(table: LevelTable) -> list[str]:
 
 
 def _redacted_line(line: bytes, secrets: frozenset[str]) -> bytes:
-    """One JSON line with ``secrets`` redacted (a line never holds a raw line break)."""
-    return redact_text(line.decode(), secrets).encode() if secrets else line
+    """One JSON line through ``redact_text`` (a line never holds a raw line break): ``secrets``,
+    the known secrets and credential shapes (a URL's ``user:password@``), with or without
+    ``secrets``."""
+    return redact_text(line.decode(), secrets).encode()
 
 
 def level_markdown(table: LevelTable, limit: int, attached: str) -> str:

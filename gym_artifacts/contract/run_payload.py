@@ -323,11 +323,9 @@ def _redacted_table(table: LevelTable, secrets: frozenset[str]) -> LevelTable:
     from dataclasses import replace
 
     from gym_artifacts.core.secrets import redact_secret_values
-
-    if not secrets:
-        return table
     from gym_artifacts.run.aggregate_read import SpooledRows
 
+    # No shortcut for empty ``secrets``: the process's known secrets are redacted too.
     if isinstance(table.rows, SpooledRows):  # on disk: redacted as each row is read back
         return replace(table, rows=table.rows.redacted(secrets))
     joined = "\n".join(c for row in table.rows for c in row if isinstance(c, str))

@@ -35,7 +35,7 @@ SPILL_BYTES = 4 << 20
 """An object member whose canonical bytes pass this size waits on disk for its object's end."""
 
 _CHUNK = 1 << 20
-_SURROGATE = re.compile(rb"\\u[dD][89a-fA-F]")
+_REFUSED = re.compile(rb"\\u[dD][89a-fA-F]|[\x0b\x0c]")
 _CONTAINER_START = {"start_map", "start_array"}
 _CONTAINER_END = {"end_map", "end_array"}
 
@@ -47,21 +47,39 @@ class NotStreamable(Exception):
 
 
 class _Guarded(io.RawIOBase):
-    """The file's bytes, refusing (``NotStreamable``) a surrogate escape anywhere: ijson decodes
-    a lone one differently from ``jsonio.loads_lenient``, and telling a lone one from half of a
-    pair (an escaped emoji) across read boundaries is not worth it in a file of numbers."""
+    """The file's bytes as strict JSON for yajl (ijson's C parser), refusing (``NotStreamable``)
+    what yajl reads differently from ``jsonio.loads_lenient``:
+
+    - a surrogate escape anywhere: ijson decodes a lone one differently, and telling a lone one
+      from half of a pair (an escaped emoji) across read boundaries is not worth it in a file of
+      numbers;
+    - a form feed or a vertical tab: yajl takes them for white space, which JSON does not (and
+      they are never valid inside a string either).
+
+    At the end of the file one line break follows: yajl takes the end of its input for "more to
+    come" in an unterminated string after the document, and reads past it; a raw line break ends
+    such a string with an error, and is white space after a valid document.
+    """
 
     def __init__(self, fh: IO[bytes]) -> None:
         self._fh = fh
         self._tail = b""
+        self._ended = False
 
     def readable(self) -> bool:
         return True
 
     def read(self, size: int = -1) -> bytes:
+        if size == 0:  # ijson's probe for bytes or text: not the end of the file
+            return b""
         chunk = self._fh.read(_CHUNK if size is None or size < 0 else size)
-        if _SURROGATE.search(self._tail + chunk):
-            raise NotStreamable("a surrogate escape")
+        if not chunk:
+            if self._ended:
+                return b""
+            self._ended = True
+            return b"\n"
+        if _REFUSED.search(self._tail + chunk):
+            raise NotStreamable("a surrogate escape, a form feed or a vertical tab")
         self._tail = chunk[-5:]
         return chunk
 
@@ -92,6 +110,8 @@ def json_events(fpath: Path, what: str = "JSON") -> Iterator[Event]:
                 yield event, value
         except ijson.JSONError as exc:
             raise NotStreamable(str(exc)) from None
+        except UnicodeDecodeError as exc:  # bytes yajl passes on that are not UTF-8: the whole
+            raise NotStreamable(str(exc)) from None  # read names their line and column
 
 
 def build_value(events: Iterator[Event], first: Event) -> Any:

@@ -94,6 +94,10 @@ def loads_lenient(data: bytes) -> Any:
             value = json.loads(data.decode("utf-8"))
         except RecursionError:
             raise _too_deep(data) from None
+        except json.JSONDecodeError:
+            raise
+        except ValueError as exc:  # an integer past sys.get_int_max_str_digits(): not readable
+            raise json.JSONDecodeError(str(exc), data.decode("utf-8", "replace"), 0) from None
         if _SURROGATE_ESCAPE.search(data):
             value = _escape_lone_surrogates(value)
     if data.count(b"[") + data.count(b"{") > MAX_JSON_DEPTH and _depth_exceeds(value, MAX_JSON_DEPTH):

@@ -63,16 +63,22 @@ class SpooledRows(Sequence[list[Scalar]]):
         columns: list[str],
         labels: list[str],
         secrets: frozenset[str] = frozenset(),
+        *,
+        redact: bool | None = None,
     ) -> None:
         self._spool = spool
         self._count = count
         self._columns = columns
         self._labels = labels
         self._secrets = secrets
+        self._redact = bool(secrets) if redact is None else redact
 
     def redacted(self, secrets: frozenset[str]) -> SpooledRows:
-        """The same rows with ``secrets`` redacted from their text cells as they are read."""
-        return SpooledRows(self._spool, self._count, self._columns, self._labels, self._secrets | secrets)
+        """The same rows with ``secrets`` and the process's known secrets
+        (``redact_secret_values``) redacted from their text cells as they are read."""
+        return SpooledRows(
+            self._spool, self._count, self._columns, self._labels, self._secrets | secrets, redact=True
+        )
 
     def __len__(self) -> int:
         return self._count
@@ -88,15 +94,18 @@ class SpooledRows(Sequence[list[Scalar]]):
             yield tail
 
     def __iter__(self) -> Iterator[list[Scalar]]:
-        from gym_artifacts.core.secrets import redact_secret_values
+        from gym_artifacts.core.secrets import redact_secret_values, secret_forms_as_bytes
 
-        columns, labels, secrets = self._columns, self._labels, self._secrets
+        columns, labels, secrets, redact = self._columns, self._labels, self._secrets, self._redact
+        if redact:  # no cell searched when neither these nor the known secrets hold any value
+            forms = secret_forms_as_bytes(secrets)
+            redact = forms is None or bool(forms)
         for line in self._lines():
             entry, record = orjson.loads(line)
             if entry is not None:
                 record["agent"] = labels[entry]
             row = [record.get(c) for c in columns]
-            if secrets:
+            if redact:
                 row = [redact_secret_values(c, secrets) if isinstance(c, str) else c for c in row]
             yield row
 
@@ -166,7 +175,7 @@ class _LevelSpool:
     def table(self, labels: list[str]) -> LevelTable:
         self.close()
         columns = list(self.columns)
-        rows = SpooledRows(self._spool, self.count, columns, labels)
+        rows = SpooledRows(self._spool, self.count, list(columns), labels)  # its own column list
         return LevelTable(self.level, self.index_key, columns, rows)
 
 
@@ -272,6 +281,15 @@ def _stat_key(fpath: Path) -> tuple[int, ...]:
     return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
 
 
+def _unchanged(fpath: Path, key: tuple[int, ...]) -> bool:
+    """Whether the file is still the one read (False when it has gone since: the read stands,
+    for this reader only)."""
+    try:
+        return _stat_key(fpath) == key
+    except OSError:
+        return False
+
+
 def read_aggregate(fpath: Path, *, stream: bool | None = None) -> AggregateRead:
     """The aggregate metrics file at ``fpath`` as readers take it (RunError when it is not NeMo
     Gym's format: a list of per-agent objects). ``stream``: force the streamed (True) or whole
@@ -285,20 +303,35 @@ def read_aggregate(fpath: Path, *, stream: bool | None = None) -> AggregateRead:
     with _CACHE_LOCK:
         cached = _CACHE.get(fpath)
         if cached is not None and cached[0] == key and stream is None:
-            return cached[1]
+            return _own_copy(cached[1])
         if stream is None:
             stream = key[2] >= STREAMED_JSON_MIN_BYTES
         result = None
         if stream:
-            with contextlib.suppress(NotStreamable):
+            with contextlib.suppress(NotStreamable, OSError):  # OSError: no spool (TMPDIR full)
                 result = _streamed(fpath)
         if result is None:
             result = _whole(read_entries(fpath))
-        if _stat_key(fpath) == key:  # unchanged while it was read: others may share it
+        if _unchanged(fpath, key):  # others may share it
             _CACHE[fpath] = (key, result)
             while len(_CACHE) > _CACHE_SIZE:
                 _CACHE.pop(next(iter(_CACHE)))
-        return result
+        return _own_copy(result)
+
+
+def _own_copy(read: AggregateRead) -> AggregateRead:
+    """A copy of a shared read that its reader may edit (each reader parsed its own before the
+    cache): the heads (small) deep, a table's columns and in-memory rows (cells are scalars);
+    spooled rows are read anew on each iteration already."""
+    import copy
+    from dataclasses import replace
+
+    tables = [replace(t, columns=list(t.columns), rows=_rows_copy(t.rows)) for t in read.tables]
+    return AggregateRead(copy.deepcopy(read.heads), tables, read.expected_rollouts)
+
+
+def _rows_copy(rows: Sequence[list[Scalar]]) -> Sequence[list[Scalar]]:
+    return [list(r) for r in rows] if isinstance(rows, list) else rows
 
 
 def read_entries(fpath: Path) -> list[dict[str, Any]]:

@@ -127,7 +127,7 @@ def hash_json_file(fpath: Path) -> str:
         try:
             canonical_digest(fpath, hasher.update)
             return _hex(hasher)
-        except NotStreamable:
+        except (NotStreamable, OSError):  # OSError: no temporary file for a large member
             pass
     return _hex(blake3.blake3(canonical_json(read_json(fpath))))
 
