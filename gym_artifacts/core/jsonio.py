@@ -94,7 +94,7 @@ def loads_lenient(data: bytes) -> Any:
             value = json.loads(data.decode("utf-8"))
         except RecursionError:
             raise _too_deep(data) from None
-        except json.JSONDecodeError:
+        except (json.JSONDecodeError, UnicodeDecodeError):  # read_json names the line of each
             raise
         except ValueError as exc:  # an integer past sys.get_int_max_str_digits(): not readable
             raise json.JSONDecodeError(str(exc), data.decode("utf-8", "replace"), 0) from None
