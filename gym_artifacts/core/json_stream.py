@@ -26,7 +26,7 @@ from typing import IO, Any
 
 import orjson
 
-from gym_artifacts.core.jsonio import MAX_JSON_DEPTH, canonical_json, open_regular
+from gym_artifacts.core.jsonio import MAX_JSON_DEPTH, open_regular
 
 STREAMED_JSON_MIN_BYTES = 8 << 20
 """JSON files at least this large are read as a stream (smaller ones whole: faster, same result)."""
@@ -257,6 +257,5 @@ __all__ = [
     "build_value",
     "canonical_bytes",
     "canonical_digest",
-    "canonical_json",
     "json_events",
 ]
