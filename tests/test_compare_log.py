@@ -134,3 +134,79 @@ def test_log_to_a_real_mlflow_server(mlflow_server: Any, tmp_path: Path, capsys:
     assert Path(page).read_bytes() == sent
     cand = RunArtifacts.from_path(runs / "with-failures/rollouts.jsonl")
     assert run.data.tags["gym_artifacts.candidate_identities"] == run_identity(content_identities(cand))
+
+
+def _long_named_candidates(tmp_path: Path, count: int) -> list[Path]:
+    """``count`` small candidates in folders of 200-character names: their verdict lines make
+    a note far longer than MLflow's 8,000-character tag limit."""
+    out = []
+    for i in range(count):
+        folder = tmp_path / (f"{i:02d}-" + "long-sweep-name-" * 12)[:200]
+        folder.mkdir()
+        path = folder / "r.jsonl"
+        path.write_text(
+            "".join(json.dumps({"task_id": t, "reward": 0.1 * ((t + i) % 4)}) + "\n" for t in range(4))
+        )
+        out.append(path)
+    return out
+
+
+@pytest.mark.slow
+def test_a_note_longer_than_mlflows_limit_is_never_cut_silently(tmp_path: Path, capsys: Any) -> None:
+    base = tmp_path / "base.jsonl"
+    base.write_text("".join(json.dumps({"task_id": t, "reward": 0.2}) + "\n" for t in range(4)))
+    cands = _long_named_candidates(tmp_path, 24)
+    cfg = _config(tmp_path, wandb=False)
+    code = main(["compare", str(base), *map(str, cands), "-o", str(tmp_path / "c.html"), "--log", "-c", str(cfg),
+                 "--json"])  # fmt: skip
+    out = json.loads(capsys.readouterr().out)
+    assert code == 0, out
+    (logged,) = out["logged"]
+    assert logged["status"] == "EXPORTED" and "compare_note.md" in (logged["reason"] or ""), logged
+    whole = "\n".join(c["verdict"]["text"] for c in out["comparisons"])
+    assert len(whole) > 8000
+    (run,) = _mlflow_runs(tmp_path)
+    note = run.data.tags["mlflow.note.content"]
+    assert len(note) <= 8000 and "compare_note.md" in note  # says where the rest is
+    art = Path(run.info.artifact_uri.removeprefix("file://"))
+    assert (art / "compare_note.md").read_text() == whole  # the whole note, uncut
+
+
+def test_compare_receipts_are_run_receipts(tmp_path: Path, capsys: Any) -> None:
+    """One receipt store: ``compare --log`` publishes the export's own receipt format (version 2,
+    one receipt per destination), never a second format of its own."""
+    from gym_artifacts.run.receipts import read_receipts
+
+    runs = tmp_path / "runs"
+    shutil.copytree(NEMO_GYM_FIXTURES, runs)
+    first = _compare(tmp_path, runs, _config(tmp_path, mlflow=False), capsys)
+    assert [r["status"] for r in first["logged"]] == ["EXPORTED"]
+    assert not list(runs.rglob("*_compare_receipts.json"))
+    found = list((runs / "clean").rglob("*_wandb_export_done.json"))
+    found = [p for p in found if p.parent != runs / "clean"]  # the run's own receipts stay the run's
+    (fpath,) = found
+    (receipt,) = read_receipts(fpath)
+    assert receipt.exporter == "wandb" and receipt.run_identity == first["logged"][0]["identity"]
+    assert receipt.backend_run_id == first["logged"][0]["backend_run_id"]
+    assert set(receipt.identities) >= {"base", "candidate 1", "settings"}
+
+
+def test_compare_log_goes_through_the_backends_hooks() -> None:
+    """The comparison's send is a hook of the backend (``_export_comparison``), found through the
+    registry; compare imports no backend module and no backend's private helper."""
+    import ast
+
+    from gym_artifacts.contract.registry import get_entry
+
+    source = (Path(__file__).parents[1] / "gym_artifacts/compare/log.py").read_text()
+    imported = {
+        n.module for n in ast.walk(ast.parse(source)) if isinstance(n, ast.ImportFrom) and n.module
+    } | {a.name for n in ast.walk(ast.parse(source)) if isinstance(n, ast.Import) for a in n.names}
+    assert not [
+        m
+        for m in imported
+        if m.startswith(("exporters", "gym_artifacts._builtin_exporters", "wandb", "mlflow"))
+    ]
+    for name in ("mlflow", "wandb"):
+        assert get_entry(name).load().receives_comparisons()
+    assert not get_entry("tensorboard").load().receives_comparisons()
