@@ -182,14 +182,14 @@ def build_parser() -> argparse.ArgumentParser:
 
     from gym_artifacts.compare.cli import add_compare_parser
 
-    add_compare_parser(sub, [verbose])
+    cmp = add_compare_parser(sub, [verbose])
 
     ls = sub.add_parser(
         "exporters", parents=[verbose], help="registered backends and whether their SDK is installed"
     )
     ls.add_argument("-c", "--config", type=Path, help="config whose enabled flags to show")
     ls.add_argument("--json", action="store_true")
-    parser.commands = {"export": exp, "status": st, "report": rp, "exporters": ls}
+    parser.commands = {"export": exp, "status": st, "report": rp, "exporters": ls, "compare": cmp}
     return parser
 
 

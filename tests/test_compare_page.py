@@ -216,7 +216,7 @@ def _odd_run(path: Path, side: str, delta: dict[Any, float]) -> Path:
                 "responses_create_params": {"input": [{"role": "user", "content": f"question {key}"}],
                                             "tools": [{"type": "function", "name": "lookup"}]},
                 "response": {"output": [
-                    {"type": "function_call", "name": "lookup", "arguments": json.dumps({"key": str(key)}),
+                    {"type": "function_call", "name": "lookup", "arguments": json.dumps({"key": str(key)}, ensure_ascii=False),
                      "call_id": f"c{repeat}"},
                     {"type": "message", "role": "assistant",
                      "content": [{"type": "output_text", "text": f"{side} answers {key}"}]}]},
