@@ -30,6 +30,7 @@ from pydantic import Field, SecretStr
 from gym_artifacts.plugin import (
     NVML_SUMMARY,
     CannotCertify,
+    ComparisonPayload,
     ExporterConfig,
     ExportPlan,
     LevelTable,
@@ -61,6 +62,7 @@ from ._mlflow_client import (
     check_artifact_name,
     file_mtime_ms,
 )
+from ._mlflow_compare import send_comparison
 from ._mlflow_mapping import config_params, split_metrics, tag_value
 from ._mlflow_report import ReportTarget, build_and_upload, has_report, job_for
 from ._mlflow_report import start as start_report
@@ -461,6 +463,12 @@ class MlflowExporter(LiveExporter):
             if str(other.info.run_id) != keep and bookkeeping_of(other.data.tags).get(ATTEMPT_KEY) == attempt:
                 logger.info("mlflow: deleting run %s, orphan of a timed-out create", other.info.run_id)
                 ml.delete_run(str(other.info.run_id))
+
+    def _export_comparison(self, comparison: ComparisonPayload) -> Sent:
+        """A comparison of runs into one run of the experiment (``_mlflow_compare``)."""
+        ml = self._client(live=False)
+        experiment_id = ml.experiment_id(self.settings.experiment_name, self.settings.artifact_location)
+        return send_comparison(ml, experiment_id, comparison)
 
     def _certify(self, run: RunArtifacts, plan: ExportPlan, live_run_id: str) -> Sent:
         from mlflow.exceptions import MlflowException

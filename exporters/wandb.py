@@ -30,6 +30,7 @@ from gym_artifacts.plugin import (
     NVML_SERIES,
     NVML_SUMMARY,
     RECORDING,
+    ComparisonPayload,
     ExporterConfig,
     ExportPlan,
     LevelTable,
@@ -205,7 +206,9 @@ class WandbExporter(LiveExporter):
         return (*super().expected_errors(), wandb.Error, ValueError, TimeoutError)
 
     # -- SDK plumbing ---------------------------------------------------------------------------
-    def _init(self, run_id: str, run_name: str, config: dict[str, Any] | None) -> Any:
+    def _init(
+        self, run_id: str, run_name: str, config: dict[str, Any] | None, job_type: str | None = None
+    ) -> Any:
         import wandb
 
         s = self.settings
@@ -229,9 +232,10 @@ class WandbExporter(LiveExporter):
             entity=s.entity,
             name=s.name or run_name,
             group=s.group,
-            tags=list(s.tags),
+            tags=[*s.tags, job_type] if job_type else list(s.tags),
             id=run_id,
             resume="allow",
+            job_type=job_type,
             dir=str(folder) if folder is not None else None,
             config=config,
             settings=wandb.Settings(**options),
@@ -338,6 +342,38 @@ class WandbExporter(LiveExporter):
         if folder is not None:
             _remove_earlier_offline_folders(folder, str(wb_run.id))
         return Sent(backend_run_id=str(wb_run.id), rows=rows, bytes=sent)
+
+    def _export_comparison(self, comparison: ComparisonPayload) -> Sent:
+        """A comparison of runs into one run (job type ``compare``): its tables (``compare/results``,
+        ``compare/tasks``...) and the verdict in its summary. The run id derives from the
+        comparison's identity: a retry resumes the same run."""
+        import wandb
+
+        run_id = "gc" + comparison.identity.split(":")[-1][:30]
+        config = {
+            "base_identity": comparison.base_identity,
+            "comparison": comparison.identity,
+            "candidate_identities": list(comparison.candidate_identities),
+            **comparison.settings,
+        }
+        wb_run = self._init(run_id, comparison.name, config, job_type="compare")
+        rows = 0
+        try:
+            tables = {}
+            for name, (columns, data) in comparison.tables.items():
+                kept = data[: self.settings.table_max_rows]
+                tables[f"compare/{name.removeprefix('compare_')}"] = wandb.Table(columns=columns, data=kept)
+                rows += len(kept)
+            wb_run.log(tables)
+            summary: dict[str, Any] = {"compare/verdict": comparison.note}
+            if comparison.verdict is not None:
+                summary["compare/gate"] = comparison.verdict
+            wb_run.summary.update(summary)
+        except BaseException:
+            self._finish(wb_run, 1)
+            raise
+        self._finish(wb_run, 0)
+        return Sent(run_id, rows=rows)
 
     def _certify(self, run: RunArtifacts, plan: ExportPlan, live_run_id: str) -> Sent:
         wb_run = self._init(live_run_id, saved_config_run_name(run, self.name), None)

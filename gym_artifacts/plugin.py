@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from gym_artifacts.contract.comparison import ComparisonPayload
 from gym_artifacts.contract.exporter import Exporter
 from gym_artifacts.contract.hooks import CannotCertify, ExportPlan, PartialBatch, RunStatus, Sent
 from gym_artifacts.contract.live_exporter import LiveExporter
@@ -107,6 +108,7 @@ __all__ = [
     "RECORDING",
     "TOOL",
     "CannotCertify",
+    "ComparisonPayload",
     "ConfigError",
     "ExportPlan",
     "Exporter",

@@ -90,8 +90,7 @@ def test_log_once_to_mlflow_and_wandb(tmp_path: Path, capsys: Any) -> None:
     assert len(_mlflow_runs(tmp_path)) == 1 and len(offline_runs(tmp_path / "wb")) == 1
 
     # a lost receipt: MLflow finds the comparison by its identity (no second run)
-    receipts = runs / "clean/rollouts_compare_receipts.json"
-    assert receipts.is_file()
+    (receipts,) = (runs / "clean/rollouts_comparisons").glob("*_mlflow_export_done.json")
     receipts.unlink()
     lost = _compare(tmp_path, runs, cfg, capsys, "-e", "mlflow")
     (only,) = lost["logged"]
@@ -159,8 +158,9 @@ def test_a_note_longer_than_mlflows_limit_is_never_cut_silently(tmp_path: Path, 
     cfg = _config(tmp_path, wandb=False)
     code = main(["compare", str(base), *map(str, cands), "-o", str(tmp_path / "c.html"), "--log", "-c", str(cfg),
                  "--json"])  # fmt: skip
-    out = json.loads(capsys.readouterr().out)
-    assert code == 0, out
+    captured = capsys.readouterr()
+    assert code == 0, captured.err
+    out = json.loads(captured.out)
     (logged,) = out["logged"]
     assert logged["status"] == "EXPORTED" and "compare_note.md" in (logged["reason"] or ""), logged
     whole = "\n".join(c["verdict"]["text"] for c in out["comparisons"])

@@ -25,6 +25,7 @@ from gym_artifacts.report.page import render_page
 MAX_FOREST_CHARTS = 12  # metrics drawn; the table below lists every one
 SHOWN_EACH_WAY = 50  # biggest wins, biggest losses (and unpaired tasks) with their responses
 TABLE_ROWS = 5000  # task rows in the page's table per candidate (all are counted)
+CHART_LABEL = 40  # characters of a row label in a chart
 DRAWABLE = 1e300  # magnitudes a chart axis can span (its padding and ticks overflow near 1.8e308)
 
 
@@ -62,6 +63,14 @@ def _verdicts(comparison: Comparison) -> str:
         f'<p class="note">Base <code>{_e(comparison.base.run.source)}</code>. Test: {_e(framing)}, '
         f"alpha {comparison.alpha:g}{_e(margin)}. One mean per task and run; paired over the tasks "
         "scored in both; Student t with n-1 degrees of freedom (NeMo Gym's statistical tests).</p>"
+    )
+
+
+def _chart_label(name: str) -> str:
+    """A candidate's name as a chart's row label: long names (sweep folders) keep their start and
+    end, so that the axes keep room to draw; the tables show every name whole."""
+    return (
+        name if len(name) <= CHART_LABEL else name[: CHART_LABEL // 2 - 1] + "…" + name[-(CHART_LABEL // 2) :]
     )
 
 
@@ -120,7 +129,7 @@ def _forest(comparison: Comparison) -> str:
             values = (r.mean_diff, r.ci_low, r.ci_high) if r else (None, None, None)
             if any(v is not None and abs(v) > DRAWABLE for v in values):
                 values = (None, None, None)  # past what an axis can span: the table has the figures
-            rows.append((c.candidate.name, *values))
+            rows.append((_chart_label(c.candidate.name), *values))
         chart = charts.forest_plot(
             rows, title=f"{metric}: candidate - base", x_label=f"difference in {metric}", references=refs
         )

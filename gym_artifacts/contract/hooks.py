@@ -28,6 +28,7 @@ from gym_artifacts.core.errors import RunError
 if TYPE_CHECKING:
     from pathlib import Path
 
+    from gym_artifacts.contract.comparison import ComparisonPayload
     from gym_artifacts.run.artifacts import RunArtifacts
     from gym_artifacts.run.coverage import Coverage
     from gym_artifacts.run.torn import PartialLine
@@ -188,6 +189,12 @@ class PostRunHooks(ABC):
     def contract_settings(cls, folder: Path) -> dict[str, Any]:
         """Settings under which everything this backend stores lands inside ``folder`` (the suite's)."""
         return {}
+
+    def _export_comparison(self, comparison: ComparisonPayload) -> Sent:
+        """Optional: send a comparison of finished runs (``compare --log``) into one backend run;
+        idempotent for ``comparison.identity``. A backend with no place for one leaves it out
+        (``Exporter.receives_comparisons`` is then False and the core never calls it)."""
+        raise NotImplementedError(f"{type(self).__name__} has no place for a comparison")
 
     def _after_receipt(self, run: RunArtifacts, plan: ExportPlan, backend_run_id: str | None) -> None:
         """Optional work once the export's receipt is published (the local backend's report):

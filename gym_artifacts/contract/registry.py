@@ -155,7 +155,6 @@ def discover() -> dict[str, ExporterEntry]:
     return _scan()[0]
 
 
-
 def _registered_names() -> list[str]:
     return sorted(discover())
 

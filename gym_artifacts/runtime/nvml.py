@@ -363,4 +363,3 @@ class NVMLSampler:
 
 def _iso(epoch: float | None) -> str | None:
     return None if epoch is None else dt.datetime.fromtimestamp(epoch, dt.timezone.utc).isoformat()
-

@@ -39,7 +39,6 @@ from gym_artifacts.runtime.recording import assemble_recording
 logger = logging.getLogger(__name__)
 
 
-
 def _now() -> dt.datetime:
     return dt.datetime.now(dt.timezone.utc)
 
