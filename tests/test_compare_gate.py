@@ -86,7 +86,7 @@ def make_run(
 
 
 def _policy(tmp_path: Path, expires: str = "2099-12-31", text: str | None = None) -> Path:
-    path = tmp_path / f"policy-{expires}.yaml"
+    path = tmp_path / f"policy-{expires}-{len(text or '')}.yaml"
     path.write_text(text if text is not None else POLICY.format(expires=expires))
     return path
 
@@ -389,3 +389,73 @@ def test_a_huge_value_in_a_secondary_field_is_not_computable_not_a_crash(tmp_pat
     assert cost["p_value"] is None and "not computable" in cost["note"]
     page = (tmp_path / "c.html").read_text()
     assert "Infinity" not in page and "NaN" not in page
+
+
+# -- the rule of each alternative, against scipy --------------------------------------------------
+@settings(max_examples=60, deadline=None)
+@given(
+    deltas=st.lists(st.floats(-5, 5, allow_nan=False), min_size=3, max_size=40),
+    margin=st.sampled_from([0.0, 0.5, 2.0]),
+    alternative=st.sampled_from(["two-sided", "greater", "less"]),
+    lower_is_better=st.booleans(),
+)
+def test_each_alternative_decides_as_its_interval_says(
+    deltas: list[float], margin: float, alternative: str, lower_is_better: bool
+) -> None:
+    """pass / regressed / inconclusive exactly as the t interval of the oriented deltas lies
+    against ``-margin`` (scipy's, independently), for both directions."""
+    import numpy as np
+    from scipy import stats
+
+    from gym_artifacts.compare.gate import decide_metric
+    from gym_artifacts.compare.policy import MetricRule
+
+    rule = MetricRule("m", "lower_is_better" if lower_is_better else "higher_is_better", margin, alternative)
+    out = decide_metric(rule, deltas, 0.05, 0.0, len(deltas))
+    oriented = -np.array(deltas) if lower_is_better else np.array(deltas)
+    se = stats.sem(oriented)
+    if se < 1e-9:
+        return  # read from the mean itself (checked in test_compare.py's degenerate cases)
+    level = 0.95 if alternative == "two-sided" else 0.90
+    low, high = stats.t.interval(level, len(deltas) - 1, loc=oriented.mean(), scale=se)
+    if alternative == "two-sided":
+        want = "pass" if low > -margin else "regressed" if high < -margin else "inconclusive"
+    elif alternative == "greater":
+        want = "pass" if low > -margin else "regressed"
+    else:
+        want = "regressed" if high < -margin else "pass"
+    if min(abs(low + margin), abs(high + margin)) > 1e-9:  # not on the boundary itself
+        assert out["status"] == want, (out, low, high)
+    assert out["difference"] == pytest.approx(-oriented.mean() if lower_is_better else oriented.mean())
+
+
+def test_a_task_waiver_leaves_the_task_out_and_warns(
+    runs: dict[str, Path], tmp_path: Path, capsys: Any
+) -> None:
+    """Task 3 collapses in the candidate (reward 0.4 -> 0): waived, the candidate still gains
+    overall: WARN naming task 3; once the waiver expired, the task counts again."""
+
+    def task_3_collapses(rec: dict[str, Any]) -> None:
+        if rec["_ng_task_index"] == 3:
+            rec["reward"] = 0.0
+
+    cand = make_run(tmp_path / "cand", seed=2, lift=0.1, edit=task_3_collapses)
+    text = "metrics:\n  - name: reward\n    margin: 0.05\nwaivers:\n  - task: 3\n    reason: broken grader\n    expires: {}\n"
+    code, out = _gate(
+        tmp_path, capsys, runs["base"], [cand], _policy(tmp_path, text=text.format("2099-01-01"))
+    )
+    gate = out["comparisons"][0]["gate"]
+    assert gate["verdict"] == "WARN" and code == EXIT["WARN"]
+    assert gate["metrics"][0]["n_pairs"] == TASKS - 1
+    assert any("task 3 regressed on reward" in r and "broken grader" in r for r in gate["reasons"])
+    code, out = _gate(
+        tmp_path, capsys, runs["base"], [cand], _policy(tmp_path, "x", text.format("2020-01-01"))
+    )
+    assert out["comparisons"][0]["gate"]["metrics"][0]["n_pairs"] == TASKS
+    assert out["gate"]["expired_waivers"][0]["task"] == 3
+
+
+def test_markdown_cells_cannot_break_the_table(tmp_path: Path) -> None:
+    from gym_artifacts.compare.markdown import cell
+
+    assert cell("a|b\nc<script>") == "a\\|b c&lt;script&gt;"

@@ -255,3 +255,40 @@ def test_any_task_key_shows_its_own_rollouts_worst_regression_first(browser: Any
     SCREENSHOTS.mkdir(exist_ok=True)
     page.screenshot(path=str(SCREENSHOTS / "compare-odd-keys.png"), full_page=True)
     page.close()
+
+
+@pytest.mark.slow
+def test_three_candidates_under_a_policy_in_one_page(browser: Any, tmp_path: Path) -> None:  # noqa: F811
+    """Three candidates against one base: three verdicts, one gate table (a row per candidate and
+    metric), and the task view follows the chosen candidate."""
+    from gym_artifacts.compare.policy import load_policy
+    from tests.test_compare_gate import POLICY, make_run
+
+    base = make_run(tmp_path / "base", seed=1)
+    cands = [make_run(tmp_path / "better", seed=2, lift=0.1, tokens=-30),
+             make_run(tmp_path / "verbose", seed=3, lift=0.1, tokens=40),
+             make_run(tmp_path / "worse", seed=4, lift=-0.2)]  # fmt: skip
+    policy = tmp_path / "policy.yaml"
+    policy.write_text(POLICY.format(expires="2099-12-31"))
+    comparison = compare_runs(base, cands, policy=load_policy(policy))
+    opened = open_report(browser, write_compare_page(comparison, tmp_path / "gate.html"))
+    page = opened.page
+    assert opened.errors == []
+    verdicts = page.locator("li.verdict").evaluate_all("ls => ls.map(l => l.dataset.verdict)")
+    assert verdicts == ["PASS", "WARN", "FAIL"]
+    rows = page.locator("#gate-table tbody tr")
+    assert rows.count() == 6
+    cells = rows.evaluate_all(
+        "rs => rs.map(r => [r.cells[0].textContent, r.cells[1].textContent, r.cells[6].textContent])"
+    )
+    assert cells[3] == ["verbose/eval", "WARN", "waived"] and cells[4] == ["worse/eval", "FAIL", "regressed"]
+    assert page.locator(".gate-verdict").get_attribute("data-verdict") == "FAIL"
+    # the task view follows the chosen candidate: its worst task first
+    page.select_option("#candidate-select", "2")
+    worst = comparison.candidates[2]
+    first = page.locator("#tasks-table tbody tr").first.locator("td").first.inner_text()
+    assert first == str(min((r for r in worst.rows if r.delta is not None), key=lambda r: r.delta).key)
+    assert page.locator("#candidate-title").inner_text() == "candidate: worse/eval"
+    SCREENSHOTS.mkdir(exist_ok=True)
+    page.screenshot(path=str(SCREENSHOTS / "compare-gate-three-candidates.png"), full_page=True)
+    page.close()
