@@ -347,6 +347,7 @@ def _all_finite(value: Any) -> bool:
     return True
 
 
+@pytest.mark.slow
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     task_keys=st.lists(keys, min_size=1, max_size=8, unique_by=lambda k: (type(k), k)),

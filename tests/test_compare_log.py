@@ -172,6 +172,7 @@ def test_a_note_longer_than_mlflows_limit_is_never_cut_silently(tmp_path: Path, 
     assert (art / "compare_note.md").read_text() == whole  # the whole note, uncut
 
 
+@pytest.mark.slow
 def test_compare_receipts_are_run_receipts(tmp_path: Path, capsys: Any) -> None:
     """One receipt store: ``compare --log`` publishes the export's own receipt format (version 2,
     one receipt per destination), never a second format of its own."""
