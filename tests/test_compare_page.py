@@ -111,6 +111,11 @@ def test_compare_page_in_chromium(browser: Any, tmp_path: Path) -> None:  # noqa
     cand_text = page.locator("#candidate-side pre.response").first.inner_text()
     assert base_text == response_of(base, 0)
     assert cand_text == response_of(cand, 0) == f"candidate says: {HOSTILE}"  # shown as text
+    # the conversation, the tool call and what the tool returned, on both sides
+    for side in ("#base-side", "#candidate-side"):
+        assert page.locator(f"{side} pre.conversation").first.inner_text().startswith("developer: You are")
+        assert page.locator(f"{side} pre.tool-calls").first.inner_text().startswith("get_weather(")
+        assert "weather_description" in page.locator(f"{side} pre.tool-results").first.inner_text()
 
     # choosing the failed task shows the failure, never a reward of 0
     page.select_option("#task-select", "4")

@@ -318,7 +318,8 @@ SCRIPT = r"""
       (s.repeat !== null && s.repeat !== undefined ? " (repeat " + s.repeat + ")" : "") +
       (s.failure ? " - " + s.failure + (s.reason ? ": " + s.reason : "") : "");
     div.appendChild(head);
-    [["conversation", s.conversation], ["response", s.response], ["tool calls", s.tool_calls]].forEach(function (p) {
+    [["conversation", s.conversation], ["tool calls", s.tool_calls], ["tool results", s.tool_results],
+     ["response", s.response]].forEach(function (p) {
       if (!p[1]) return;
       var label = document.createElement("div"); label.className = "note"; label.textContent = p[0];
       var pre = document.createElement("pre"); pre.className = p[0].replace(" ", "-"); pre.textContent = p[1];

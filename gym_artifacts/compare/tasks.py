@@ -289,9 +289,20 @@ def sample_of(record: Any, failed: bool) -> dict[str, Any]:
         "conversation": _cut(conversation(record.get("responses_create_params"))),
         "response": _cut(text),
         "tool_calls": _cut(tool_calls(record.get("response"))),
+        "tool_results": _cut(tool_results(record.get("response"))),
         "failure": None if failure is None else str(failure),
         "reason": None if reason is None else _cut(str(reason), 600),
     }
+
+
+def tool_results(response: Any) -> str:
+    """What each tool call returned (the ``function_call_output`` items of ``output[]``)."""
+    output = response.get("output") if isinstance(response, dict) else None
+    return "\n".join(
+        str(item.get("output"))
+        for item in (output if isinstance(output, list) else [])
+        if isinstance(item, dict) and item.get("type") == "function_call_output"
+    )
 
 
 def conversation(request: Any) -> str:
