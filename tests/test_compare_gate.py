@@ -214,6 +214,8 @@ BAD_POLICIES = [
     ("- just a list\n", ["mapping"]),
     ("metrics:\n  - name: reward\n  - name: reward\n", ["reward", "twice"]),
     ("metrics: [\n", ["YAML"]),
+    ("metrics:\n  - name: reward\nwaivers: {}\n", ["waivers", "list"]),
+    ("metrics:\n  - name: reward\nwaivers: no\n", ["waivers", "list"]),
 ]
 
 
@@ -460,3 +462,73 @@ def test_markdown_cells_cannot_break_the_table(tmp_path: Path) -> None:
     from gym_artifacts.compare.markdown import cell
 
     assert cell("a|b\nc<script>") == "a\\|b c&lt;script&gt;"
+
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=8) | st.dates(),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=8), inner, max_size=3),
+    max_leaves=8,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    top=st.fixed_dictionaries({}, optional={k: json_values for k in ("version", "alpha", "min_paired_coverage",
+                                                                     "max_input_mismatch", "waivers")}),
+    metric=st.fixed_dictionaries({"name": st.text(min_size=1, max_size=5)},
+                                 optional={k: json_values | st.sampled_from(["lower_is_better", "tracked", "less"])
+                                           for k in ("direction", "margin", "alternative", "tier", "extra")}),
+    waiver=st.one_of(st.none(), st.fixed_dictionaries({}, optional={k: json_values for k in
+                                                                     ("task", "metric", "reason", "expires", "x")})),
+)  # fmt: skip
+def test_any_policy_document_is_accepted_or_refused_with_a_policy_error(
+    top: dict[str, Any], metric: dict[str, Any], waiver: dict[str, Any] | None
+) -> None:
+    """Whatever the YAML holds, where it holds it: a Policy whose every value has its type, or a
+    PolicyError (exit 2) naming the place; never another exception."""
+    import datetime as dt
+
+    from gym_artifacts.compare.policy import Policy, PolicyError, parse_policy
+
+    data: Any = {**top, "metrics": [metric]}
+    if waiver is not None:
+        data["waivers"] = [waiver]
+    try:
+        policy = parse_policy(data, "p.yaml")
+    except PolicyError as exc:
+        assert str(exc).startswith("--policy p.yaml: ")
+        return
+    assert isinstance(policy, Policy) and 0 < policy.alpha < 0.5
+    for rule in policy.metrics:
+        assert math.isfinite(rule.margin) and rule.margin >= 0
+    for w in policy.waivers:
+        assert isinstance(w.expires, dt.date) and w.reason.strip() and (w.task is not None or w.metric)
+
+
+def test_a_waiver_that_matches_nothing_is_reported(
+    runs: dict[str, Path], tmp_path: Path, capsys: Any
+) -> None:
+    """A task waiver for a key no run holds (a task_id text written as a number, a typo) is
+    reported, never silently inert."""
+    text = (
+        "metrics:\n  - name: reward\n    margin: 0.05\nwaivers:\n"
+        "  - task: '3'\n    reason: quoted key\n    expires: 2099-01-01\n"
+        "  - task: 999\n    reason: no such task\n    expires: 2099-01-01\n"
+    )
+    code, out = _gate(tmp_path, capsys, runs["base"], [runs["better"]], _policy(tmp_path, text=text))
+    unmatched = out["gate"]["unmatched_waivers"]
+    assert [w["task"] for w in unmatched] == ["3", 999]
+    assert code == EXIT["PASS"]
+
+
+def test_renamed_environment_servers_with_the_same_inputs_are_compared(
+    runs: dict[str, Path], tmp_path: Path
+) -> None:
+    """Disjoint environment servers alone do not refuse: when the task inputs match, the runs are
+    of the same tasks (a server renamed between NeMo Gym versions)."""
+
+    def renamed(rec: dict[str, Any]) -> None:
+        rec["_ng_environment_server"] = "weather_v2_environment_server"
+
+    (c,) = compare_runs(runs["base"], [make_run(tmp_path / "renamed", seed=2, edit=renamed)]).candidates
+    assert c.pairing()["paired"] == TASKS
