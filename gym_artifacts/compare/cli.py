@@ -68,6 +68,8 @@ def add_compare_parser(sub: Any, parents: list[argparse.ArgumentParser]) -> argp
 
 def format_comparison(comparison: Any, page: Path) -> str:
     """What the command prints: verdicts, the per-metric table, the pairing, the page's path."""
+    from gym_artifacts.compare.policy import waiver_words
+
     lines = [c.verdict["text"] for c in comparison.candidates]
     gate = comparison.gate()
     if gate is not None:
@@ -76,7 +78,9 @@ def format_comparison(comparison: Any, page: Path) -> str:
             assert c.gate is not None
             lines.append(f"{c.gate['verdict']}: {c.candidate.name}: " + "; ".join(c.gate["reasons"]))
         for w in gate["expired_waivers"]:
-            lines.append(f"expired waiver (not applied): {_waiver_text(w)}")
+            lines.append(f"expired waiver (not applied): {waiver_words(w)}")
+        for w in gate["unmatched_waivers"]:
+            lines.append(f"waiver matching no task or tested metric (never applies): {waiver_words(w)}")
     rows = []
     for c in comparison.candidates:
         for r in c.results:
@@ -113,12 +117,6 @@ def format_comparison(comparison: Any, page: Path) -> str:
         lines.append(line)
     lines.append(f"page: {page}")
     return "\n".join(lines)
-
-
-def _waiver_text(w: dict[str, Any]) -> str:
-    what = " ".join(x for x in (f"task {w['task']}" if w["task"] is not None else "",
-                                f"metric {w['metric']}" if w["metric"] else "") if x)  # fmt: skip
-    return f"{what}, expired {w['expires']}: {w['reason']}"
 
 
 def cmd_compare(ns: argparse.Namespace) -> int:

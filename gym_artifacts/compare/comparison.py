@@ -162,7 +162,21 @@ class Comparison:
             "policy": self.policy.to_json(),
             "today": today.isoformat(),
             "expired_waivers": [w.to_json() for w in self.policy.waivers if not w.active(today)],
+            "unmatched_waivers": [w.to_json() for w in self._unmatched_waivers()],
         }
+
+    def _unmatched_waivers(self) -> list[Any]:
+        """Waivers naming a task no run holds (``task: 17`` for a ``task_id: "17"`` run, a typo)
+        or a metric the policy does not test: they could never apply."""
+        assert self.policy is not None
+        runs = [self.base, *(c.candidate for c in self.candidates)]
+        keys = {(type(k), k) for run in runs for k in run.tasks()}
+        tested = {r.name for r in self.policy.metrics}
+        return [
+            w for w in self.policy.waivers
+            if (w.task is not None and (type(w.task), w.task) not in keys)
+            or (w.metric is not None and w.metric not in tested)
+        ]  # fmt: skip
 
     @property
     def framing(self) -> str:
@@ -279,19 +293,27 @@ def inputs_differ(base: RunTasks, candidate: RunTasks) -> set[TaskKey]:
 
 
 def check_same_tasks(base: RunTasks, candidate: RunTasks, max_mismatch: float) -> None:
-    """CompareError when the two runs are on different benchmarks, or when more than
-    ``max_mismatch`` of the tasks both hold have different inputs (another task set under the
-    same keys): a confident result on different questions is worse than none."""
-    if base.benchmarks and candidate.benchmarks and not base.benchmarks & candidate.benchmarks:
+    """CompareError when the two runs are on different benchmarks (no environment server in
+    common, and no task inputs showing they are the same tasks: a renamed server with the same
+    inputs is compared), or when more than ``max_mismatch`` of the tasks both hold have
+    different inputs (another task set under the same keys): a confident result on different
+    questions is worse than none."""
+    common = base.inputs.keys() & candidate.inputs.keys()
+    differs = inputs_differ(base, candidate)
+    same_inputs = bool(common) and len(differs) <= max_mismatch * len(common)
+    if (
+        base.benchmarks
+        and candidate.benchmarks
+        and not base.benchmarks & candidate.benchmarks
+        and not same_inputs
+    ):
         raise CompareError(
             f"{candidate.name} and {base.name} are runs of different benchmarks: the base ran "
             f"{', '.join(sorted(base.benchmarks))}, the candidate ran "
             f"{', '.join(sorted(candidate.benchmarks))}; "
             "compare runs of the same benchmark"
         )
-    common = base.inputs.keys() & candidate.inputs.keys()
-    differs = inputs_differ(base, candidate)
-    if common and len(differs) > max_mismatch * len(common):
+    if common and not same_inputs:
         raise CompareError(
             f"{candidate.name} and {base.name}: for {len(differs)} of {len(common)} tasks in both runs the "
             f"inputs differ (the limit is {max_mismatch:.0%}): the same task keys name different questions, "

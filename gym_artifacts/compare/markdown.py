@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from gym_artifacts.compare.comparison import Comparison
+from gym_artifacts.compare.policy import waiver_words
 from gym_artifacts.core.atomic import atomic_write_bytes
 
 COMMENT_LIMIT = 60_000  # GitHub refuses comments past 65,536 characters; room for a footer
@@ -96,9 +97,12 @@ def render_markdown(comparison: Comparison, page: Path | None = None) -> str:
     if gate is not None and gate["expired_waivers"]:
         lines.append("**Expired waivers** (no longer applied):")
         for w in gate["expired_waivers"]:
-            what = ", ".join(x for x in (f"task {w['task']}" if w["task"] is not None else "",
-                                         f"metric {w['metric']}" if w["metric"] else "") if x)  # fmt: skip
-            lines.append(f"- {cell(what)} (expired {w['expires']}): {cell(w['reason'])}")
+            lines.append(f"- {cell(waiver_words(w))}")
+        lines.append("")
+    if gate is not None and gate["unmatched_waivers"]:
+        lines.append("**Waivers that match no task or tested metric** (they never apply):")
+        for w in gate["unmatched_waivers"]:
+            lines.append(f"- {cell(waiver_words(w))}")
         lines.append("")
     for c in comparison.candidates:
         p = c.pairing()

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from gym_artifacts.compare.comparison import CandidateComparison, Comparison, TaskRow
+from gym_artifacts.compare.policy import waiver_words
 from gym_artifacts.compare.tasks import RunTasks, TaskKey, key_id, read_samples
 from gym_artifacts.core.atomic import atomic_write_bytes
 from gym_artifacts.report import charts
@@ -93,18 +94,25 @@ def _gate_section(comparison: Comparison) -> str:
                 f'<tr data-candidate="{i}" data-verdict="{_e(c.gate["verdict"])}" data-status="{_e(m["status"])}">'
                 + "".join(f"<td>{_e(x)}</td>" for x in cells) + "</tr>"
             )  # fmt: skip
-    expired = "".join(
-        f"<li>{_e(w['task'] if w['task'] is not None else '')} {_e(w['metric'] or '')}: expired "
-        f"{_e(w['expires'])} ({_e(w['reason'])})</li>"
-        for w in gate["expired_waivers"]
+    lists = "".join(
+        f'<p class="note">{_e(title)}</p><ul id="{ident}">'
+        + "".join(f"<li>{_e(waiver_words(w))}</li>" for w in gate[key])
+        + "</ul>"
+        for key, ident, title in (
+            ("expired_waivers", "expired-waivers", "Expired waivers, no longer applied:"),
+            (
+                "unmatched_waivers",
+                "unmatched-waivers",
+                "Waivers that match no task or tested metric (never applied):",
+            ),
+        )
+        if gate[key]
     )
     return (
         f'<p class="gate-verdict" data-verdict="{_e(gate["verdict"])}">Policy <code>{_e(gate["policy"]["source"])}</code>'
         f" (judged on {_e(gate['today'])}): <strong>{_e(gate['verdict'])}</strong></p>"
         '<table id="gate-table"><thead><tr>' + "".join(f"<th>{_e(h)}</th>" for h in head)
-        + "</tr></thead><tbody>" + "".join(body) + "</tbody></table>"
-        + (f'<p class="note">Expired waivers, no longer applied:</p><ul id="expired-waivers">{expired}</ul>'
-           if expired else "")
+        + "</tr></thead><tbody>" + "".join(body) + "</tbody></table>" + lists
     )  # fmt: skip
 
 

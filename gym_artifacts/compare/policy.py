@@ -111,6 +111,20 @@ class Policy:
         }  # fmt: skip
 
 
+def waiver_words(waiver: dict[str, Any]) -> str:
+    """A waiver (``Waiver.to_json``) in words: ``task 17, metric reward (expires 2027-01-31):
+    reason``; a text key quoted (``task '17'``), so that it reads apart from the integer."""
+    what = ", ".join(
+        x
+        for x in (
+            f"task {waiver['task']!r}" if waiver["task"] is not None else "",
+            f"metric {waiver['metric']}" if waiver["metric"] else "",
+        )
+        if x
+    )
+    return f"{what} (expires {waiver['expires']}): {waiver['reason']}"
+
+
 class _NoDates(yaml.SafeLoader):
     """YAML without implicit timestamps: ``expires: 2026-02-30`` reaches the check as text."""
 
@@ -231,7 +245,8 @@ def parse_policy(data: Any, source: str) -> Policy:
         if rule.name in seen:
             raise _fail(source, "metrics", f"{rule.name!r} is listed twice")
         seen.add(rule.name)
-    raw_waivers = top.get("waivers") or []
+    raw_waivers = top.get("waivers")
+    raw_waivers = [] if raw_waivers is None else raw_waivers  # "waivers:" with nothing under it
     if not isinstance(raw_waivers, list):
         raise _fail(source, "waivers", "expected a list of waivers")
     alpha = _number(top.get("alpha", DEFAULT_ALPHA), source, "alpha", 0.0, 1.0)
