@@ -532,3 +532,12 @@ def test_renamed_environment_servers_with_the_same_inputs_are_compared(
 
     (c,) = compare_runs(runs["base"], [make_run(tmp_path / "renamed", seed=2, edit=renamed)]).candidates
     assert c.pairing()["paired"] == TASKS
+
+
+def test_higher_and_lower_read_as_greater_and_less() -> None:
+    from gym_artifacts.compare.policy import parse_policy
+
+    policy = parse_policy(
+        {"metrics": [{"name": "a", "alternative": "higher"}, {"name": "b", "alternative": "lower"}]}, "p"
+    )
+    assert [r.alternative for r in policy.metrics] == ["greater", "less"]

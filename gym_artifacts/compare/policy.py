@@ -11,7 +11,8 @@ A YAML mapping (``docs/compare.md``, "The policy")::
       - name: reward
         direction: higher_is_better   # or lower_is_better (tokens, latency, cost)
         margin: 0.02                  # the worsening tolerated, in the metric's units (>= 0)
-        alternative: two-sided        # two-sided | greater | less (see gate.py)
+        alternative: two-sided        # two-sided | greater | less (see gate.py); higher = greater,
+                                      # lower = less
         tier: blocking                # blocking (decides FAIL) | tracked (at most WARN)
     waivers:
       - metric: output_tokens         # and/or task: 17
@@ -39,6 +40,8 @@ from gym_artifacts.core.suggest import did_you_mean
 
 DIRECTIONS = ("higher_is_better", "lower_is_better")
 ALTERNATIVES = ("two-sided", "greater", "less")
+# the and NeMo Gym's words for the one-sided alternatives, read as scipy's
+ALTERNATIVE_SYNONYMS = {"higher": "greater", "lower": "less"}
 TIERS = ("blocking", "tracked")
 TOP_KEYS = ("version", "alpha", "min_paired_coverage", "max_input_mismatch", "metrics", "waivers")
 METRIC_KEYS = ("name", "direction", "margin", "alternative", "tier")
@@ -204,11 +207,13 @@ def _metric(raw: Any, source: str, where: str) -> MetricRule:
     m = _mapping(raw, source, where, METRIC_KEYS)
     if "name" not in m:
         raise _fail(source, where, "every metric needs a name")
+    words = (*ALTERNATIVES, *ALTERNATIVE_SYNONYMS)
+    alternative = _choice(m.get("alternative", "two-sided"), source, f"{where}.alternative", words)
     return MetricRule(
         name=_text(m["name"], source, f"{where}.name"),
         direction=_choice(m.get("direction", "higher_is_better"), source, f"{where}.direction", DIRECTIONS),
         margin=_number(m.get("margin", 0.0), source, f"{where}.margin", 0.0),
-        alternative=_choice(m.get("alternative", "two-sided"), source, f"{where}.alternative", ALTERNATIVES),
+        alternative=ALTERNATIVE_SYNONYMS.get(alternative, alternative),
         tier=_choice(m.get("tier", "blocking"), source, f"{where}.tier", TIERS),
     )
 
