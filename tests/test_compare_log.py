@@ -211,3 +211,30 @@ def test_compare_log_goes_through_the_backends_hooks() -> None:
     for name in ("mlflow", "wandb"):
         assert get_entry(name).load().receives_comparisons()
     assert not get_entry("tensorboard").load().receives_comparisons()
+
+
+@pytest.mark.slow
+def test_log_to_a_server_that_never_answers_ends_failed_within_the_deadline(
+    tmp_path: Path, capsys: Any
+) -> None:
+    """The backend's deadline bounds compare --log as it bounds an export: a TCP black hole gives
+    FAILED naming the deadline, exit 1, and no receipt (nothing claimed sent)."""
+    import time
+
+    from tests.reliability.faulty_servers import black_hole
+
+    runs = tmp_path / "runs"
+    shutil.copytree(NEMO_GYM_FIXTURES, runs)
+    with black_hole() as hole:
+        cfg = tmp_path / "hole.yaml"
+        cfg.write_text(yaml.safe_dump({"exporters": {"local": {"enabled": False}, "mlflow": {
+            "enabled": True, "tracking_uri": hole.uri, "experiment_name": "hole", "export_deadline": 8}}}))  # fmt: skip
+        start = time.monotonic()
+        code = main(["compare", str(runs / "clean/rollouts.jsonl"), str(runs / "with-failures/rollouts.jsonl"),
+                     "-o", str(tmp_path / "c.html"), "--log", "-c", str(cfg), "--json"])  # fmt: skip
+        elapsed = time.monotonic() - start
+    out = json.loads(capsys.readouterr().out)
+    (logged,) = out["logged"]
+    assert code == 1 and logged["status"] == "FAILED" and "deadline" in logged["reason"], logged
+    assert elapsed < 60, elapsed
+    assert not list(runs.rglob("*_comparisons/*_export_done.json"))
