@@ -238,3 +238,25 @@ def test_log_to_a_server_that_never_answers_ends_failed_within_the_deadline(
     assert code == 1 and logged["status"] == "FAILED" and "deadline" in logged["reason"], logged
     assert elapsed < 60, elapsed
     assert not list(runs.rglob("*_comparisons/*_export_done.json"))
+
+
+@pytest.mark.slow
+def test_a_gated_comparison_carries_its_verdict_to_mlflow(tmp_path: Path, capsys: Any) -> None:
+    """With --policy: the MLflow run holds the gate's verdict (tag) and table, the exit code is
+    the verdict's once the log succeeded."""
+    runs = tmp_path / "runs"
+    shutil.copytree(NEMO_GYM_FIXTURES, runs)
+    policy = tmp_path / "policy.yaml"
+    policy.write_text("min_paired_coverage: 0.5\nmetrics:\n  - name: reward\n    margin: 0.1\n")
+    code = main(["compare", str(runs / "clean/rollouts.jsonl"), str(runs / "with-failures/rollouts.jsonl"),
+                 "-o", str(tmp_path / "c.html"), "--log", "-c", str(_config(tmp_path, wandb=False)), "--json",
+                 "--policy", str(policy)])  # fmt: skip
+    out = json.loads(capsys.readouterr().out)
+    verdict = out["gate"]["verdict"]
+    assert out["logged"][0]["status"] == "EXPORTED"
+    assert code == {"PASS": 0, "WARN": 3, "INCONCLUSIVE": 4, "FAIL": 5}[verdict]
+    (run,) = _mlflow_runs(tmp_path)
+    assert run.data.tags["gym_artifacts.verdict"] == verdict
+    art = Path(run.info.artifact_uri.removeprefix("file://"))
+    gate = json.loads((art / "tables/compare_gate.json").read_text())
+    assert [row[1] for row in gate["data"]] == [verdict] and gate["data"][0][2] == "reward"
