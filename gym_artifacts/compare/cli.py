@@ -126,6 +126,7 @@ def cmd_compare(ns: argparse.Namespace) -> int:
     from gym_artifacts.compare.markdown import write_markdown
     from gym_artifacts.compare.page import write_compare_page
     from gym_artifacts.compare.policy import load_policy
+    from gym_artifacts.compare.stats import DEFAULT_ALPHA
     from gym_artifacts.core.errors import GymArtifactsError
 
     try:
@@ -137,7 +138,7 @@ def cmd_compare(ns: argparse.Namespace) -> int:
                     "leave out --metric, --margin and --alpha"
                 )
             policy = load_policy(ns.policy)
-        alpha = 0.05 if ns.alpha is None else ns.alpha
+        alpha = DEFAULT_ALPHA if ns.alpha is None else ns.alpha
         comparison = compare_runs(
             ns.base, ns.candidates, metrics=ns.metric, alpha=alpha, margin=ns.margin, policy=policy
         )

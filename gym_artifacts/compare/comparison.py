@@ -23,13 +23,12 @@ from typing import Any
 
 from gym_artifacts.compare.gate import gate, worst
 from gym_artifacts.compare.policy import DEFAULT_MAX_INPUT_MISMATCH, Policy
-from gym_artifacts.compare.stats import PairedResult, check_alpha_margin, paired_test
+from gym_artifacts.compare.stats import DEFAULT_ALPHA, PairedResult, check_alpha_margin, paired_test
 from gym_artifacts.compare.tasks import PRIMARY_METRIC, RunTasks, TaskKey, read_run_tasks, sort_key
 from gym_artifacts.core.errors import GymArtifactsError
 from gym_artifacts.core.suggest import did_you_mean
 from gym_artifacts.run.artifacts import RunArtifacts
 
-DEFAULT_ALPHA = 0.05
 LISTED_TASKS = 1000  # unpaired tasks listed by key in the JSON (all are counted)
 
 

@@ -35,6 +35,7 @@ from typing import Any
 
 import yaml
 
+from gym_artifacts.compare.stats import DEFAULT_ALPHA, MIN_PAIRED_COVERAGE
 from gym_artifacts.core.errors import ConfigError
 from gym_artifacts.core.suggest import did_you_mean
 
@@ -46,8 +47,7 @@ TIERS = ("blocking", "tracked")
 TOP_KEYS = ("version", "alpha", "min_paired_coverage", "max_input_mismatch", "metrics", "waivers")
 METRIC_KEYS = ("name", "direction", "margin", "alternative", "tier")
 WAIVER_KEYS = ("task", "metric", "reason", "expires")
-DEFAULT_ALPHA = 0.05
-DEFAULT_MIN_PAIRED_COVERAGE = 0.5  # NeMo Gym main's MIN_PAIRED_COVERAGE
+DEFAULT_MIN_PAIRED_COVERAGE = MIN_PAIRED_COVERAGE  # NeMo Gym main's rule, as the plain test's
 DEFAULT_MAX_INPUT_MISMATCH = 0.5  # above this share, the runs are not runs of the same tasks
 
 

@@ -46,6 +46,7 @@ from gym_artifacts.core.errors import GymArtifactsError
 MDE_POWER = 0.8  # the power the minimum detectable effect is quoted at
 EPS = 1e-12  # differences this small are float64 rounding noise, not signal
 MIN_PAIRED_COVERAGE = 0.5  # below this share of the larger run's tasks, nothing is concluded
+DEFAULT_ALPHA = 0.05  # the significance level when none is given
 
 
 @dataclass(frozen=True)
@@ -123,7 +124,7 @@ def paired_test(
     deltas: Sequence[float],
     *,
     metric: str,
-    alpha: float = 0.05,
+    alpha: float = DEFAULT_ALPHA,
     margin: float | None = None,
     tasks_in_larger_run: int | None = None,
 ) -> PairedResult:
