@@ -107,11 +107,9 @@ def publish_folder(sending: Path, final: Path, run_identity: str) -> None:
             existing = read_json(final / "run.json")
         except Exception:  # unreadable or missing: not a finished run
             existing = None
-        if (
-            isinstance(existing, dict)
-            and existing.get("status") == "FINISHED"
-            and existing.get("run_identity") == run_identity
-        ):
+        if isinstance(existing, dict) and existing.get("status") == "FINISHED" and existing.get(
+            "run_identity"
+        ) == run_identity:
             shutil.rmtree(sending, ignore_errors=True)  # (gone: another export of it published it)
             return
         shutil.rmtree(final)  # a kill here leaves ``sending`` whole: the retry publishes it
@@ -168,11 +166,9 @@ class LocalExporter(LiveExporter):
                 finished = read_json(other / "run.json")
             except Exception:  # unreadable or missing: not a finished run
                 continue
-            if (
-                isinstance(finished, dict)
-                and finished.get("status") == "FINISHED"
-                and finished.get("run_identity") == plan.run_identity
-            ):
+            if isinstance(finished, dict) and finished.get("status") == "FINISHED" and finished.get(
+                "run_identity"
+            ) == plan.run_identity:
                 return other.name
         return f"{safe_name(saved_config_run_name(run, self.name))}-{short}"
 

@@ -92,7 +92,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("-v", "--verbose", action="store_true", help=verbose._actions[0].help)
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
-    exp = sub.add_parser("export", parents=[verbose], help="export finished runs, exactly once per backend")
+    exp = sub.add_parser(
+        "export", parents=[verbose], help="export finished runs, exactly once per backend"
+    )
     exp.add_argument(
         "items",
         nargs="+",
@@ -172,7 +174,9 @@ def build_parser() -> argparse.ArgumentParser:
     st.add_argument("--json", action="store_true")
     st.add_argument("--verify", action="store_true", help="ask each backend whether its receipted run exists")
 
-    rp = sub.add_parser("report", parents=[verbose], help="write a self-contained HTML report of a run")
+    rp = sub.add_parser(
+        "report", parents=[verbose], help="write a self-contained HTML report of a run"
+    )
     rp.add_argument("run", metavar="OUT.jsonl")
     rp.add_argument("-o", "--output", type=Path, help="where to write it (default: STEM_report.html)")
 

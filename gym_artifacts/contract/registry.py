@@ -155,6 +155,7 @@ def discover() -> dict[str, ExporterEntry]:
     return _scan()[0]
 
 
+
 def _registered_names() -> list[str]:
     return sorted(discover())
 

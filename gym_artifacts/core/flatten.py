@@ -9,6 +9,8 @@ from typing import Any
 Scalar = int | float | bool | str | None
 
 
+
+
 def flatten(value: Any, prefix: str = "", sep: str = "/") -> dict[str, Scalar]:
     """Nested dicts and lists as ``{"a/b.0/c": leaf}``; leaves are kept as they are.
 
@@ -36,3 +38,5 @@ def flatten(value: Any, prefix: str = "", sep: str = "/") -> dict[str, Scalar]:
 def is_number(value: Any) -> bool:
     """A real number a tracker can plot: ints, floats, bools, numpy scalars; not strings."""
     return isinstance(value, numbers.Real)
+
+

@@ -57,7 +57,6 @@ def kernel_copy_loop(step: Callable[[int, int], int], size: int) -> int | None:
 def _copy_file_range(fin: IO[bytes], fout: IO[bytes], size: int) -> bool:
     if not hasattr(os, "copy_file_range"):
         return False
-
     def step(_: int, count: int) -> int:
         return os.copy_file_range(fin.fileno(), fout.fileno(), count)
 

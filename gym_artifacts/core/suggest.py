@@ -1,4 +1,4 @@
-""" "Did you mean": the one place that picks the closest known word to a typo.
+""""Did you mean": the one place that picks the closest known word to a typo.
 
 Used for unknown commands, options and choices on the command line, exporter names and config
 keys, so every refusal suggests the same way.

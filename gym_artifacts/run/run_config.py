@@ -121,3 +121,5 @@ def dump_yaml(content: Any) -> bytes:
 
     dumper = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
     return yaml.dump(content, Dumper=dumper, sort_keys=False, allow_unicode=True).encode()
+
+

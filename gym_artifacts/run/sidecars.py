@@ -133,3 +133,5 @@ def iter_nvml_series(run: RunArtifacts) -> Iterator[NvmlSample]:
             k: v for k, v in ((k, metric_value(v)) for k, v in record["metrics"].items()) if v is not None
         }
         yield NvmlSample(float(when), gpu, values)
+
+

@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     from gym_artifacts.run.artifacts import RunArtifacts
 
 
+
 @dataclass(frozen=True)
 class RunTimes:
     """Start and end in seconds since the epoch, and which source gave them."""

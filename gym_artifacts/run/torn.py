@@ -24,7 +24,9 @@ class PartialLine:
     partial_bytes: int
 
     def describe(self, fpath: Path | str) -> str:
-        return f"{fpath}: the last line is partial ({self.partial_bytes} bytes): the writer was interrupted"
+        return (
+            f"{fpath}: the last line is partial ({self.partial_bytes} bytes): the writer was interrupted"
+        )
 
 
 def partial_last_line(fpath: Path | str) -> PartialLine | None:

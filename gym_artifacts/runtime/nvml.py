@@ -363,3 +363,4 @@ class NVMLSampler:
 
 def _iso(epoch: float | None) -> str | None:
     return None if epoch is None else dt.datetime.fromtimestamp(epoch, dt.timezone.utc).isoformat()
+

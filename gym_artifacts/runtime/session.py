@@ -39,6 +39,7 @@ from gym_artifacts.runtime.recording import assemble_recording
 logger = logging.getLogger(__name__)
 
 
+
 def _now() -> dt.datetime:
     return dt.datetime.now(dt.timezone.utc)
 
