@@ -471,6 +471,7 @@ json_values = st.recursive(
 )
 
 
+@pytest.mark.slow
 @settings(max_examples=300, deadline=None)
 @given(
     top=st.fixed_dictionaries({}, optional={k: json_values for k in ("version", "alpha", "min_paired_coverage",
