@@ -542,3 +542,17 @@ def test_higher_and_lower_read_as_greater_and_less() -> None:
         {"metrics": [{"name": "a", "alternative": "higher"}, {"name": "b", "alternative": "lower"}]}, "p"
     )
     assert [r.alternative for r in policy.metrics] == ["greater", "less"]
+
+
+def test_a_real_regression_within_the_margin_warns(
+    runs: dict[str, Path], tmp_path: Path, capsys: Any
+) -> None:
+    """NeMo Gym's epic #1493: WARN when a regression is statistically real but within the
+    tolerance. Reward 0.02 lower on every task (margin 0.05): not a FAIL, not a PASS."""
+    slightly_worse = make_run(tmp_path / "slightly", seed=1, lift=-0.02)  # the base's noise, shifted
+    code, out = _gate(tmp_path, capsys, runs["base"], [slightly_worse], _policy(tmp_path))
+    gate = out["comparisons"][0]["gate"]
+    reward = next(m for m in gate["metrics"] if m["metric"] == "reward")
+    assert reward["status"] == "pass" and reward["worse_within_margin"] is True
+    assert gate["verdict"] == "WARN" and code == EXIT["WARN"]
+    assert any("within the margin" in r for r in gate["reasons"])
