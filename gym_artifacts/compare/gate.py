@@ -23,8 +23,10 @@ Waivers: an active metric waiver turns that metric's *regressed* or *inconclusiv
 metric only, when it names one). Expired waivers do not apply and are reported.
 
 The candidate's verdict: FAIL when a blocking metric regressed; else INCONCLUSIVE when a
-blocking metric is inconclusive; else WARN when a metric was waived, a tracked metric regressed,
-a waived task regressed, or tasks were left out because their inputs differ; else PASS.
+blocking metric is inconclusive; else WARN when a metric was waived, a blocking metric is shown
+worse than the base but within its margin (a real regression within the tolerance: NeMo Gym's
+epic #1493), a tracked metric regressed, a waived task regressed, or tasks were left out
+because their inputs differ; else PASS.
 """
 
 from __future__ import annotations
@@ -89,7 +91,8 @@ def decide_metric(
     sign = -1.0 if rule.lower_is_better else 1.0
     better = "lower is better" if rule.lower_is_better else "higher is better"
     out: dict[str, Any] = {**rule.to_json(), "n_pairs": len(deltas), "difference": None, "ci_low": None,
-                           "ci_high": None, "ci_level": None, "p_value": None}  # fmt: skip
+                           "ci_high": None, "ci_level": None, "p_value": None,
+                           "worse_within_margin": False}  # fmt: skip
     name = rule.name
 
     def inconclusive(why: str) -> dict[str, Any]:
@@ -139,6 +142,10 @@ def decide_metric(
         status, words = "regressed", "worse than the base by more than the margin"
     else:
         status, words = "inconclusive", "the interval reaches both sides of the margin: more tasks are needed"
+    # NeMo Gym's epic #1493: a regression shown real but within the tolerance is worth a WARN
+    out["worse_within_margin"] = status == "pass" and high < -(EPS if se < EPS else 0.0)
+    if out["worse_within_margin"]:
+        words = "worse than the base (shown), but within the margin"
     return {**out, "status": status, "reason": f"{name}: {words}: {figures}"}
 
 
@@ -195,6 +202,7 @@ def gate(
         reasons += [m["reason"] for m in blocking if m["status"] == "inconclusive"]
     else:
         warnings = [m["reason"] for m in metrics if m["status"] == "waived"]
+        warnings += [m["reason"] for m in blocking if m["worse_within_margin"]]
         warnings += [
             f"tracked {m['reason']}" for m in metrics if m["tier"] == "tracked" and m["status"] == "regressed"
         ]
