@@ -63,7 +63,9 @@ def comparison_identity(comparison: Comparison) -> dict[str, Any]:
     if comparison.policy is not None and comparison.today is not None:
         policy = canonical_json(comparison.policy.to_json() | {"source": None})
         settings["policy"] = blake3.blake3(policy).hexdigest()[:16]
-        settings["judged_on"] = comparison.today.isoformat()  # a waiver's expiry changes the verdict
+        # the waivers in force decide the verdict: one expiring makes another comparison (not the day)
+        active = [w.to_json() for w in comparison.policy.waivers if w.active(comparison.today)]
+        settings["waivers_in_force"] = blake3.blake3(canonical_json(active)).hexdigest()[:16]
     digest = blake3.blake3(b"comparison-v1\0")
     digest.update(canonical_json({"base": base, "candidates": candidates, "settings": settings}))
     return {
