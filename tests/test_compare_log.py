@@ -260,3 +260,28 @@ def test_a_gated_comparison_carries_its_verdict_to_mlflow(tmp_path: Path, capsys
     art = Path(run.info.artifact_uri.removeprefix("file://"))
     gate = json.loads((art / "tables/compare_gate.json").read_text())
     assert [row[1] for row in gate["data"]] == [verdict] and gate["data"][0][2] == "reward"
+
+
+def test_a_gated_comparison_is_the_same_until_a_waiver_expires(tmp_path: Path) -> None:
+    """Logged once per policy and waivers in force: the next day is the same comparison (a daily
+    CI job is SKIPPED), the day a waiver expires is another one."""
+    import datetime as dt
+
+    from gym_artifacts.compare import compare_runs
+    from gym_artifacts.compare.log import comparison_identity
+    from gym_artifacts.compare.policy import parse_policy
+
+    policy = parse_policy({"metrics": [{"name": "reward"}], "waivers": [
+        {"metric": "reward", "reason": "known", "expires": "2027-01-10"}]}, "p.yaml")  # fmt: skip
+    base, cand = (
+        NEMO_GYM_FIXTURES / "clean/rollouts.jsonl",
+        NEMO_GYM_FIXTURES / "with-failures/rollouts.jsonl",
+    )
+
+    def identity(day: str) -> str:
+        comparison = compare_runs(base, [cand], policy=policy, today=dt.date.fromisoformat(day))
+        return comparison_identity(comparison)["identity"]
+
+    assert (
+        identity("2027-01-08") == identity("2027-01-09") != identity("2027-01-10") == identity("2027-02-01")
+    )
