@@ -176,10 +176,21 @@ class LocalExporter(LiveExporter):
     # -- post-run ----------------------------------------------------------------------------
     def post_run_id(self, run: RunArtifacts, plan: ExportPlan) -> str:
         """Deterministic: the same run identity always names the same folder. A finished folder
-        of this identity under another run name (a copy of the run in another folder, exported
-        before: the export's identity lock orders copies) is that folder: one per content."""
+        of this identity under another name (a copy of the run in another folder exported before,
+        the export's identity lock ordering copies; or the live run an export completed) is that
+        folder: one per content."""
         short = plan.run_identity.split(":")[-1][:16]
-        for other in sorted(self.experiment_dpath().glob(f"*-{short}")):
+        holder = self.finished_holder(plan.run_identity)
+        return holder or run_folder_name(saved_config_run_name(run, self.name), short)
+
+    def finished_holder(self, run_identity: str) -> str | None:
+        """The folder that holds ``run_identity`` FINISHED (a post-run export's, named by it, or a
+        completed live run's), if any."""
+        short = run_identity.split(":")[-1][:16]
+        experiment = self.experiment_dpath()
+        if not experiment.is_dir():
+            return None
+        for other in sorted(experiment.glob(f"*-{short}")) + sorted(experiment.glob("*-live-*")):
             try:
                 finished = read_json(other / "run.json")
             except Exception:  # unreadable or missing: not a finished run
@@ -187,10 +198,10 @@ class LocalExporter(LiveExporter):
             if (
                 isinstance(finished, dict)
                 and finished.get("status") == "FINISHED"
-                and finished.get("run_identity") == plan.run_identity
+                and finished.get("run_identity") == run_identity
             ):
                 return other.name
-        return run_folder_name(saved_config_run_name(run, self.name), short)
+        return None
 
     def _refuse_root_inside(self, run: RunArtifacts) -> None:
         """A root inside the run's folder would be copied into itself (and change the run while it
@@ -215,6 +226,10 @@ class LocalExporter(LiveExporter):
         self._refuse_root_inside(run)
         if plan.identities_pending:
             return self._export_while_hashing(run, plan)
+        holder = self.finished_holder(plan.run_identity)
+        if holder is not None:  # a copy of this run, or its completed live run, is here already
+            rows = RunPayload.of(run, plan).rollout_rows
+            return Sent(backend_run_id=holder, rows=rows, note=f"already in {holder} (holds this identity)")
         run_id = self.post_run_id(run, plan)
         dpath = self.run_dpath(run_id)
         dpath.mkdir(parents=True, exist_ok=True)

@@ -190,6 +190,23 @@ class RunPayload:
         return dict(self._values_and_tables[0])
 
     @property
+    def history_values(self) -> dict[str, Scalar]:
+        """``values`` a backend with metric history (MLflow, TensorBoard) logs as points: those
+        the journal does not hold already. NeMo Gym logs its aggregate and ``coverage/*`` metrics
+        live as steps of their own; the journal's point is then the metric's one point (the
+        aggregate file's value is the same), not a second one at step 0. A fresh dict."""
+        journaled = self.journaled_names
+        return {k: v for k, v in self.values.items() if k not in journaled}
+
+    @cached_property
+    def journaled_names(self) -> frozenset[str]:
+        """Every metric name the journal holds (one read of it; bounded by the names, not the steps)."""
+        names: set[str] = set()
+        for entry in iter_journal(self.run):
+            names.update(entry.metrics)
+        return frozenset(names)
+
+    @property
     def tables(self) -> list[LevelTable]:
         """The per-task and per-repeat levels (the config's secret values redacted from text cells)."""
         return self._values_and_tables[1]
