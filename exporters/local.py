@@ -315,10 +315,13 @@ class LocalExporter(LiveExporter):
         return Sent(backend_run_id=live_run_id, rows=rows, bytes=sent_bytes)
 
     def _mark_superseded(self, live_run_id: str, new_run_id: str) -> None:
+        """Note the complete run on the live one, and end the live one if it never ended (KILLED)."""
         run_json_fpath = self.run_dpath(live_run_id) / "run.json"
         if run_json_fpath.is_file():
             run_json = read_json(run_json_fpath)
             run_json["superseded_by"] = new_run_id
+            if run_json.get("status") == "RUNNING":
+                run_json.update(status="KILLED", ended_at=utc_now_iso())
             atomic_write_json(run_json_fpath, run_json)
 
     @staticmethod

@@ -154,6 +154,12 @@ def wandb_folders(tmp_path: Path) -> dict[str, list[str]]:
     return by_id
 
 
+def journal_of(tmp_path: Path) -> Path:
+    """The metrics journal of the run under ``tmp_path/results``."""
+    [journal] = (tmp_path / "results").glob("*_metrics.jsonl")
+    return journal
+
+
 def assert_one_run_everywhere(
     tmp_path: Path, uri: str, experiment: str, eval_times: tuple[float, float], *, wandb: bool = True
 ) -> Any:
@@ -167,8 +173,13 @@ def assert_one_run_everywhere(
     assert len(local) == 1, local
     assert len(tb_folders(tmp_path)) == 1, tb_folders(tmp_path)
     if wandb:
+        from tests.wandb_records import offline_runs
+
         folders = wandb_folders(tmp_path)
         assert len(folders) == 1 and all(len(v) == 1 for v in folders.values()), folders
+        [offline] = offline_runs(tmp_path / "wb")
+        journal = sorted({e["step"] for e in lines(journal_of(tmp_path))})
+        assert sorted(offline.steps) == journal, (offline.steps, journal)  # each step once
     [run] = runs
     assert run.info.status == "FINISHED"
     start, end = eval_times
@@ -337,3 +348,48 @@ def test_resume_after_a_crash_with_nothing_lost_continues_the_run(
         [result] = json.loads(capsys.readouterr().out)
         assert result["backend_run_id"] == live_id, result
         assert [p.name for p in (store / "r").iterdir()] == [live_id]
+
+
+def test_a_live_run_that_cannot_be_completed_is_ended_and_names_the_complete_run(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Files that differ from what the live run logged make a new run; a live run whose teardown
+    never reached the backend (left RUNNING) is then ended, never left running beside it."""
+    from mlflow.tracking import MlflowClient
+
+    from gym_artifacts._builtin_exporters._mlflow_bookkeeping import bookkeeping_of
+    from gym_artifacts.live import live_exporters
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    out = tmp_path / "results" / "eval.jsonl"
+    out.parent.mkdir(parents=True)
+    cfg = {"exporters": {
+        "mlflow": {"enabled": True, "tracking_uri": uri, "experiment_name": "e"},
+        "local": {"enabled": True, "root": str(tmp_path / "store"), "experiment": "e"},
+    }}  # fmt: skip
+    rows = [{"agent_ref": {"name": "a"}, "reward": float(i % 2)} for i in range(4)]
+    with live_exporters(cfg, out) as live:
+        live.export_metrics({"reward": 0.5}, step=0)
+        live.export_rollouts(rows)
+        out.write_text(
+            "".join(json.dumps(r) + "\n" for r in [*rows, {"agent_ref": {"name": "a"}, "reward": 1.0}])
+        )
+    out.with_name("eval_aggregate_metrics.json").write_text(
+        json.dumps([{"agent_ref": {"name": "a"}, "agent_metrics": {"mean/reward": 0.6}}])
+    )
+    [live_ml] = mlflow_runs(uri, "e")
+    client = MlflowClient(uri)
+    client.update_run(live_ml.info.run_id, status="RUNNING")  # its teardown never arrived
+    [live_local] = list((tmp_path / "store" / "e").iterdir())
+    run_json = json.loads((live_local / "run.json").read_text())
+    (live_local / "run.json").write_text(json.dumps({**run_json, "status": "RUNNING"}))
+    results = {r["exporter"]: r for r in export(out, capsys)}
+    assert {r["status"] for r in results.values()} == {"EXPORTED"}
+    ended = client.get_run(live_ml.info.run_id)
+    assert ended.info.status == "KILLED"
+    assert bookkeeping_of(ended.data.tags)["superseded_by"] == results["mlflow"]["backend_run_id"]
+    assert client.get_run(results["mlflow"]["backend_run_id"]).info.status == "FINISHED"
+    local_json = json.loads((live_local / "run.json").read_text())
+    assert (
+        local_json["status"] == "KILLED" and local_json["superseded_by"] == results["local"]["backend_run_id"]
+    )
