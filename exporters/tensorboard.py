@@ -368,21 +368,26 @@ class TensorboardExporter(LiveExporter):
         if not live.is_dir() or live.is_symlink():
             raise CannotCertify(f"live run folder {live} is gone")
         partial, writer, rows = self._write_partial(live_run_id, run, plan)
-        before = {entry.name for entry in live.iterdir()}
+        old = {entry.name for entry in live.iterdir()}
         written = sorted(partial.iterdir(), key=lambda p: not p.name.startswith("events."))
         for entry in written:  # the new event file first, then what goes beside it
             target = live / entry.name
             if target.is_dir() and not target.is_symlink():
                 shutil.rmtree(target)
             os.replace(entry, target)
-        for name in before - {entry.name for entry in written}:
-            old = live / name
-            if old.is_dir() and not old.is_symlink():
-                shutil.rmtree(old, ignore_errors=True)
-            else:
-                old.unlink(missing_ok=True)
+        self._remove_entries(live, old - {entry.name for entry in written})
         shutil.rmtree(partial, ignore_errors=True)
         return Sent(backend_run_id=live_run_id, rows=rows, bytes=writer.bytes)
+
+    @staticmethod
+    def _remove_entries(folder: Path, names: set[str]) -> None:
+        """The live run's own files, once the whole run's are in place beside them."""
+        for name in names:
+            entry = folder / name
+            if entry.is_dir() and not entry.is_symlink():
+                shutil.rmtree(entry, ignore_errors=True)
+            else:
+                entry.unlink(missing_ok=True)
 
     def _write_run(self, w: EventWriter, run: RunArtifacts, plan: ExportPlan) -> int:
         payload = RunPayload.of(run, plan)

@@ -130,11 +130,26 @@ def export(out: Path, capsys: pytest.CaptureFixture[str]) -> list[dict[str, Any]
 
 
 def mlflow_runs(uri: str, experiment: str) -> list[Any]:
+    """Every run of the experiment, deleted ones too (a spare run made and deleted is a defect)."""
+    from mlflow.entities import ViewType
     from mlflow.tracking import MlflowClient
 
     client = MlflowClient(uri)
     exp = client.get_experiment_by_name(experiment)
-    return list(client.search_runs([exp.experiment_id])) if exp else []
+    return list(client.search_runs([exp.experiment_id], run_view_type=ViewType.ALL)) if exp else []
+
+
+def assert_tensorboard_points_once(folder: Path) -> None:
+    """Read back with TensorBoard's own reader: each scalar at each step once."""
+    from tensorboard.backend.event_processing.event_accumulator import SCALARS, EventAccumulator
+
+    acc = EventAccumulator(str(folder), size_guidance={SCALARS: 0})
+    acc.Reload()
+    tags = acc.Tags()["scalars"]
+    assert tags
+    for tag in tags:
+        steps = [e.step for e in acc.Scalars(tag)]
+        assert len(steps) == len(set(steps)), (tag, steps)
 
 
 def tb_folders(tmp_path: Path) -> list[str]:
@@ -172,6 +187,7 @@ def assert_one_run_everywhere(
     local = sorted(p.name for p in (tmp_path / "store" / experiment).iterdir())
     assert len(local) == 1, local
     assert len(tb_folders(tmp_path)) == 1, tb_folders(tmp_path)
+    assert_tensorboard_points_once(tmp_path / "tb" / tb_folders(tmp_path)[0])
     if wandb:
         from tests.wandb_records import offline_runs
 
@@ -181,7 +197,7 @@ def assert_one_run_everywhere(
         journal = sorted({e["step"] for e in lines(journal_of(tmp_path))})
         assert sorted(offline.steps) == journal, (offline.steps, journal)  # each step once
     [run] = runs
-    assert run.info.status == "FINISHED"
+    assert run.info.status == "FINISHED" and run.info.lifecycle_stage == "active"
     start, end = eval_times
     assert start - 1 <= run.info.start_time / 1000 <= end + 1
     assert start - 1 <= run.info.end_time / 1000 <= end + 1, (run.info.end_time / 1000, end)
@@ -279,23 +295,34 @@ def test_a_live_run_that_lost_calls_while_the_server_was_down_is_repaired_not_re
     assert steps == journal and len(steps) == 10
 
 
-def test_live_logging_then_export_leaves_one_tensorboard_folder(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
+def small_live_eval(tmp_path: Path, exporters: dict[str, Any], *, unlogged_rows: int = 0) -> Path:
+    """A small eval live-logged through ``live_exporters`` (5 steps, 4 rollouts), its aggregate
+    written after the ``with`` block; ``unlogged_rows`` more rollouts are written to ``OUT.jsonl``
+    that the live run never logged. Returns ``OUT.jsonl``."""
     from gym_artifacts.live import live_exporters
 
     out = tmp_path / "results" / "eval.jsonl"
     out.parent.mkdir(parents=True)
-    cfg = {"exporters": {"tensorboard": {"enabled": True, "logdir": str(tmp_path / "tb")}}}
-    rows = [{"agent_ref": {"name": "a"}, "_ng_task_index": i, "reward": float(i % 2)} for i in range(6)]
-    with live_exporters(cfg, out) as live:
-        for step in range(3):
-            live.export_metrics({"reward": step / 3}, step=step)
+    rows = [{"agent_ref": {"name": "a"}, "_ng_task_index": i, "reward": float(i % 2)} for i in range(4)]
+    written = rows + [
+        {"agent_ref": {"name": "a"}, "_ng_task_index": 9 + i, "reward": 1.0} for i in range(unlogged_rows)
+    ]
+    with live_exporters({"exporters": exporters}, out) as live:
+        for step in range(5):
+            live.export_metrics({"reward": step / 5}, step=step)
         live.export_rollouts(rows)
-        out.write_text("".join(json.dumps(r) + "\n" for r in rows))
+        out.write_text("".join(json.dumps(r) + "\n" for r in written))
+    mean = sum(r["reward"] for r in written) / len(written)
     out.with_name("eval_aggregate_metrics.json").write_text(
-        json.dumps([{"agent_ref": {"name": "a"}, "agent_metrics": {"mean/reward": 0.5}}])
+        json.dumps([{"agent_ref": {"name": "a"}, "agent_metrics": {"mean/reward": mean}}])
     )
+    return out
+
+
+def test_live_logging_then_export_leaves_one_tensorboard_folder(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = small_live_eval(tmp_path, {"tensorboard": {"enabled": True, "logdir": str(tmp_path / "tb")}})
     [live_folder] = tb_folders(tmp_path)
     export(out, capsys)
     assert tb_folders(tmp_path) == [live_folder]
@@ -303,6 +330,7 @@ def test_live_logging_then_export_leaves_one_tensorboard_folder(
     shutil.copytree(out.parent, copy.parent)
     export(copy, capsys)
     assert tb_folders(tmp_path) == [live_folder]
+    assert_tensorboard_points_once(tmp_path / "tb" / live_folder)
 
 
 def test_resume_after_a_crash_with_nothing_lost_continues_the_run(
@@ -358,25 +386,12 @@ def test_a_live_run_that_cannot_be_completed_is_ended_and_names_the_complete_run
     from mlflow.tracking import MlflowClient
 
     from gym_artifacts._builtin_exporters._mlflow_bookkeeping import bookkeeping_of
-    from gym_artifacts.live import live_exporters
 
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    out = tmp_path / "results" / "eval.jsonl"
-    out.parent.mkdir(parents=True)
-    cfg = {"exporters": {
+    out = small_live_eval(tmp_path, {
         "mlflow": {"enabled": True, "tracking_uri": uri, "experiment_name": "e"},
         "local": {"enabled": True, "root": str(tmp_path / "store"), "experiment": "e"},
-    }}  # fmt: skip
-    rows = [{"agent_ref": {"name": "a"}, "reward": float(i % 2)} for i in range(4)]
-    with live_exporters(cfg, out) as live:
-        live.export_metrics({"reward": 0.5}, step=0)
-        live.export_rollouts(rows)
-        out.write_text(
-            "".join(json.dumps(r) + "\n" for r in [*rows, {"agent_ref": {"name": "a"}, "reward": 1.0}])
-        )
-    out.with_name("eval_aggregate_metrics.json").write_text(
-        json.dumps([{"agent_ref": {"name": "a"}, "agent_metrics": {"mean/reward": 0.6}}])
-    )
+    }, unlogged_rows=1)  # fmt: skip
     [live_ml] = mlflow_runs(uri, "e")
     client = MlflowClient(uri)
     client.update_run(live_ml.info.run_id, status="RUNNING")  # its teardown never arrived
@@ -393,3 +408,39 @@ def test_a_live_run_that_cannot_be_completed_is_ended_and_names_the_complete_run
     assert (
         local_json["status"] == "KILLED" and local_json["superseded_by"] == results["local"]["backend_run_id"]
     )
+
+
+KILL_POINTS = [
+    # the whole run written beside the live folder, nothing swapped yet
+    ("gym_artifacts._builtin_exporters.tensorboard:TensorboardExporter._write_partial", 1, "after"),
+    # the whole run's event file in the live folder beside the live ones, these not yet removed
+    ("gym_artifacts._builtin_exporters.tensorboard:TensorboardExporter._remove_entries", 1, "before"),
+    # W&B offline: the whole run's folder written beside the live one, that not yet removed
+    ("gym_artifacts._builtin_exporters.wandb:_remove_earlier_offline_folders", 1, "before"),
+]
+
+
+@pytest.mark.parametrize(
+    ("target", "nth", "when"), KILL_POINTS, ids=[t.split(":")[1] for t, _, _ in KILL_POINTS]
+)
+def test_an_export_killed_while_it_completes_a_live_run_then_rerun_leaves_one_run(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], target: str, nth: int, when: str
+) -> None:
+    from tests.reliability.test_crash import killed
+
+    out = small_live_eval(tmp_path, {
+        "tensorboard": {"enabled": True, "logdir": str(tmp_path / "tb")},
+        "wandb": {"enabled": True, "mode": "offline", "project": "k", "dir": str(tmp_path / "wb")},
+    })  # fmt: skip
+    [live_tb] = tb_folders(tmp_path)
+    [live_wb] = wandb_folders(tmp_path)
+    killed(target, nth, when, ["cli", "export", str(out)])
+    results = export(out, capsys)
+    assert {r["status"] for r in results} <= {"EXPORTED", "SKIPPED"}, results  # SKIPPED: done before the kill
+    assert tb_folders(tmp_path) == [live_tb]
+    assert_tensorboard_points_once(tmp_path / "tb" / live_tb)
+    assert {k: len(v) for k, v in wandb_folders(tmp_path).items()} == {live_wb: 1}
+    from tests.wandb_records import offline_runs
+
+    [offline] = offline_runs(tmp_path / "wb")
+    assert sorted(offline.steps) == list(range(5))
