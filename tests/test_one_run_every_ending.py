@@ -444,3 +444,23 @@ def test_an_export_killed_while_it_completes_a_live_run_then_rerun_leaves_one_ru
 
     [offline] = offline_runs(tmp_path / "wb")
     assert sorted(offline.steps) == list(range(5))
+
+
+def test_copies_of_a_run_in_differently_named_folders_give_one_tensorboard_folder(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Outside live logging too: the second copy finds the first's folder by the run's identity."""
+    first = tmp_path / "sweep-a" / "rollouts.jsonl"
+    first.parent.mkdir()
+    src = NG / "clean"
+    for name in ("rollouts.jsonl", "rollouts_aggregate_metrics.json", "rollouts_materialized_inputs.jsonl"):
+        shutil.copy2(src / name, first.with_name(name))
+    second = tmp_path / "other-name" / "rollouts.jsonl"
+    shutil.copytree(first.parent, second.parent)
+    for out in (first, second):
+        capsys.readouterr()
+        assert (
+            main(["export", str(out), "-e", "tensorboard", f"exporters.tensorboard.logdir={tmp_path / 'tb'}"])
+            == 0
+        )
+    assert len(tb_folders(tmp_path)) == 1, tb_folders(tmp_path)
