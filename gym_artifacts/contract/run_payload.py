@@ -189,6 +189,14 @@ class RunPayload:
         (the config's secret values redacted from text). A fresh dict: the caller may add to it."""
         return dict(self._values_and_tables[0])
 
+    @cached_property
+    def rollouts_with_failures_identity(self) -> str | None:
+        """The identity of ``OUT.jsonl`` and NeMo Gym's ``OUT_failures.jsonl`` together (None
+        without a failures file): read once per export, whichever backend asks first."""
+        from gym_artifacts.run.identity import rollouts_with_failures_identity
+
+        return rollouts_with_failures_identity(self.run)
+
     @property
     def history_values(self) -> dict[str, Scalar]:
         """``values`` a backend with metric history (MLflow, TensorBoard) logs as points: those

@@ -20,9 +20,9 @@ from typing import TYPE_CHECKING
 
 from gym_artifacts.contract.exporter import CERTIFIED_NOTE
 from gym_artifacts.contract.hooks import CannotCertify, ExportPlan, Sent
+from gym_artifacts.contract.run_payload import RunPayload
 from gym_artifacts.core.errors import GymArtifactsError, ReceiptError
 from gym_artifacts.run.artifacts import ROLLOUTS
-from gym_artifacts.run.identity import rollouts_with_failures_identity
 from gym_artifacts.run.receipts import RunIdMarker, read_marker, write_marker
 
 if TYPE_CHECKING:
@@ -71,7 +71,7 @@ def content_refusal(marker: RunIdMarker, plan: ExportPlan, run: RunArtifacts | N
             continue
         if name == ROLLOUTS and run is not None and identity is not None:
             try:
-                if rollouts_with_failures_identity(run) == identity:
+                if RunPayload.of(run, plan).rollouts_with_failures_identity == identity:
                     continue
             except GymArtifactsError as exc:
                 return f"its rollouts cannot be compared with the run's: {exc}"
