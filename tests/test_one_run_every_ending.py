@@ -70,11 +70,46 @@ def ng_config(tmp_path: Path, out: Path, tracking_uri: str, experiment: str) -> 
     }
 
 
+def rollout_for_export(result: dict[str, Any]) -> dict[str, Any]:
+    """NeMo Gym 0.7.0's ``_rollout_for_export``, as its source has it: what ``export_rollouts``
+    gets with ``observability_enabled`` (the trajectory and raw model-call payloads left out)."""
+    sanitized = dict(result)
+    sanitized.pop("ng_trajectory", None)
+    sanitized.pop("ng_model_call_capture", None)
+    capture = result.get("ng_model_call_capture")
+    if isinstance(capture, dict):
+        sanitized_capture = dict(capture)
+        calls = capture.get("calls")
+        if isinstance(calls, list):
+            payload_keys = ("request", "response", "request_raw", "response_raw")
+            sanitized_capture["calls"] = [
+                {k: v for k, v in call.items() if k not in payload_keys}
+                for call in calls
+                if isinstance(call, dict)
+            ]
+        else:
+            sanitized_capture.pop("calls", None)
+        sanitized["ng_model_call_capture"] = sanitized_capture
+    return sanitized
+
+
+def with_observability(result: dict[str, Any]) -> dict[str, Any]:
+    """A result as ``observability_enabled: true`` writes it: its trajectory and captured calls."""
+    call = {"request": {"messages": ["hi"]}, "response": {"text": "weather"}, "latency_ms": 12, "status": 200}
+    return {
+        **result,
+        "ng_trajectory": {"steps": [{"role": "user"}]},
+        "ng_model_call_capture": {"calls": [call]},
+    }
+
+
 def collect_like_nemo_gym(
-    fixture: str, out: Path, config: dict[str, Any], *, during: Any = None
+    fixture: str, out: Path, config: dict[str, Any], *, during: Any = None, observability: bool = False
 ) -> tuple[float, float]:
     """NeMo Gym 0.7.0's call sequence (module docstring) on the fixture's rows; ``during(i)`` runs
-    after the i-th completed rollout. Returns the eval's (start, end) as the wall clock saw them."""
+    after the i-th completed rollout; ``observability``: the results carry their trajectory and
+    captured model calls, which NeMo Gym leaves out of what it hands the exporters. Returns the
+    eval's (start, end) as the wall clock saw them."""
     from gym_artifacts import nemo_gym as ng
 
     src = NG / fixture
@@ -86,6 +121,8 @@ def collect_like_nemo_gym(
     ng.setup_exporters(config)
     successes, failures = lines(src / "rollouts.jsonl"), lines(src / "rollouts_failures.jsonl")
     completed = successes[:3] + failures[:1] + successes[3:6] + failures[1:] + successes[6:]
+    if observability:
+        completed = [with_observability(r) for r in completed]
     total = len(completed)
     pcts = [10 * i for i in range(1, 11)]
     with open(out, "ab") as results, open(out.with_name(f"{out.stem}_failures.jsonl"), "ab") as failed:
@@ -103,7 +140,7 @@ def collect_like_nemo_gym(
                 )
             if during is not None:
                 during(i)
-    ng.export_rollouts(completed)  # every result, the failed ones too
+    ng.export_rollouts([rollout_for_export(r) for r in completed])  # every result, the failed ones too
     aggregate = json.loads((src / "rollouts_aggregate_metrics.json").read_text())
     to_log: dict[str, Any] = {}
     for entry in aggregate:
@@ -222,6 +259,21 @@ def test_failures_routed_to_the_sidecar_then_export_is_one_run_everywhere(
     assert Counter(r["status"] for r in results) == Counter({"EXPORTED": 4}), results
     assert_one_run_everywhere(tmp_path, tracking_uri, experiment, times)
     assert {r["status"] for r in export(out, capsys)} == {"SKIPPED"}
+
+
+def test_a_collection_with_observability_then_export_is_one_run_everywhere(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``observability_enabled: true``: the files hold each result's trajectory and captured model
+    calls, the live run got NeMo Gym's exporter view of them; still the live run's."""
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    out = tmp_path / "results" / "rollouts.jsonl"
+    times = collect_like_nemo_gym(
+        "with-failures", out, ng_config(tmp_path, out, uri, "obs"), observability=True
+    )
+    assert "ng_trajectory" in lines(out)[0]
+    export(out, capsys)
+    assert_one_run_everywhere(tmp_path, uri, "obs", times)
 
 
 def test_a_clean_collection_then_export_logs_the_aggregates_once_at_the_evals_times(
