@@ -109,3 +109,53 @@ def test_the_live_run_is_the_runs_exactly_when_it_logged_the_rollouts_or_the_rol
     assert (refusal is None) == expected, (refusal, logged, ok, failed)
     if refusal is not None:
         assert "rollouts" in refusal
+
+
+captures = st.one_of(
+    st.none(),
+    st.text(max_size=3),
+    st.dictionaries(
+        st.sampled_from(["calls", "mode"]),
+        st.lists(
+            st.dictionaries(
+                st.sampled_from(["request", "response", "request_raw", "response_raw", "latency_ms"]),
+                values,
+                max_size=4,
+            )
+            | values,
+            max_size=3,
+        )
+        | values,
+        max_size=2,
+    ),
+)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    results=rows,
+    detail=st.lists(st.tuples(st.booleans(), st.booleans(), captures), min_size=12, max_size=12),
+    failed_mask=st.lists(st.booleans(), min_size=12, max_size=12),
+)
+def test_nemo_gyms_exporter_view_of_the_files_is_the_live_runs(
+    tmp_path_factory: Any,
+    results: list[dict[str, Any]],
+    detail: list[tuple[bool, bool, Any]],
+    failed_mask: list[bool],
+) -> None:
+    """``observability_enabled``: results with any trajectory and captured calls (of any shape) in
+    the files, NeMo Gym's exporter view of them sent live (mirrored from its 0.7.0 source)."""
+    from tests.test_one_run_every_ending import rollout_for_export
+
+    full = []
+    for result, (trajectory, captured, capture) in zip(results, detail, strict=False):
+        record = dict(result)
+        if trajectory:
+            record["ng_trajectory"] = {"steps": [1, 2]}
+        if captured:
+            record["ng_model_call_capture"] = capture
+        full.append(record)
+    ok = [r for r, f in zip(full, failed_mask, strict=False) if not f]
+    failed = [r for r, f in zip(full, failed_mask, strict=False) if f]
+    tmp = Path(tmp_path_factory.mktemp("view"))
+    assert refusal_after(tmp, [rollout_for_export(r) for r in full], ok, failed) is None

@@ -197,6 +197,15 @@ class RunPayload:
 
         return rollouts_with_failures_identity(self.run)
 
+    @cached_property
+    def exporter_view_identity(self) -> str | None:
+        """The identity of NeMo Gym's exporter view of every result in ``OUT.jsonl`` and
+        ``OUT_failures.jsonl`` (``run.exporter_view``; None when no record holds what the view
+        leaves out): read once per export, whichever backend asks first."""
+        from gym_artifacts.run.exporter_view import exporter_view_identity
+
+        return exporter_view_identity(self.run)
+
     @property
     def history_values(self) -> dict[str, Scalar]:
         """``values`` a backend with metric history (MLflow, TensorBoard) logs as points: those

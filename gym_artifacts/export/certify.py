@@ -63,15 +63,18 @@ def content_refusal(marker: RunIdMarker, plan: ExportPlan, run: RunArtifacts | N
 
     The rollouts the live run sent match ``OUT.jsonl``, or ``OUT.jsonl`` and NeMo Gym's
     ``OUT_failures.jsonl`` together: with ``+route_failures_to_sidecar=true`` the eval hands its
-    failed rollouts to ``export_rollouts`` too, and writes them aside.
+    failed rollouts to ``export_rollouts`` too, and writes them aside; or NeMo Gym's exporter view
+    of them (``run.exporter_view``: with ``observability_enabled`` it leaves the trajectory and raw
+    model-call payloads out of what the exporters get).
     """
     assert marker.logged is not None
     for name, identity in marker.logged.items():
         if plan.identities.get(name) == identity:
             continue
         if name == ROLLOUTS and run is not None and identity is not None:
+            payload = RunPayload.of(run, plan)
             try:
-                if RunPayload.of(run, plan).rollouts_with_failures_identity == identity:
+                if identity in (payload.rollouts_with_failures_identity, payload.exporter_view_identity):
                     continue
             except GymArtifactsError as exc:
                 return f"its rollouts cannot be compared with the run's: {exc}"
