@@ -38,6 +38,40 @@ class DeadlinePassed(Exception):
     """The overall time allowed for one backend's export ran out."""
 
 
+class ServerRefused(Exception):
+    """The server (or the store) refused a request with a 4xx: asking again, or waiting for
+    what it refused to appear, cannot help. The export fails at once with the server's words."""
+
+
+# 4xx statuses that ask the client to try again later rather than refuse the request.
+_TRY_AGAIN = frozenset({408, 425, 429})
+
+
+def refusal_status(exc: BaseException) -> int | None:
+    """The 4xx status of a refusal ``exc`` carries (an MLflow error code, or an HTTP error's
+    response), other than those that ask to try again (408, 425, 429); None for anything else
+    (a timeout, a dropped connection, a 5xx: the request may still have been applied)."""
+    status: int | None = None
+    response = getattr(exc, "response", None)
+    if response is not None and isinstance(getattr(response, "status_code", None), int):
+        status = response.status_code
+    elif callable(getattr(exc, "get_http_status_code", None)):
+        status = exc.get_http_status_code()  # type: ignore[attr-defined]
+    if isinstance(status, int) and 400 <= status < 500 and status not in _TRY_AGAIN:
+        return status
+    return None
+
+
+def as_refusal(what: str, exc: BaseException) -> ServerRefused | None:
+    """A ServerRefused naming ``what`` was refused and the server's own words, when ``exc`` is a
+    refusal (``refusal_status``); None otherwise."""
+    status = refusal_status(exc)
+    if status is None:
+        return None
+    words = " ".join(str(exc).split()) or type(exc).__name__
+    return ServerRefused(f"MLflow refused {what} (HTTP {status}): {words}")
+
+
 @dataclass(frozen=True)
 class RequestLimits:
     """How long one request may take, how often it is retried, and the overall deadline.
@@ -110,7 +144,8 @@ class Deadline:
         return outcome["value"]
 
 
-def _is_rest(uri: str) -> bool:
+def is_rest(uri: str) -> bool:
+    """An ``http(s)://`` tracking URI: an MLflow server, not a database or file store."""
     return uri.startswith(("http://", "https://"))
 
 
@@ -183,7 +218,7 @@ class ScopedMlflow:
         # read-modify-write of one tag, and needs no extra read when the run was just seen
         self._bookkeeping: dict[str, dict[str, str]] = {}
         self.client = MlflowClient(tracking_uri=tracking_uri)
-        if _is_rest(tracking_uri):
+        if is_rest(tracking_uri):
             from mlflow.tracking._tracking_service.client import TrackingServiceClient
 
             store = _scoped_rest_store(tracking_uri, token, limits, self.deadline)
@@ -385,7 +420,7 @@ class ScopedMlflow:
             from mlflow.store.artifact.mlflow_artifacts_repo import MlflowArtifactsRepository
 
             return str(MlflowArtifactsRepository.resolve_uri(artifact_uri, self.tracking_uri))
-        if _is_rest(artifact_uri):
+        if is_rest(artifact_uri):
             return artifact_uri
         return None
 
@@ -408,7 +443,10 @@ class ScopedMlflow:
                 return
             except DeadlinePassed:
                 raise
-            except Exception:
+            except Exception as exc:
+                refusal = as_refusal(f"the upload of {endpoint}", exc)
+                if refusal is not None:  # asking again cannot help
+                    raise refusal from exc
                 if attempt == self.limits.retries:
                     raise
                 time.sleep(min(self.limits.backoff * (2**attempt), self.deadline.remaining() or float("inf")))

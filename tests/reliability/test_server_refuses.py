@@ -93,3 +93,42 @@ def test_any_refusal_ends_the_export_at_once_with_the_servers_words(
         assert result.status is ExportStatus.EXPORTED, result  # type: ignore[attr-defined]
         return
     assert_refused_at_once(result, policy, status)
+
+
+LANGSMITH_ENDPOINTS = ["/datasets", "/sessions", "/runs/batch", "/runs/multipart", "/examples", "/feedback"]
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=list(HealthCheck))
+@given(
+    endpoint=st.sampled_from(LANGSMITH_ENDPOINTS),
+    status=st.sampled_from(STATUSES),
+    body=st.sampled_from(["json", "html"]),
+    method=st.sampled_from([None, "GET", "POST"]),
+)
+@example(endpoint="/runs/batch", status=403, body="json", method=None)
+def test_langsmith_refusals_end_the_export_at_once(endpoint: str, status: int, body: str, method: str | None) -> None:
+    """The same for LangSmith (the real client, against tests/langsmith_api.py behind the proxy):
+    FAILED naming the refusal, or EXPORTED where the client treats the answer as "not there yet"
+    and creates what it looked for; never a deadline."""
+    pytest.importorskip("langsmith")
+    from tests.langsmith_api import LangsmithApi
+
+    root = Path(tempfile.mkdtemp(prefix="refused-ls-"))
+    api = LangsmithApi().start()
+    try:
+        run = copy_quickstart(root / "runs")
+        policy = RefusingProxy(api.url, endpoint, status, refusal_body(status, body), method=method)
+        with proxy(policy) as uri:
+            cfg = {"exporters": {"langsmith": {
+                "enabled": True, "api_url": uri, "api_key": "lsv2_pt_refusal-test-0d93", "export_deadline": DEADLINE_S,
+                "request_timeout": 10,
+            }}}  # fmt: skip
+            [result] = export_run(run, cfg, exporters=["langsmith"])
+        if result.status is not ExportStatus.FAILED:
+            assert result.status is ExportStatus.EXPORTED, result
+            return
+        assert policy.refused >= 1
+        assert_refused_at_once(result, policy, status)
+    finally:
+        api.stop()
+        shutil.rmtree(root, ignore_errors=True)
