@@ -191,6 +191,15 @@ class ProxyPolicy:
         """``(status, body)`` to answer instead of forwarding; None: forward the request."""
         return None
 
+    def hold(self, method: str, path: str) -> None:
+        """Wait before forwarding the request (by default ``hold_s`` seconds)."""
+        seconds = self.hold_s(method, path)
+        if seconds:
+            time.sleep(seconds)
+
+    def close(self) -> None:
+        """The proxy stops: release whatever is held."""
+
 
 @dataclass
 class DelayingProxy(ProxyPolicy):
@@ -244,6 +253,27 @@ class RefusingProxy(ProxyPolicy):
         return self.status, self.body
 
 
+@dataclass
+class HoldingProxy(ProxyPolicy):
+    """Forwards every request to ``target``; while ``holding``, those whose path holds
+    ``endpoint`` are held (the server answers nothing, as one that accepts and never answers)
+    until the proxy closes. ``held`` counts them: the event a test waits for."""
+
+    endpoint: str
+    holding: bool = True
+    held: int = 0
+    released: threading.Event = field(default_factory=threading.Event)
+
+    def hold(self, method: str, path: str) -> None:
+        if self.holding and self.endpoint in path.split("?")[0]:
+            with self.lock:
+                self.held += 1
+            self.released.wait()
+
+    def close(self) -> None:
+        self.released.set()
+
+
 class _ProxyServer(ThreadingHTTPServer):
     daemon_threads = True
     proxy: ProxyPolicy
@@ -268,9 +298,7 @@ class _ProxyHandler(BaseHTTPRequestHandler):
         with proxy.lock:
             proxy.in_flight += 1
         try:
-            hold = proxy.hold_s(self.command, self.path)
-            if hold:
-                time.sleep(hold)
+            proxy.hold(self.command, self.path)
             target = urlsplit(proxy.target)
             conn = http.client.HTTPConnection(target.hostname, target.port, timeout=60)
             dropped = ("host", "connection", "transfer-encoding", "content-length")
@@ -311,11 +339,16 @@ class _ProxyHandler(BaseHTTPRequestHandler):
         return
 
 
-def proxy(policy: ProxyPolicy) -> contextlib.AbstractContextManager[str]:
+@contextlib.contextmanager
+def proxy(policy: ProxyPolicy) -> Iterator[str]:
     """A proxy on 127.0.0.1 in front of ``policy.target``; yields its URI."""
     server = _ProxyServer(("127.0.0.1", 0), _ProxyHandler)
     server.proxy = policy
-    return _http_serving(server)
+    try:
+        with _http_serving(server) as uri:
+            yield uri
+    finally:
+        policy.close()
 
 
 def delaying_proxy(policy: DelayingProxy) -> contextlib.AbstractContextManager[str]:
