@@ -18,6 +18,7 @@ import signal
 import subprocess
 import sys
 import time
+import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -92,6 +93,12 @@ def assert_interrupted(done: Interrupted) -> None:
     assert "Traceback" not in done.err, done.err[-3000:]
 
 
+def experiment() -> str:
+    """A fresh experiment of the session's server for one test: no earlier test's run of the
+    same content is found there (which would leave nothing to send)."""
+    return f"exporters.mlflow.experiment_name=ctrl-c-{uuid.uuid4().hex}"
+
+
 def assert_rerun_exports(runs: list[Path], tmp_path: Path, server_uri: str) -> None:
     """No receipt claims the interrupted export; a rerun to a healthy server takes the locks and
     exports every run once."""
@@ -99,7 +106,7 @@ def assert_rerun_exports(runs: list[Path], tmp_path: Path, server_uri: str) -> N
         assert not RunArtifacts.from_path(run).export_done_fpath("mlflow").exists()
     proc = subprocess.run(
         cli("export", *map(str, runs), "-e", "mlflow", "--json", f"exporters.mlflow.tracking_uri={server_uri}",
-            "exporters.mlflow.report=off"),
+            "exporters.mlflow.report=off", experiment()),
         cwd=tmp_path, capture_output=True, text=True, timeout=scaled(120),
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -153,7 +160,7 @@ def test_ctrl_c_ends_a_trace_export_whose_traces_the_server_never_answers(
     policy = HoldingProxy(mlflow_server.uri, "traces")
     with proxy(policy) as uri:
         done = interrupt(
-            cli("export", str(run), "-e", "mlflow", f"exporters.mlflow.tracking_uri={uri}",
+            cli("export", str(run), "-e", "mlflow", f"exporters.mlflow.tracking_uri={uri}", experiment(),
                 "exporters.mlflow.log_traces=true", "exporters.mlflow.report=off"),
             tmp_path, lambda: policy.held > 0, **WAYS[way],
         )  # fmt: skip
@@ -168,7 +175,8 @@ def test_ctrl_c_ends_status_verify_waiting_on_the_server(tmp_path: Path, mlflow_
     policy = HoldingProxy(mlflow_server.uri, "/runs/get", holding=False)
     with proxy(policy) as uri:
         exported = subprocess.run(
-            cli("export", str(run), "-e", "mlflow", f"exporters.mlflow.tracking_uri={uri}", "exporters.mlflow.report=off"),
+            cli("export", str(run), "-e", "mlflow", f"exporters.mlflow.tracking_uri={uri}", experiment(),
+                "exporters.mlflow.report=off"),
             cwd=tmp_path, capture_output=True, text=True, timeout=scaled(120),
         )  # fmt: skip
         assert exported.returncode == 0, exported.stderr[-2000:]
