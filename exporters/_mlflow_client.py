@@ -144,6 +144,39 @@ class Deadline:
         return outcome["value"]
 
 
+ENVIRON_RETRIES = 5  # a request cut by a change of os.environ is sent again this many times at most
+
+
+def _environment_changed(exc: BaseException) -> bool:
+    """Whether ``exc`` is (or was raised handling) a KeyError of ``os.environ``'s own lookup:
+    another thread removed a variable while ``requests`` iterated the environment for its proxy
+    settings (MLflow's telemetry removes ``_MLFLOW_TELEMETRY_SESSION_ID`` from a thread of its
+    own), which happens before anything is sent. MLflow reports it as the request failing "with
+    exception '<the variable>'"."""
+    import traceback
+
+    seen: BaseException | None = exc
+    while seen is not None:
+        if isinstance(seen, KeyError) and seen.__traceback__ is not None:
+            last = traceback.extract_tb(seen.__traceback__)[-1:]
+            if last and last[0].name == "__getitem__" and last[0].filename.endswith(("os.py", "<frozen os>")):
+                return True
+        seen = seen.__cause__ or seen.__context__
+    return False
+
+
+def send_once_environment_settles(send: Callable[[], Any]) -> Any:
+    """``send()``, sent again when it failed before sending anything because the environment
+    changed under ``requests`` (``_environment_changed``); any other failure is raised as is."""
+    for attempt in range(ENVIRON_RETRIES):
+        try:
+            return send()
+        except Exception as exc:
+            if attempt + 1 == ENVIRON_RETRIES or not _environment_changed(exc):
+                raise
+    raise AssertionError("unreachable")
+
+
 def is_rest(uri: str) -> bool:
     """An ``http(s)://`` tracking URI: an MLflow server, not a database or file store."""
     return uri.startswith(("http://", "https://"))
@@ -180,14 +213,16 @@ def _scoped_rest_store(
             retries = 0 if api is CreateRun else limits.retries
             payload = {"params": body} if method == "GET" else {"json": body}
             response = deadline.run(
-                lambda: http_request(
-                    self.get_host_creds(),
-                    endpoint,
-                    method,
-                    max_retries=retries,
-                    backoff_factor=limits.backoff if retries else 0,
-                    timeout=deadline.timeout(limits.timeout),
-                    **payload,
+                lambda: send_once_environment_settles(
+                    lambda: http_request(
+                        self.get_host_creds(),
+                        endpoint,
+                        method,
+                        max_retries=retries,
+                        backoff_factor=limits.backoff if retries else 0,
+                        timeout=deadline.timeout(limits.timeout),
+                        **payload,
+                    )
                 )
             )
             response = verify_rest_response(response, endpoint)
@@ -390,11 +425,11 @@ class ScopedMlflow:
         headers = {"Content-Type": "application/x-protobuf", "x-mlflow-experiment-id": experiment_id}
         backoff = self.limits.backoff if self.limits.retries else 0
         response = self.deadline.run(
-            lambda: http_request(
+            lambda: send_once_environment_settles(lambda: http_request(
                 creds, "/v1/traces", "POST", data=body, extra_headers=headers,
                 max_retries=self.limits.retries, backoff_factor=backoff,
                 timeout=self.deadline.timeout(self.limits.timeout),
-            )
+            ))
         )  # fmt: skip
         augmented_raise_for_status(response)
 
@@ -434,10 +469,10 @@ class ScopedMlflow:
             try:
                 with open(local_path, "rb") as fh:  # reopened per attempt: a retried body is whole
                     response = self.deadline.run(
-                        lambda fh=fh: http_request(  # type: ignore[misc]
+                        lambda fh=fh: send_once_environment_settles(lambda: http_request(  # type: ignore[misc]
                             creds, endpoint, "PUT", data=fh, extra_headers={"Content-Type": mime},
                             max_retries=0, timeout=self.deadline.timeout(self.limits.timeout),
-                        )
+                        ))
                     )  # fmt: skip
                 augmented_raise_for_status(response)
                 return
