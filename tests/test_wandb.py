@@ -22,6 +22,7 @@ from gym_artifacts.contract.hooks import ExportStatus
 from gym_artifacts.live import live_exporters
 from gym_artifacts.run.artifacts import RunArtifacts
 from tests.mlflow_server import free_port
+from tests.processes import reaped
 from tests.wandb_records import offline_runs
 
 REPO = Path(__file__).resolve().parent.parent
@@ -246,12 +247,12 @@ def test_killed_live_run_resumes_with_growing_steps(tmp_path: Path) -> None:
             "hang" if kill else "exit",
         ]
         proc = subprocess.Popen(args, stdout=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True, cwd=REPO)
-        assert proc.stdout is not None
-        assert proc.stdout.readline().strip() == "ready"
-        if kill:
-            os.kill(proc.pid, signal.SIGKILL)
-        assert proc.wait(120) == (-9 if kill else 0)
-        proc.stdout.close()
+        with reaped(proc):
+            assert proc.stdout is not None
+            assert proc.stdout.readline().strip() == "ready"
+            if kill:
+                os.kill(proc.pid, signal.SIGKILL)
+            assert proc.wait(120) == (-9 if kill else 0)
 
     run_steps(0, 10, kill=True)
     run_steps(5, 15, kill=False)  # restarts from a checkpoint at step 5: 5-9 are not written again
