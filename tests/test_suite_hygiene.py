@@ -63,4 +63,4 @@ def test_a_leaked_subprocess_is_the_leaking_tests_failure_not_a_later_ones(tmp_p
     assert outcomes["test_innocent_too"] == ["PASSED"], out[-4000:]
     assert "FAILED" in outcomes["test_fails_while_its_subprocess_runs"], out[-4000:]
     # a test that passed but left its pipes open: its teardown errors, naming what it left
-    assert "ERROR" in outcomes["test_passes_but_leaves_its_pipes_open"] and "left open" in out, out[-4000:]
+    assert "ERROR" in outcomes["test_passes_but_leaves_its_pipes_open"] and "left subprocess pipes open" in out, out[-4000:]

@@ -29,6 +29,7 @@ import pytest
 from gym_artifacts.run.artifacts import RunArtifacts
 from tests.conftest import copy_quickstart
 from tests.load import scaled
+from tests.processes import reap
 from tests.reliability.faulty_servers import HoldingProxy, black_hole, drip_server, proxy
 
 pytest.importorskip("mlflow")
@@ -82,10 +83,7 @@ def interrupt(argv: list[str], cwd: Path, held: Callable[[], bool], *, times: in
             return Interrupted(None, out, err, float("inf"))
         return Interrupted(proc.returncode, out, err, time.monotonic() - sent)
     finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        with contextlib.suppress(ValueError):  # already read: the pipes are closed
-            proc.communicate()  # reaps it and closes both pipes
+        reap(proc, group=True)
 
 
 def assert_interrupted(done: Interrupted) -> None:

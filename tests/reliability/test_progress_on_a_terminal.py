@@ -14,7 +14,6 @@ import fcntl
 import os
 import re
 import select
-import signal
 import struct
 import subprocess
 import sys
@@ -29,6 +28,7 @@ from gym_artifacts.core.locking import try_lock
 from gym_artifacts.run.artifacts import RunArtifacts
 from tests.conftest import copy_quickstart
 from tests.load import scaled
+from tests.processes import reap
 from tests.reliability.faulty_servers import DelayingProxy, proxy
 
 REPO = Path(__file__).resolve().parents[2]
@@ -67,9 +67,7 @@ def on_a_terminal(argv: list[str], cwd: Path, timeout: float, seen: Callable[[by
             proc.wait(5)
         return proc.returncode, output
     finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
+        reap(proc, group=True)
         os.close(master)
 
 
@@ -146,9 +144,6 @@ def test_off_a_terminal_the_wait_prints_nothing(tmp_path: Path) -> None:
         _, err = proc.communicate(timeout=scaled(60))
     finally:
         held.release()
-        with contextlib.suppress(ProcessLookupError):
-            proc.kill()
-        with contextlib.suppress(ValueError):
-            proc.communicate()
+        reap(proc)
     assert proc.returncode == 0, err[-2000:]
     assert b"waiting" not in err and b"\r" not in err, err[-2000:]
