@@ -181,3 +181,26 @@ def test_ctrl_c_ends_status_verify_waiting_on_the_server(tmp_path: Path, mlflow_
         policy.holding = True
         done = interrupt(cli("status", str(run), "--verify"), tmp_path, lambda: policy.held > 0)
     assert_interrupted(done)
+
+
+@pytest.mark.parametrize("kind", ["black-hole", "drip"])
+def test_ctrl_c_ends_compare_log_waiting_on_the_server(kind: str, tmp_path: Path) -> None:
+    """``compare --log`` sends the comparison to MLflow; the server never answers: Ctrl-C exits
+    130 within seconds (the page, written before, stays)."""
+    import shutil
+
+    from tests.fixture_paths import NEMO_GYM_FIXTURES
+
+    runs = tmp_path / "runs"
+    shutil.copytree(NEMO_GYM_FIXTURES, runs)
+    with never_answering(kind) as (uri, held):
+        cfg = tmp_path / "log.yaml"
+        cfg.write_text(json.dumps({"exporters": {"local": {"enabled": False},
+                                                 "mlflow": {"enabled": True, "tracking_uri": uri}}}))  # fmt: skip
+        done = interrupt(
+            [sys.executable, "-m", "gym_artifacts.cli", "compare", str(runs / "clean/rollouts.jsonl"),
+             str(runs / "with-failures/rollouts.jsonl"), "-o", str(tmp_path / "compare.html"), "--log", "-c", str(cfg)],
+            tmp_path, held,
+        )  # fmt: skip
+    assert_interrupted(done)
+    assert (tmp_path / "compare.html").is_file()
