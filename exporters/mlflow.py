@@ -59,8 +59,11 @@ from ._mlflow_client import (
     DeadlinePassed,
     RequestLimits,
     ScopedMlflow,
+    ServerRefused,
+    as_refusal,
     check_artifact_name,
     file_mtime_ms,
+    is_rest,
 )
 from ._mlflow_compare import send_comparison
 from ._mlflow_mapping import config_params, split_metrics, tag_value
@@ -202,7 +205,7 @@ class MlflowExporter(LiveExporter):
 
         return (
             *super().expected_errors(), MlflowException, requests.RequestException, ValueError,
-            DeadlinePassed, SQLAlchemyError, sqlite3.Error,
+            DeadlinePassed, ServerRefused, SQLAlchemyError, sqlite3.Error,
         )  # fmt: skip
 
     def _client(self, *, live: bool) -> ScopedMlflow:
@@ -415,14 +418,18 @@ class MlflowExporter(LiveExporter):
         retries; after a failure (a timeout may still create the run on the server) the run is
         looked up by ``lookup`` (its send key, else its identity: bookkeeping it was created with) for a
         while before creating again. Then, if a concurrent exporter elsewhere created one too,
-        every exporter continues in the oldest run (and deletes its own)."""
+        every exporter continues in the oldest run (and deletes its own).
+
+        A refusal (a 4xx: permission denied, unauthenticated, bad request) created nothing and
+        will not change: it is raised at once (ServerRefused), never waited out. A database
+        store's failed create was rolled back: its run is looked up once, not waited for."""
         import requests
         from mlflow.exceptions import MlflowException
 
         s = self.settings
         window = s.create_lookup_seconds
         if window is None:
-            window = max(10.0, 2 * s.export_request_timeout)
+            window = max(10.0, 2 * s.export_request_timeout) if is_rest(ml.tracking_uri) else 0.0
         last: Exception | None = None
         run_id: str | None = None
         for _ in range(s.export_request_retries + 1):
@@ -430,6 +437,9 @@ class MlflowExporter(LiveExporter):
                 run_id = ml.create_run(experiment_id, name, tags, start_ms, kept)
                 break
             except (MlflowException, requests.RequestException) as exc:
+                refusal = as_refusal("runs/create", exc)
+                if refusal is not None:
+                    raise refusal from exc
                 last = exc
                 logger.warning("mlflow: runs/create failed (%s); looking the run's identity up", exc)
             deadline = time.monotonic() + window
@@ -632,13 +642,12 @@ class MlflowExporter(LiveExporter):
         (see _mlflow_traces); a database store gets MLflow's own server for the duration. A
         rollout without its own time is placed at ``fallback_ms`` (the eval's start) plus its row
         in milliseconds. Ids are scoped by the MLflow run, which a rerun finds by identity."""
-        from ._mlflow_client import ScopedMlflow, _is_rest
         from ._mlflow_trace_server import trace_server
 
         experiment_id = str(ml.get_run(run_id).info.experiment_id)
         traces = payload_traces(payload, f"mlflow/{run_id}", fallback_ms / 1000, plan)
         assessments = self.settings.trace_assessments
-        if _is_rest(ml.tracking_uri):
+        if is_rest(ml.tracking_uri):
             return log_rollout_traces(ml, experiment_id, run_id, traces, assessments).traces
         # A database store has no server before its traces: the export's deadline bounds their
         # part only, counted from here (the store answered all along before it) and again from

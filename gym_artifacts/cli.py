@@ -17,10 +17,11 @@ import json
 import logging
 import os
 import re
+import signal
 import sys
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 if TYPE_CHECKING:
     from gym_artifacts.export.executors import RunResults
@@ -382,7 +383,8 @@ def cmd_exporters(ns: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the command; a reader that closes the pipe early (``| head``) ends it quietly."""
+    """Run the command; a reader that closes the pipe early (``| head``) ends it quietly, and a
+    Ctrl-C no command handled itself (``status``, ``report``, an import) exits 130 in one line."""
     try:
         code = _main(argv)
         sys.stdout.flush()
@@ -392,7 +394,31 @@ def main(argv: Sequence[str] | None = None) -> int:
             devnull = os.open(os.devnull, os.O_WRONLY)
             os.dup2(devnull, sys.stdout.fileno())
         return EXIT_FAILED
+    except KeyboardInterrupt:
+        print("gym-artifacts: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
     return code
+
+
+def run() -> NoReturn:
+    """The program (``gym-artifacts``, ``python -m gym_artifacts``): ``main()``, then exit.
+
+    After a Ctrl-C the process ends at once, without the interpreter's shutdown: that waits for
+    every non-daemon thread (a pool sending traces, an SDK's own workers), each of which may sit
+    in a request to a server that never answers, for as long as its deadline (minutes). What the
+    command had to say is printed and flushed first; locks are the kernel's (``flock``) and end
+    with the process; nothing abandoned wrote a receipt."""
+    try:
+        code = main()
+    except KeyboardInterrupt:  # a second Ctrl-C while the first one's results were printed
+        code = EXIT_INTERRUPTED
+    if code == EXIT_INTERRUPTED:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # a further Ctrl-C cannot cut the flush
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(Exception):
+                stream.flush()
+        os._exit(EXIT_INTERRUPTED)
+    sys.exit(code)
 
 
 def _main(argv: Sequence[str] | None = None) -> int:
@@ -454,4 +480,4 @@ def _unexpected(exc: Exception, verbose: bool) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run()

@@ -13,6 +13,9 @@ from hypothesis import settings
 
 from tests.fixture_paths import REACTOR_FIXTURES
 
+# Every subprocess a test starts has its pipes closed by the end of that test (tests/leaks.py).
+pytest_plugins = ["tests.leaks"]
+
 # Hypothesis explores new examples on every run; CI (`scripts/test.sh` sets HYPOTHESIS_PROFILE=ci) draws the
 # same ones each time, so a landing is decided by the change, not by the draw. A case a local run
 # finds is added to its test with @example.

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from gym_artifacts.live.channel import teardown_limits
 from gym_artifacts.live.worker import BackgroundWorker, Call
+from tests.load import scaled
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -25,7 +26,7 @@ def test_a_slow_setup_is_waited_for_past_the_idle_deadline() -> None:
     t0 = time.monotonic()
     assert worker.stop(0.5, hard_cap=30.0)
     assert got == list(range(50)) and worker.stats.undelivered == 0
-    assert time.monotonic() - t0 < 10.0
+    assert time.monotonic() - t0 < scaled(10.0)
 
 
 def test_steady_progress_is_waited_for_until_the_hard_cap() -> None:
@@ -36,7 +37,7 @@ def test_steady_progress_is_waited_for_until_the_hard_cap() -> None:
     assert not worker.stop(0.5, hard_cap=1.5)
     elapsed = time.monotonic() - t0
     # past the idle deadline (progress), stopped by the cap, not by the queue's end (100 x 0.1 s)
-    assert 1.4 <= elapsed < 1.5 + 5.0
+    assert 1.4 <= elapsed < 1.5 + scaled(5.0)
     assert worker.stats.delivered >= 10  # far more than 0.5 s would have allowed
     assert worker.stats.undelivered > 0
 
@@ -48,7 +49,7 @@ def test_no_progress_ends_at_the_idle_deadline() -> None:
     worker.submit(Call(lambda: None, (), "metrics", droppable=True))
     t0 = time.monotonic()
     assert not worker.stop(0.5, hard_cap=30.0)
-    assert time.monotonic() - t0 < 10.0  # the idle deadline (0.5 s), far from the hard cap (30 s)
+    assert time.monotonic() - t0 < scaled(10.0)  # the idle deadline (0.5 s), far from the hard cap (30 s)
     release.set()
 
 
