@@ -19,7 +19,7 @@ import pytest
 from gym_artifacts.cli import main
 from gym_artifacts.compare import compare_runs
 from gym_artifacts.compare.policy import PolicyError, load_policy
-from tests.test_compare_gate import EXIT, make_run
+from tests.test_compare_gate import make_run
 
 REPO = Path(__file__).resolve().parent.parent
 DOCS = REPO / "docs" / "compare.md"
@@ -78,7 +78,9 @@ def test_an_integer_past_float64_is_refused_not_a_crash(tmp_path: Path, where: s
     assert len(message) < 400
 
 
-def test_an_expiry_with_a_time_is_refused_naming_expires(pair: dict[str, Path], tmp_path: Path, capsys: Any) -> None:
+def test_an_expiry_with_a_time_is_refused_naming_expires(
+    pair: dict[str, Path], tmp_path: Path, capsys: Any
+) -> None:
     """``!!timestamp 2027-01-31 10:00:00+05:00`` is a datetime, which Python cannot compare with
     the day: refused as a policy error (exit 2), never a TypeError at the comparison."""
     policy = _write(
@@ -127,7 +129,9 @@ def test_a_task_waiver_never_turns_a_pass_into_inconclusive(pair: dict[str, Path
     plain = compare_runs(pair["base"], [pair["new"]], policy=load_policy(_write(tmp_path, text, "a.yaml")))
     assert plain.gate()["verdict"] == "PASS"
     waived = text + "waivers:\n  - task: 3\n    reason: broken grader\n    expires: 2099-01-01\n"
-    comparison = compare_runs(pair["base"], [pair["new"]], policy=load_policy(_write(tmp_path, waived, "b.yaml")))
+    comparison = compare_runs(
+        pair["base"], [pair["new"]], policy=load_policy(_write(tmp_path, waived, "b.yaml"))
+    )
     reward = comparison.candidates[0].gate["metrics"][0]
     assert reward["n_pairs"] == 29
     assert comparison.gate()["verdict"] == "PASS", reward["reason"]
@@ -146,7 +150,9 @@ def test_the_markdown_stays_under_githubs_limit_with_thousands_of_waivers(
         f"    expires: {'2020-01-01' if i % 2 else '2099-01-01'}\n"
         for i in range(10_000)
     )
-    policy = load_policy(_write(tmp_path, "metrics:\n  - name: reward\n    margin: 0.05\nwaivers:\n" + waivers))
+    policy = load_policy(
+        _write(tmp_path, "metrics:\n  - name: reward\n    margin: 0.05\nwaivers:\n" + waivers)
+    )
     text = render_markdown(compare_runs(pair["base"], [pair["new"]], policy=policy))
     assert len(text) < 65_536, len(text)
     assert "more" in text.split("Expired waivers")[1]
