@@ -84,10 +84,16 @@ def _p_value(rule: MetricRule, mean: float, se: float, n: int) -> float | None:
 
 
 def decide_metric(
-    rule: MetricRule, deltas: Sequence[float], alpha: float, min_coverage: float, larger_run: int
+    rule: MetricRule,
+    deltas: Sequence[float],
+    alpha: float,
+    min_coverage: float,
+    larger_run: int,
+    waived: int = 0,
 ) -> dict[str, Any]:
     """One metric's status (pass / regressed / inconclusive), its figures in the metric's own
-    units, and the reason in words."""
+    units, and the reason in words. ``waived``: paired tasks left out by a task waiver; they count
+    as covered (left out on purpose), so a waiver never lowers the coverage."""
     sign = -1.0 if rule.lower_is_better else 1.0
     better = "lower is better" if rule.lower_is_better else "higher is better"
     out: dict[str, Any] = {**rule.to_json(), "n_pairs": len(deltas), "difference": None, "ci_low": None,
@@ -104,9 +110,11 @@ def decide_metric(
     if n == 0 or mean is None:
         return inconclusive("no task has it in both runs")
     out["difference"] = sign * mean
-    if n < min_coverage * larger_run:
+    if n + waived < min_coverage * larger_run:
+        also = f" (+{waived} waived)" if waived else ""
         return inconclusive(
-            f"paired coverage {n} of {larger_run} tasks is below the policy's minimum {min_coverage:.0%}"
+            f"paired coverage {n}{also} of {larger_run} tasks is below the policy's minimum "
+            f"{min_coverage:.0%}"
         )
     if n < 2:
         return inconclusive("only 1 paired task: a standard error needs at least 2")
@@ -185,7 +193,8 @@ def gate(
                 {"task": key, "metric": rule.name, "regressed": worse, "reason": waiver.reason,
                  "expires": waiver.expires.isoformat()}
             )  # fmt: skip
-        decided = decide_metric(rule, deltas, policy.alpha, policy.min_paired_coverage, larger)
+        waived = sum(1 for w in waived_tasks if w["metric"] == rule.name)
+        decided = decide_metric(rule, deltas, policy.alpha, policy.min_paired_coverage, larger, waived)
         waiver = next((w for w in active if w.task is None and w.metric == rule.name), None)
         if waiver is not None and decided["status"] in ("regressed", "inconclusive"):
             until = f"waived until {waiver.expires.isoformat()}: {waiver.reason}"
