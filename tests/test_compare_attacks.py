@@ -245,3 +245,24 @@ def test_the_ci_example_runs_as_documented(
     job = subprocess.run(["bash", "-e", "-c", script], cwd=tmp_path, env=env, timeout=60)
     assert (job.returncode != 0) == job_fails
     assert json.loads(json.dumps(workflow))  # plain data: the workflow is valid YAML as written
+
+
+# -- Ctrl-C ----------------------------------------------------------------------------------------
+@pytest.mark.parametrize("where", ["compare", "log"])
+def test_ctrl_c_ends_with_130_and_one_line_never_a_traceback(
+    pair: dict[str, Path], tmp_path: Path, capsys: Any, monkeypatch: Any, where: str
+) -> None:
+    """Ctrl-C while the runs are read, or while the trackers are sent to: exit 130 (as ``export``)
+    with one line saying what was cut; once the comparison was made, it is still printed."""
+    import gym_artifacts.compare.comparison as comparison_module
+    import gym_artifacts.compare.log as log_module
+
+    def interrupted(*_args: Any, **_kwargs: Any) -> Any:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(comparison_module if where == "compare" else log_module,
+                        "compare_runs" if where == "compare" else "log_comparison", interrupted)  # fmt: skip
+    code = main(["compare", str(pair["base"]), str(pair["new"]), "-o", str(tmp_path / "c.html"), "--log"])
+    out, err = capsys.readouterr()
+    assert code == 130 and "interrupted" in err and "Traceback" not in err
+    assert ("page: " in out) == (where == "log")
