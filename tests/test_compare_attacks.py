@@ -266,3 +266,17 @@ def test_ctrl_c_ends_with_130_and_one_line_never_a_traceback(
     out, err = capsys.readouterr()
     assert code == 130 and "interrupted" in err and "Traceback" not in err
     assert ("page: " in out) == (where == "log")
+
+
+def test_a_tracked_metric_that_cannot_be_tested_is_not_a_silent_pass(tmp_path: Path) -> None:
+    """Every rollout of the candidate failed: nothing pairs. A policy of tracked metrics only must
+    not PASS on no evidence at all: the untested tracked metric is a WARN naming why."""
+    from tests.nemo_gym_runs import write_run
+
+    base = write_run(tmp_path / "base" / "eval.jsonl", tasks=6, repeats=2)
+    failed = write_run(tmp_path / "failed" / "eval.jsonl", tasks=6, repeats=2, failing_tasks=range(6))
+    policy = load_policy(_write(tmp_path, "metrics:\n  - name: reward\n    tier: tracked\n    margin: 0.1\n"))
+    gate = compare_runs(base, [failed], policy=policy).candidates[0].gate
+    assert gate["metrics"][0]["status"] == "inconclusive"
+    assert gate["verdict"] == "WARN", gate["reasons"]
+    assert any("reward" in r and "no task has it in both runs" in r for r in gate["reasons"])
