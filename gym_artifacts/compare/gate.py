@@ -25,8 +25,8 @@ metric only, when it names one). Expired waivers do not apply and are reported.
 The candidate's verdict: FAIL when a blocking metric regressed; else INCONCLUSIVE when a
 blocking metric is inconclusive; else WARN when a metric was waived, a blocking metric is shown
 worse than the base but within its margin (a real regression within the tolerance: NeMo Gym's
-epic #1493), a tracked metric regressed, a waived task regressed, or tasks were left out
-because their inputs differ; else PASS.
+epic #1493), a tracked metric regressed or could not be tested at all, a waived task regressed,
+or tasks were left out because their inputs differ; else PASS.
 """
 
 from __future__ import annotations
@@ -214,6 +214,12 @@ def gate(
         warnings += [m["reason"] for m in blocking if m["worse_within_margin"]]
         warnings += [
             f"tracked {m['reason']}" for m in metrics if m["tier"] == "tracked" and m["status"] == "regressed"
+        ]
+        # a tracked metric that could not be tested at all (no interval): never a PASS on no evidence
+        warnings += [
+            f"tracked {m['reason']}"
+            for m in metrics
+            if m["tier"] == "tracked" and m["status"] == "inconclusive" and m["ci_low"] is None
         ]
         warnings += [
             f"task {w['task']} regressed on {w['metric']} (waived until {w['expires']}: {w['reason']})"
