@@ -280,3 +280,36 @@ def test_a_tracked_metric_that_cannot_be_tested_is_not_a_silent_pass(tmp_path: P
     assert gate["metrics"][0]["status"] == "inconclusive"
     assert gate["verdict"] == "WARN", gate["reasons"]
     assert any("reward" in r and "no task has it in both runs" in r for r in gate["reasons"])
+
+
+# -- huge runs: the page, the summary and the JSON stay bounded -------------------------------------
+def _many(path: Path, tasks: int, repeats: int, lift: float) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w") as f:
+        for t in range(tasks):
+            for r in range(repeats):
+                reward = ((t * 7919 + r * 104729) % 1000) / 1000 + lift
+                f.write(json.dumps({"task_id": f"task-{t}", "reward": reward, "tokens": 100 + t % 17}) + "\n")
+    return path
+
+
+@pytest.mark.slow
+def test_fifty_thousand_rollouts_give_a_page_and_summary_of_bounded_size(tmp_path: Path) -> None:
+    """12,500 tasks x 4 repeats (50,000 rollouts) against 6,250 x 4: the page, the Markdown and
+    the JSON are about the same size for both (the task rows past the page's limit are counted,
+    not embedded), and the verdict is made."""
+    from gym_artifacts.compare.markdown import render_markdown
+    from gym_artifacts.compare.page import render_compare_page
+
+    sizes = []
+    policy = load_policy(_write(tmp_path, "metrics:\n  - name: reward\n    margin: 0.01\n"))
+    for tasks in (6_250, 12_500):
+        base = _many(tmp_path / f"b{tasks}" / "r.jsonl", tasks, 4, 0.0)
+        cand = _many(tmp_path / f"c{tasks}" / "r.jsonl", tasks, 4, 0.02)
+        comparison = compare_runs(base, [cand], policy=policy)
+        assert comparison.gate()["verdict"] == "PASS"
+        sizes.append((len(render_compare_page(comparison)), len(render_markdown(comparison)),
+                      len(json.dumps(comparison.to_json()))))  # fmt: skip
+    (page_a, md_a, json_a), (page_b, md_b, json_b) = sizes
+    assert page_b < 1.1 * page_a and page_b < 8_000_000, sizes
+    assert md_b < 1.1 * md_a and json_b < 1.1 * json_a, sizes
