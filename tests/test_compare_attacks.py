@@ -313,3 +313,22 @@ def test_fifty_thousand_rollouts_give_a_page_and_summary_of_bounded_size(tmp_pat
     (page_a, md_a, json_a), (page_b, md_b, json_b) = sizes
     assert page_b < 1.1 * page_a and page_b < 8_000_000, sizes
     assert md_b < 1.1 * md_a and json_b < 1.1 * json_a, sizes
+
+
+@pytest.mark.parametrize(
+    ("written", "read"), [("017", 17), ("0x11", "0x11"), ("1:30", "1:30"), ("1_7", "1_7")]
+)
+def test_a_task_key_reads_as_written_never_as_octal_or_base_60(
+    tmp_path: Path, written: str, read: Any
+) -> None:
+    """YAML 1.1 reads ``017`` as 15 and ``1:30`` as 90: a waiver for task 017 would silently waive
+    task 15. Integers are decimal (YAML 1.2); other spellings stay text, which names no integer
+    task (reported as matching nothing)."""
+    policy = load_policy(
+        _write(
+            tmp_path,
+            f"metrics:\n  - name: reward\nwaivers:\n  - task: {written}\n    reason: x\n"
+            "    expires: 2099-01-01\n",
+        )
+    )
+    assert policy.waivers[0].task == read
