@@ -140,7 +140,7 @@ class _DuplicateKey(Exception):
 
 class _NoDates(yaml.SafeLoader):
     """YAML without implicit timestamps (``expires: 2026-02-30`` reaches the check as text),
-    with ``1e-3`` read as a number, and a key given twice in one mapping refused."""
+    numbers as YAML 1.2 reads them (below), and a key given twice in one mapping refused."""
 
     def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
         seen: set[Any] = set()
@@ -156,16 +156,28 @@ class _NoDates(yaml.SafeLoader):
         return super().construct_mapping(node, deep=deep)
 
 
+# YAML 1.2's core schema for numbers: YAML 1.1 reads 017 as 15 (octal), 1:30 as 90 (base 60)
+# and wants a dot in 1.0e-3; a policy reads as written (017 is 17; 0x11, 1_7 and 1:30 stay text)
+_YAML_1_1_SCALARS = ("tag:yaml.org,2002:timestamp", "tag:yaml.org,2002:int", "tag:yaml.org,2002:float")
 _NoDates.yaml_implicit_resolvers = {
-    first: [(tag, rx) for tag, rx in resolvers if tag != "tag:yaml.org,2002:timestamp"]
+    first: [(tag, rx) for tag, rx in resolvers if tag not in _YAML_1_1_SCALARS]
     for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
 }
-# YAML 1.1 wants a dot in a float ("1.0e-3"); YAML 1.2 and every reader of a policy read 1e-3 too
-_NoDates.add_implicit_resolver(
-    "tag:yaml.org,2002:float",
-    re.compile(r"^[-+]?[0-9][0-9_]*(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"),
-    list("-+0123456789"),
+DECIMAL_INT = re.compile(r"^[-+]?[0-9]+$")
+CORE_FLOAT = re.compile(
+    r"^(?:[-+]?(?:\.[0-9]+|[0-9]+(?:\.[0-9]*)?)(?:[eE][-+]?[0-9]+)?"  # 1, 1.5, .5, 1e-3
+    r"|[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN))$"  # refused as not finite, by name
 )
+_NoDates.add_implicit_resolver("tag:yaml.org,2002:int", DECIMAL_INT, list("-+0123456789"))
+_NoDates.add_implicit_resolver("tag:yaml.org,2002:float", CORE_FLOAT, list("-+0123456789."))
+
+
+def _decimal_int(loader: yaml.SafeLoader, node: yaml.ScalarNode) -> int:
+    value = loader.construct_scalar(node)
+    return int(value, 10) if DECIMAL_INT.match(value) else loader.construct_yaml_int(node)
+
+
+_NoDates.add_constructor("tag:yaml.org,2002:int", _decimal_int)
 
 _REPR = reprlib.Repr()
 _REPR.maxlevel, _REPR.maxstring, _REPR.maxother, _REPR.maxlong = 2, 80, 80, 40
@@ -228,7 +240,7 @@ def _number(value: Any, source: str, where: str, low: float, high: float | None 
     if number < low or (high is not None and number > high):
         bound = f"between {low:g} and {high:g}" if high is not None else f">= {low:g}"
         raise _fail(source, where, f"must be {bound} (got {_shown(value)})")
-    return number
+    return number + 0.0  # -0.0 reads 0
 
 
 def _choice(value: Any, source: str, where: str, allowed: Sequence[str]) -> str:
@@ -295,7 +307,7 @@ def _waiver(raw: Any, source: str, where: str) -> Waiver:
 def parse_policy(data: Any, source: str) -> Policy:
     """A Policy from parsed YAML ``data``; PolicyError naming the first problem."""
     top = _mapping(data, source, "", TOP_KEYS)
-    if top.get("version", 1) != 1:
+    if isinstance(top.get("version"), bool) or top.get("version", 1) != 1:
         raise _fail(source, "version", f"only version 1 is known (got {_shown(top.get('version'))})")
     raw_metrics = top.get("metrics")
     if not isinstance(raw_metrics, list) or not raw_metrics:
