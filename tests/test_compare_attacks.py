@@ -15,6 +15,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from gym_artifacts.cli import main
 from gym_artifacts.compare import compare_runs
@@ -332,3 +334,27 @@ def test_a_task_key_reads_as_written_never_as_octal_or_base_60(
         )
     )
     assert policy.waivers[0].task == read
+
+
+PIECES = st.text(st.characters(codec="utf-8", exclude_categories=("Cs", "Cc")), max_size=3) | st.sampled_from(
+    [*"|\\`*_[]()<>!&#~@:\n\r\t-+=.", "&amp;", "&#124;", "<!--", "](x)", "\\|", "https://x.example"]
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(name=st.lists(PIECES, max_size=12).map("".join))
+def test_any_name_is_one_cell_of_its_own_text(name: str) -> None:
+    """Whatever a run or metric name holds, in a GFM table (markdown-it's): one cell whose text is
+    the name (line breaks as spaces, outer spaces trimmed as a table trims them), no element in it."""
+    markdown_it = pytest.importorskip("markdown_it")
+    import html
+
+    from gym_artifacts.compare.markdown import cell
+
+    md = markdown_it.MarkdownIt("commonmark").enable(["table", "strikethrough"])
+    rendered = md.render(f"| a | b |\n|---|---|\n| {cell(name)} | last |\n")
+    (row,) = _table_cells(rendered)
+    assert len(row) == 2 and row[1] == "last", rendered
+    assert "<" not in row[0].replace("&lt;", ""), rendered
+    want = " ".join(name.replace("\r", " ").replace("\n", " ").split())
+    assert " ".join(html.unescape(row[0]).split()) == want, rendered
