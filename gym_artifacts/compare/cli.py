@@ -9,7 +9,8 @@ for a pull request. ``--log`` sends it to the configured trackers once
 Exit codes: 2 for unusable arguments, a bad policy file, a run that does not exist or cannot be
 read, or runs that are not of the same tasks; else 1 when ``--log`` failed for a tracker; else,
 with ``--policy``, the worst candidate's verdict (``gate.EXIT_CODES``: PASS 0, WARN 3,
-INCONCLUSIVE 4, FAIL 5); else 0 (the comparison was made, whatever it says).
+INCONCLUSIVE 4, FAIL 5); else 0 (the comparison was made, whatever it says). Ctrl-C: 130, with
+one line (and the comparison printed, when only ``--log`` was cut).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from typing import Any
 from gym_artifacts.core.text_table import format_table
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+EXIT_INTERRUPTED = 130  # Ctrl-C, as export
 
 
 def add_compare_parser(sub: Any, parents: list[argparse.ArgumentParser]) -> argparse.ArgumentParser:
@@ -148,6 +150,9 @@ def cmd_compare(ns: argparse.Namespace) -> int:
     except (GymArtifactsError, OSError) as exc:
         print(f"gym-artifacts: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
+    except KeyboardInterrupt:
+        print("gym-artifacts: interrupted before the comparison was finished", file=sys.stderr)
+        return EXIT_INTERRUPTED
     gate = comparison.gate()
     code = EXIT_CODES[gate["verdict"]] if gate is not None else EXIT_OK
     logged: list[dict[str, Any]] = []
@@ -159,6 +164,14 @@ def cmd_compare(ns: argparse.Namespace) -> int:
         except GymArtifactsError as exc:
             print(f"gym-artifacts: error: {exc}", file=sys.stderr)
             return EXIT_USAGE
+        except KeyboardInterrupt:  # the comparison is made: print it; a tracker logged has its receipt
+            print(format_comparison(comparison, page))
+            print(
+                "gym-artifacts: interrupted while logging: a tracker that finished has its receipt; "
+                "run the command again to log the rest (nothing is logged twice)",
+                file=sys.stderr,
+            )
+            return EXIT_INTERRUPTED
         if any(r["status"] == "FAILED" for r in logged):
             code = EXIT_FAILED
     if ns.json:

@@ -354,6 +354,26 @@ def unpaired_text(rows: Sequence[TaskRow]) -> str:
     return text + " (failed rollouts are never scored as 0)" if text else ""
 
 
+def name_apart(base: RunTasks, candidates: Sequence[RunTasks]) -> None:
+    """Give each candidate a name no other run of the comparison has: the tables, the Markdown
+    and the trackers' metric keys (``<candidate>/<metric>/...``) tell candidates apart by name.
+    A clash (``a/new/eval`` and ``b/new/eval`` both ``new/eval``, or one run given twice) takes
+    the path as given, then a number."""
+    counts: dict[str, int] = {}
+    for run in (base, *candidates):
+        counts[run.name] = counts.get(run.name, 0) + 1
+    taken = {base.name} | {c.name for c in candidates if counts[c.name] == 1}
+    for c in candidates:
+        if counts[c.name] == 1:
+            continue
+        label, n = c.run.source, 1
+        while label in taken:
+            n += 1
+            label = f"{c.run.source} ({n})"
+        c.label = label
+        taken.add(label)
+
+
 def compare_runs(
     base: RunArtifacts | str | os.PathLike[str],
     candidates: Sequence[RunArtifacts | str | os.PathLike[str]],
@@ -383,9 +403,10 @@ def compare_runs(
     if not candidates:
         raise CompareError("give at least one candidate run to compare with the base")
     base_tasks = read_run_tasks(base)
+    all_tasks = [read_run_tasks(candidate) for candidate in candidates]
+    name_apart(base_tasks, all_tasks)
     pairs: list[CandidateComparison] = []
-    for candidate in candidates:
-        cand_tasks = read_run_tasks(candidate)
+    for cand_tasks in all_tasks:
         for metric in metrics or []:
             if metric not in base_tasks.metrics() and metric not in cand_tasks.metrics():
                 known = sorted(set(base_tasks.metrics()) | set(cand_tasks.metrics()))

@@ -25,8 +25,8 @@ metric only, when it names one). Expired waivers do not apply and are reported.
 The candidate's verdict: FAIL when a blocking metric regressed; else INCONCLUSIVE when a
 blocking metric is inconclusive; else WARN when a metric was waived, a blocking metric is shown
 worse than the base but within its margin (a real regression within the tolerance: NeMo Gym's
-epic #1493), a tracked metric regressed, a waived task regressed, or tasks were left out
-because their inputs differ; else PASS.
+epic #1493), a tracked metric regressed or could not be tested at all, a waived task regressed,
+or tasks were left out because their inputs differ; else PASS.
 """
 
 from __future__ import annotations
@@ -84,10 +84,16 @@ def _p_value(rule: MetricRule, mean: float, se: float, n: int) -> float | None:
 
 
 def decide_metric(
-    rule: MetricRule, deltas: Sequence[float], alpha: float, min_coverage: float, larger_run: int
+    rule: MetricRule,
+    deltas: Sequence[float],
+    alpha: float,
+    min_coverage: float,
+    larger_run: int,
+    waived: int = 0,
 ) -> dict[str, Any]:
     """One metric's status (pass / regressed / inconclusive), its figures in the metric's own
-    units, and the reason in words."""
+    units, and the reason in words. ``waived``: paired tasks left out by a task waiver; they count
+    as covered (left out on purpose), so a waiver never lowers the coverage."""
     sign = -1.0 if rule.lower_is_better else 1.0
     better = "lower is better" if rule.lower_is_better else "higher is better"
     out: dict[str, Any] = {**rule.to_json(), "n_pairs": len(deltas), "difference": None, "ci_low": None,
@@ -104,9 +110,11 @@ def decide_metric(
     if n == 0 or mean is None:
         return inconclusive("no task has it in both runs")
     out["difference"] = sign * mean
-    if n < min_coverage * larger_run:
+    if n + waived < min_coverage * larger_run:
+        also = f" (+{waived} waived)" if waived else ""
         return inconclusive(
-            f"paired coverage {n} of {larger_run} tasks is below the policy's minimum {min_coverage:.0%}"
+            f"paired coverage {n}{also} of {larger_run} tasks is below the policy's minimum "
+            f"{min_coverage:.0%}"
         )
     if n < 2:
         return inconclusive("only 1 paired task: a standard error needs at least 2")
@@ -185,7 +193,8 @@ def gate(
                 {"task": key, "metric": rule.name, "regressed": worse, "reason": waiver.reason,
                  "expires": waiver.expires.isoformat()}
             )  # fmt: skip
-        decided = decide_metric(rule, deltas, policy.alpha, policy.min_paired_coverage, larger)
+        waived = sum(1 for w in waived_tasks if w["metric"] == rule.name)
+        decided = decide_metric(rule, deltas, policy.alpha, policy.min_paired_coverage, larger, waived)
         waiver = next((w for w in active if w.task is None and w.metric == rule.name), None)
         if waiver is not None and decided["status"] in ("regressed", "inconclusive"):
             until = f"waived until {waiver.expires.isoformat()}: {waiver.reason}"
@@ -205,6 +214,12 @@ def gate(
         warnings += [m["reason"] for m in blocking if m["worse_within_margin"]]
         warnings += [
             f"tracked {m['reason']}" for m in metrics if m["tier"] == "tracked" and m["status"] == "regressed"
+        ]
+        # a tracked metric that could not be tested at all (no interval): never a PASS on no evidence
+        warnings += [
+            f"tracked {m['reason']}"
+            for m in metrics
+            if m["tier"] == "tracked" and m["status"] == "inconclusive" and m["ci_low"] is None
         ]
         warnings += [
             f"task {w['task']} regressed on {w['metric']} (waived until {w['expires']}: {w['reason']})"

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import html
 import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -19,13 +20,20 @@ from gym_artifacts.compare.policy import waiver_words
 from gym_artifacts.core.atomic import atomic_write_bytes
 
 COMMENT_LIMIT = 60_000  # GitHub refuses comments past 65,536 characters; room for a footer
+FOOTER_ROOM = 2_000  # the page's path and the "more" lines, kept free by every section
 ICONS = {"PASS": "✅", "WARN": "⚠️", "INCONCLUSIVE": "❔", "FAIL": "❌"}
 
 
+MARKDOWN_SPECIAL = re.compile(r"([\\`*_\[\]~|])")  # what could open a link, image, code or emphasis
+
+
 def cell(value: Any) -> str:
-    """One table cell: no ``|`` or line break can end it, no HTML is interpreted."""
+    """One table cell, or a line's text: no ``|`` or line break can end it, no HTML is interpreted,
+    and no Markdown either (a backslash before each character that opens a link, an image, code
+    or emphasis, and before ``|`` and ``\\`` themselves), so the text shows as it is."""
     text = "-" if value is None else str(value)
-    return html.escape(text, quote=False).replace("|", "\\|").replace("\r", " ").replace("\n", " ")
+    text = html.escape(text, quote=False).replace("\r", " ").replace("\n", " ")
+    return MARKDOWN_SPECIAL.sub(r"\\\1", text)
 
 
 def _num(value: float | None) -> str:
@@ -59,6 +67,25 @@ def _rows(comparison: Comparison) -> tuple[list[str], list[list[str]]]:
     return head, rows
 
 
+def _within(lines: list[str], budget: int, more: str) -> list[str]:
+    """As many of ``lines`` as fit in ``budget`` characters, then ``more`` with the count left."""
+    out: list[str] = []
+    for line in lines:
+        if budget - len(line) - 1 < 0:
+            return [*out, more.format(len(lines) - len(out))]
+        out.append(line)
+        budget -= len(line) + 1
+    return out
+
+
+def _left_out(c: Any) -> str:
+    p = c.pairing()
+    return (
+        f"{c.candidate.name}: {p['paired']} tasks paired; left out: {p['only_in_base']} only in the base, "
+        f"{p['only_in_candidate']} only in the candidate, {p['input_differs']} whose inputs differ"
+    )
+
+
 def render_markdown(comparison: Comparison, page: Path | None = None) -> str:
     """The summary's text (see the module doc)."""
     gate = comparison.gate()
@@ -66,54 +93,38 @@ def render_markdown(comparison: Comparison, page: Path | None = None) -> str:
     lines = [f"## gym-artifacts compare: {cell(title)}", ""]
     settings = f"alpha {comparison.alpha:g}"
     if comparison.policy is not None and gate is not None:
-        settings = f"policy `{cell(comparison.policy.source)}`, judged on {gate['today']}, {settings}"
+        settings = f"policy {cell(comparison.policy.source)}, judged on {gate['today']}, {settings}"
     lines += [f"Base **{cell(comparison.base.name)}**; {settings}.", ""]
-    if gate is None:
-        lines += [f"- {cell(c.verdict['text'])}" for c in comparison.candidates] + [""]
-    else:
-        for c in comparison.candidates:
-            assert c.gate is not None
-            lines.append(
-                f"- **{cell(c.candidate.name)}**: {ICONS[c.gate['verdict']]} **{c.gate['verdict']}**"
-            )
-        lines.append("")
+    verdicts = [
+        f"- {cell(c.verdict['text'])}" if c.gate is None
+        else f"- **{cell(c.candidate.name)}**: {ICONS[c.gate['verdict']]} **{c.gate['verdict']}**"
+        for c in comparison.candidates
+    ]  # fmt: skip
+    lines += [*_within(verdicts, COMMENT_LIMIT // 4, "- ... and {} more candidates (on the page)"), ""]
     head, rows = _rows(comparison)
     table = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    size = sum(len(line) for line in lines)
-    shown = 0
-    for row in rows:
-        line = "| " + " | ".join(cell(v) for v in row) + " |"
-        if size + len(line) > COMMENT_LIMIT:
-            break
-        table.append(line)
-        size += len(line) + 1
-        shown += 1
-    lines += table
-    if shown < len(rows):
-        lines.append(
-            f"\n{len(rows) - shown} more row(s) not shown (the comment limit): every one is on the page."
-        )
-    lines.append("")
-    if gate is not None and gate["expired_waivers"]:
-        lines.append("**Expired waivers** (no longer applied):")
-        for w in gate["expired_waivers"]:
-            lines.append(f"- {cell(waiver_words(w))}")
+    budget = COMMENT_LIMIT - sum(len(line) + 1 for line in lines) - FOOTER_ROOM
+    table += _within([("| " + " | ".join(cell(v) for v in row) + " |") for row in rows], budget - 200,
+                     "\n{} more row(s) not shown (the comment limit): every one is on the page.")  # fmt: skip
+    lines += [*table, ""]
+    sections: list[tuple[str, list[str]]] = []
+    if gate is not None:
+        sections += [
+            ("**Expired waivers** (no longer applied):", [waiver_words(w) for w in gate["expired_waivers"]]),
+            ("**Waivers that match no task or tested metric** (they never apply):",
+             [waiver_words(w) for w in gate["unmatched_waivers"]]),
+        ]  # fmt: skip
+    sections.append(("", [_left_out(c) for c in comparison.candidates]))
+    for title, items in sections:
+        if not items:
+            continue
+        budget = COMMENT_LIMIT - sum(len(line) + 1 for line in lines) - FOOTER_ROOM
+        lines += [title] if title else []
+        lines += _within([f"- {cell(x)}" for x in items], budget - len(title) - 100,
+                         "- ... and {} more (on the page and in --json)")  # fmt: skip
         lines.append("")
-    if gate is not None and gate["unmatched_waivers"]:
-        lines.append("**Waivers that match no task or tested metric** (they never apply):")
-        for w in gate["unmatched_waivers"]:
-            lines.append(f"- {cell(waiver_words(w))}")
-        lines.append("")
-    for c in comparison.candidates:
-        p = c.pairing()
-        left_out = [f"{p['only_in_base']} only in the base",
-                    f"{p['only_in_candidate']} only in the candidate",
-                    f"{p['input_differs']} whose inputs differ"]  # fmt: skip
-        lines.append(
-            f"- {cell(c.candidate.name)}: {p['paired']} tasks paired; left out: {', '.join(left_out)}"
-        )
     if page is not None:
-        lines += ["", f"The page with every task's rollouts side by side: `{cell(os.fspath(page))}`."]
+        lines += ["", f"The page with every task's rollouts side by side: {cell(os.fspath(page))}."]
     return "\n".join(lines) + "\n"
 
 

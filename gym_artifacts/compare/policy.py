@@ -28,6 +28,8 @@ from __future__ import annotations
 
 import datetime as dt
 import math
+import re
+import reprlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -49,6 +51,7 @@ METRIC_KEYS = ("name", "direction", "margin", "alternative", "tier")
 WAIVER_KEYS = ("task", "metric", "reason", "expires")
 DEFAULT_MIN_PAIRED_COVERAGE = MIN_PAIRED_COVERAGE  # NeMo Gym main's rule, as the plain test's
 DEFAULT_MAX_INPUT_MISMATCH = 0.5  # above this share, the runs are not runs of the same tasks
+MAX_POLICY_BYTES = 1 << 20  # a policy is a page of YAML; past this it is refused, not read whole
 
 
 class PolicyError(ConfigError):
@@ -128,27 +131,82 @@ def waiver_words(waiver: dict[str, Any]) -> str:
     return f"{what} (expires {waiver['expires']}): {waiver['reason']}"
 
 
+class _DuplicateKey(Exception):
+    """A mapping that holds a key twice (YAML loaders keep the last one silently)."""
+
+    def __init__(self, key: Any, line: int) -> None:
+        super().__init__(f"line {line}: key {_shown(key)} is given twice (only one can apply)")
+
+
 class _NoDates(yaml.SafeLoader):
-    """YAML without implicit timestamps: ``expires: 2026-02-30`` reaches the check as text."""
+    """YAML without implicit timestamps (``expires: 2026-02-30`` reaches the check as text),
+    numbers as YAML 1.2 reads them (below), and a key given twice in one mapping refused."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: set[Any] = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            try:
+                duplicate = key in seen
+                seen.add(key)
+            except TypeError:  # an unhashable key: the loader itself refuses it
+                continue
+            if duplicate:
+                raise _DuplicateKey(key, key_node.start_mark.line + 1)
+        return super().construct_mapping(node, deep=deep)
 
 
+# YAML 1.2's core schema for numbers: YAML 1.1 reads 017 as 15 (octal), 1:30 as 90 (base 60)
+# and wants a dot in 1.0e-3; a policy reads as written (017 is 17; 0x11, 1_7 and 1:30 stay text)
+_YAML_1_1_SCALARS = ("tag:yaml.org,2002:timestamp", "tag:yaml.org,2002:int", "tag:yaml.org,2002:float")
 _NoDates.yaml_implicit_resolvers = {
-    first: [(tag, rx) for tag, rx in resolvers if tag != "tag:yaml.org,2002:timestamp"]
+    first: [(tag, rx) for tag, rx in resolvers if tag not in _YAML_1_1_SCALARS]
     for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
 }
+DECIMAL_INT = re.compile(r"^[-+]?[0-9]+$")
+CORE_FLOAT = re.compile(
+    r"^(?:[-+]?(?:\.[0-9]+|[0-9]+(?:\.[0-9]*)?)(?:[eE][-+]?[0-9]+)?"  # 1, 1.5, .5, 1e-3
+    r"|[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN))$"  # refused as not finite, by name
+)
+_NoDates.add_implicit_resolver("tag:yaml.org,2002:int", DECIMAL_INT, list("-+0123456789"))
+_NoDates.add_implicit_resolver("tag:yaml.org,2002:float", CORE_FLOAT, list("-+0123456789."))
+
+
+def _decimal_int(loader: yaml.SafeLoader, node: yaml.ScalarNode) -> int:
+    value = loader.construct_scalar(node)
+    return int(value, 10) if DECIMAL_INT.match(value) else loader.construct_yaml_int(node)
+
+
+_NoDates.add_constructor("tag:yaml.org,2002:int", _decimal_int)
+
+_REPR = reprlib.Repr()
+_REPR.maxlevel, _REPR.maxstring, _REPR.maxother, _REPR.maxlong = 2, 80, 80, 40
+_REPR.maxlist = _REPR.maxdict = _REPR.maxtuple = _REPR.maxset = 4
+
+
+def _shown(value: Any) -> str:
+    """``repr(value)`` cut short: a value built of nested YAML aliases (millions of items from a
+    few bytes) or a 400-digit integer is named in a few words, never spelled out."""
+    return _REPR.repr(value)
 
 
 def load_policy(path: str | Path) -> Policy:
     """Read and validate the policy at ``path``; PolicyError naming the problem."""
     path = Path(path)
     try:
-        text = path.read_text(encoding="utf-8")
+        with path.open("rb") as f:
+            raw = f.read(MAX_POLICY_BYTES + 1)  # a file that never ends (/dev/zero) is not read whole
+        if len(raw) > MAX_POLICY_BYTES:
+            raise PolicyError(f"--policy {path}: too large for a policy (over {MAX_POLICY_BYTES:,} bytes)")
+        text = raw.decode("utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         raise PolicyError(f"--policy {path}: cannot read it: {exc}") from exc
     try:
         data = yaml.load(text, Loader=_NoDates)  # a SafeLoader subclass
     except yaml.YAMLError as exc:
         raise PolicyError(f"--policy {path}: not valid YAML: {str(exc).splitlines()[0]}") from exc
+    except _DuplicateKey as exc:
+        raise PolicyError(f"--policy {path}: {exc}") from exc
     return parse_policy(data, str(path))
 
 
@@ -158,45 +216,53 @@ def _fail(source: str, where: str, message: str) -> PolicyError:
 
 def _mapping(value: Any, source: str, where: str, known: Sequence[str]) -> dict[str, Any]:
     if not isinstance(value, dict):
-        raise _fail(source, where, f"expected a mapping of {', '.join(known)} (got {type(value).__name__})")
+        got = "an empty file" if value is None and not where else type(value).__name__
+        raise _fail(source, where, f"expected a mapping of {', '.join(known)} (got {got})")
     for key in value:
         if key not in known:
+            name = str(key)[:80]
             raise _fail(
-                source, f"{where}.{key}" if where else str(key),
-                f"unknown key {key!r}{did_you_mean(str(key), known)} (known: {', '.join(known)})",
+                source, f"{where}.{name}" if where else name,
+                f"unknown key {_shown(key)}{did_you_mean(name, known)} (known: {', '.join(known)})",
             )  # fmt: skip
     return value
 
 
 def _number(value: Any, source: str, where: str, low: float, high: float | None = None) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-        raise _fail(source, where, f"expected a number, got {value!r}")
-    if value < low or (high is not None and value > high):
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise _fail(source, where, f"expected a number, got {_shown(value)}")
+    try:
+        number = float(value)  # an integer past float64 (400 digits) overflows here
+    except OverflowError:
+        number = math.inf
+    if not math.isfinite(number):
+        raise _fail(source, where, f"expected a finite number, got {_shown(value)}")
+    if number < low or (high is not None and number > high):
         bound = f"between {low:g} and {high:g}" if high is not None else f">= {low:g}"
-        raise _fail(source, where, f"must be {bound} (got {value!r})")
-    return float(value)
+        raise _fail(source, where, f"must be {bound} (got {_shown(value)})")
+    return number + 0.0  # -0.0 reads 0
 
 
 def _choice(value: Any, source: str, where: str, allowed: Sequence[str]) -> str:
-    if value not in allowed:
-        hint = did_you_mean(str(value), allowed)
-        raise _fail(source, where, f"{value!r} is not one of {', '.join(allowed)}{hint}")
+    if not isinstance(value, str) or value not in allowed:
+        hint = did_you_mean(value, allowed) if isinstance(value, str) else ""
+        raise _fail(source, where, f"{_shown(value)} is not one of {', '.join(allowed)}{hint}")
     return str(value)
 
 
 def _text(value: Any, source: str, where: str) -> str:
     if not isinstance(value, str) or not value.strip():
-        raise _fail(source, where, f"expected a non-empty text, got {value!r}")
+        raise _fail(source, where, f"expected a non-empty text, got {_shown(value)}")
     return value
 
 
 def _date(value: Any, source: str, where: str) -> dt.date:
-    if isinstance(value, dt.date):
+    if isinstance(value, dt.date) and not isinstance(value, dt.datetime):
         return value
     try:
-        return dt.date.fromisoformat(str(value)) if isinstance(value, str) else _not_a_date(value)
+        return dt.date.fromisoformat(value) if isinstance(value, str) else _not_a_date(value)
     except ValueError as exc:
-        raise _fail(source, where, f"{value!r} is not a date (YYYY-MM-DD): {exc}") from exc
+        raise _fail(source, where, f"{_shown(value)} is not a date (YYYY-MM-DD): {exc}") from exc
 
 
 def _not_a_date(value: Any) -> dt.date:
@@ -227,7 +293,9 @@ def _waiver(raw: Any, source: str, where: str) -> Waiver:
             raise _fail(source, where, f"a waiver needs a {key}")
     task = w.get("task")
     if task is not None and (isinstance(task, bool) or not isinstance(task, int | str) or task == ""):
-        raise _fail(source, f"{where}.task", f"expected a task key (an integer or a text), got {task!r}")
+        raise _fail(
+            source, f"{where}.task", f"expected a task key (an integer or a text), got {_shown(task)}"
+        )
     return Waiver(
         reason=_text(w["reason"], source, f"{where}.reason"),
         expires=_date(w["expires"], source, f"{where}.expires"),
@@ -239,8 +307,8 @@ def _waiver(raw: Any, source: str, where: str) -> Waiver:
 def parse_policy(data: Any, source: str) -> Policy:
     """A Policy from parsed YAML ``data``; PolicyError naming the first problem."""
     top = _mapping(data, source, "", TOP_KEYS)
-    if top.get("version", 1) != 1:
-        raise _fail(source, "version", f"only version 1 is known (got {top.get('version')!r})")
+    if isinstance(top.get("version"), bool) or top.get("version", 1) != 1:
+        raise _fail(source, "version", f"only version 1 is known (got {_shown(top.get('version'))})")
     raw_metrics = top.get("metrics")
     if not isinstance(raw_metrics, list) or not raw_metrics:
         raise _fail(source, "metrics", "expected a non-empty list of metrics (each with a name)")

@@ -144,10 +144,13 @@ class RunTasks:
     unkeyed_failed: int = 0
     torn: PartialLine | None = None
     note: str | None = None
+    label: str | None = None  # set when two runs of one comparison would share ``name``
 
     @property
     def name(self) -> str:
         """The run's stem with its folder (``clean/rollouts``): NeMo Gym runs often share a stem."""
+        if self.label is not None:
+            return self.label
         folder = self.run.stem.parent.name
         return f"{folder}/{self.run.name}" if folder and self.run.has_rollouts_file else self.run.name
 
