@@ -21,7 +21,8 @@ from gym_artifacts.plugin import (
     json_safe,
     last_user_message,
     mask_values,
-    metric_value,
+    rollout_window,
+    verdicts_and_extra,
 )
 from gym_artifacts.plugin import response_text as api_response_text
 
@@ -31,12 +32,6 @@ if TYPE_CHECKING:
 NAMESPACE = uuid.UUID("5f0c1b7e-6d43-5b9a-9a43-6b1d2e0f8c21")
 REQUEST_KEYS = ("responses_create_params", "request", "input", "prompt")
 RESPONSE_KEYS = ("response", "output", "completion")
-# Numeric fields that place or time a rollout rather than judge it: never reported as verdicts.
-PLACEMENT_KEYS = frozenset(
-    {"task_index", "repeat", "rollout_index", "index", "timestamp", "time",
-     "_ng_task_index", "_ng_rollout_index", "mask_sample"}
-)  # fmt: skip
-TIMING_PREFIXES = ("latency", "duration", "elapsed")
 
 
 def stable_id(*parts: object) -> str:
@@ -58,20 +53,23 @@ class Rollout:
     verdicts: dict[str, float]
     extra: dict[str, Any]
     time: float | None
+    end_time: float | None = None
 
     @property
     def reward(self) -> float | None:
         return self.verdicts.get("reward")
 
     def times(self, fallback_s: float) -> tuple[dt.datetime, dt.datetime]:
-        """Start and end (UTC): the rollout's own time (its ``timestamp`` or ``time``, else its
-        response's ``created_at``), else ``fallback_s`` (the run's start) plus its row in
-        milliseconds (keeps rows in order); the end adds ``latency_s`` when the record has one."""
-        start_s = self.time if self.time is not None else fallback_s + self.row / 1000
-        start = dt.datetime.fromtimestamp(start_s, dt.timezone.utc)
-        latency = self.extra.get("latency_s")
-        seconds = latency if isinstance(latency, int | float) and latency > 0 else 0
-        return start, start + dt.timedelta(seconds=seconds)
+        """Start and end (UTC): the rollout's own (``gym_artifacts.run.trajectory.rollout_window``:
+        its ``ng_trajectory`` calls, else its Response's ``created_at`` / ``completed_at`` and
+        latency), else ``fallback_s`` (the run's start) plus its row in milliseconds (keeps rows
+        in order) with no duration."""
+        if self.time is None:
+            start = dt.datetime.fromtimestamp(fallback_s + self.row / 1000, dt.timezone.utc)
+            return start, start
+        end_s = self.end_time if self.end_time is not None else self.time
+        return (dt.datetime.fromtimestamp(self.time, dt.timezone.utc),
+                dt.datetime.fromtimestamp(end_s, dt.timezone.utc))  # fmt: skip
 
 
 def _first(record: dict[str, Any], keys: tuple[str, ...]) -> tuple[str | None, Any]:
@@ -87,24 +85,10 @@ def rollout_from_record(row: int, record: Any) -> Rollout:
         return Rollout(row, str(row), None, "unknown", record, None, {}, {}, None)
     request_key, request = _first(record, REQUEST_KEYS)
     response_key, response = _first(record, RESPONSE_KEYS)
-    verdicts: dict[str, float] = {}
-    extra: dict[str, Any] = {}
-    for key, value in record.items():
-        if key in (request_key, response_key, "agent_ref"):
-            continue
-        number = metric_value(value) if not isinstance(value, str) else None
-        is_verdict = key not in PLACEMENT_KEYS and not key.startswith(TIMING_PREFIXES)
-        if number is not None and is_verdict and number == number:  # NaN is no verdict
-            verdicts[key] = number
-        else:
-            extra[key] = value
-    if "reward" in verdicts:
-        verdicts = {"reward": verdicts.pop("reward"), **verdicts}
+    verdicts, extra = verdicts_and_extra(record, (request_key, response_key, "agent_ref"))
     task = record.get("_ng_task_index", record.get("task_index", row))
     repeat = record.get("_ng_rollout_index", record.get("repeat"))
-    when = metric_value(record.get("timestamp", record.get("time")))
-    if when is None and isinstance(response, dict):  # a Responses API response: when it was made
-        when = metric_value(response.get("created_at"))
+    when, until = rollout_window(record)
     return Rollout(
         row=row,
         task=str(task),
@@ -115,6 +99,7 @@ def rollout_from_record(row: int, record: Any) -> Rollout:
         verdicts=verdicts,
         extra=extra,
         time=when,
+        end_time=until,
     )
 
 

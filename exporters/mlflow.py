@@ -44,6 +44,7 @@ from gym_artifacts.plugin import (
     absolute_store_uri,
     canonical_json,
     credential_free_uri,
+    eval_end_s,
     json_safe,
     run_times,
     saved_config_run_name,
@@ -77,7 +78,7 @@ KIND_KEY = "kind"
 SOURCE_KEY = "source"
 CERTIFIED_KEY = "certified"
 SUPERSEDED_KEY = "superseded_by"
-TIMES_KEY = "times_from"  # session, journal or files: where the run's times came from
+TIMES_KEY = "times_from"  # session, journal or rollouts: where the run's times came from
 # Set last, after the run is FINISHED: every artifact and metric of the identity is in.
 COMPLETE_KEY = "complete"
 # One export attempt's id: the runs it created, so that it deletes only its own orphans.
@@ -526,7 +527,7 @@ class MlflowExporter(LiveExporter):
         ml.log_metrics(run_id, journal_points())
         tags.update(journal_tags)
         numbers, texts = split_metrics(payload.values)
-        ts = file_mtime_ms(run.aggregate_metrics_fpath) if run.aggregate_metrics_fpath.is_file() else 0
+        ts = int(eval_end_s(run) * 1000)
         ml.log_metrics(run_id, ((k, v, ts, 0) for k, v in numbers.items()))
         tags.update(texts)
         if payload.aggregate_file is not None:
@@ -563,11 +564,11 @@ class MlflowExporter(LiveExporter):
                 sent += self._upload_nemo_gym_table(ml, run_id, complete, payload.secrets)
                 if self.settings.log_traces:
                     times = run_times(run)
-                    start_ms = times.start_ms if times is not None else file_mtime_ms(rollouts)
+                    start_ms = times.start_ms if times is not None else int(time.time() * 1000)
                     self._log_traces(ml, run_id, payload, start_ms, plan)
         omitted = payload.omitted_partial_line
         if omitted:
-            ts = file_mtime_ms(rollouts) if rollouts is not None else 0
+            ts = int(eval_end_s(run) * 1000)
             ml.log_metrics(run_id, ((k, float(v), ts, 0) for k, v in omitted.items()))
             kept.update({k: str(v) for k, v in omitted.items()})
         for item in payload.runtime_artifacts:

@@ -44,22 +44,22 @@ from gym_artifacts.plugin import (
     RunStatus,
     Sent,
     canonical_json,
+    eval_end_s,
     flatten,
     json_safe,
     metric_value,
     open_regular,
     redact_text,
     resolved_path,
+    rollout_verdicts,
     saved_config_run_name,
     write_table_jsonl,
 )
 
 from ._histogram import Histogram
 from ._rollouts import (
-    PLACEMENT_KEYS,
     REQUEST_KEYS,
     RESPONSE_KEYS,
-    TIMING_PREFIXES,
     Rollout,
     request_text,
     response_text,
@@ -332,8 +332,7 @@ class TensorboardExporter(LiveExporter):
 
     def _write_run(self, w: EventWriter, run: RunArtifacts, plan: ExportPlan) -> int:
         payload = RunPayload.of(run, plan)
-        agg = run.aggregate_metrics_fpath
-        finished = agg.stat().st_mtime if agg.is_file() else time.time()
+        finished = eval_end_s(run)
         if payload.config is not None:
             w.text("config", config_markdown(payload.config), 0, finished)
         for entry in payload.journal():
@@ -432,39 +431,14 @@ def _first_key(record: dict[str, Any], keys: tuple[str, ...]) -> str | None:
     return next((k for k in keys if k in record), None)
 
 
-_REQUEST_OR_RESPONSE = frozenset(REQUEST_KEYS) | frozenset(RESPONSE_KEYS)
-
-
 def rollout_numbers(record: Any) -> list[tuple[str, float]]:
     """A rollout record's histogram values in the order ``RolloutHistograms.add`` takes them:
-    its verdicts (``reward`` first) as ``rollout_from_record`` finds them, then its response's
-    token counts (``token_counts``). The same values without building the ``Rollout`` view
-    (texts, task, agent, extras): the per-row work of the rows past the table, so the JSON
-    types are told apart by ``type`` before any call."""
+    its verdicts (``reward`` first, ``rollout_verdicts``: the one definition), then its
+    response's token counts (``token_counts``), without building the ``Rollout`` view."""
     if not isinstance(record, dict):
         return []
-    numbers: list[tuple[str, float]] = []
-    for key, value in record.items():
-        kind = type(value)
-        if kind is str or kind is dict or kind is list or value is None:
-            continue
-        if key in PLACEMENT_KEYS or key == "agent_ref" or key.startswith(TIMING_PREFIXES):
-            continue
-        if kind is not float:
-            value = metric_value(value)  # int, bool (and any other number a caller passes)
-            if value is None:
-                continue
-        if value != value:  # NaN is no verdict
-            continue
-        if key in _REQUEST_OR_RESPONSE and key in (
-            _first_key(record, REQUEST_KEYS),
-            _first_key(record, RESPONSE_KEYS),
-        ):
-            continue  # a number where the request or response is looked for: shown as that
-        if key == "reward":
-            numbers.insert(0, (key, value))
-        else:
-            numbers.append((key, value))
+    skip = (_first_key(record, REQUEST_KEYS), _first_key(record, RESPONSE_KEYS), "agent_ref")
+    numbers = list(rollout_verdicts(record, [k for k in skip if k is not None]).items())
     response = record["response"] if "response" in record else record.get(_first_key(record, RESPONSE_KEYS))
     usage = response.get("usage") if isinstance(response, dict) else None
     if isinstance(usage, dict):

@@ -68,10 +68,21 @@ from gym_artifacts.run.rollout_spans import (
     Span,
     failure_trace,
     rollout_trace,
+    trajectory_trace,
 )
 from gym_artifacts.run.sidecars import masked_artifact
 from gym_artifacts.run.spool import RolloutSpool
-from gym_artifacts.run.times import eval_times, run_times
+from gym_artifacts.run.times import eval_end_s, eval_times, run_times
+from gym_artifacts.run.trajectory import (
+    PLACEMENT_KEYS,
+    TIMING_PREFIXES,
+    Trajectory,
+    failed_trajectory,
+    rollout_verdicts,
+    rollout_window,
+    trajectory_of,
+    verdicts_and_extra,
+)
 
 if TYPE_CHECKING:
     from gym_artifacts.report import build_report
@@ -104,7 +115,9 @@ __all__ = [
     "LLM",
     "NVML_SERIES",
     "NVML_SUMMARY",
+    "PLACEMENT_KEYS",
     "RECORDING",
+    "TIMING_PREFIXES",
     "TOOL",
     "CannotCertify",
     "ConfigError",
@@ -125,6 +138,7 @@ __all__ = [
     "RunStatus",
     "Sent",
     "Span",
+    "Trajectory",
     "absolute_store_uri",
     "adopted",
     "agent_label",
@@ -139,8 +153,10 @@ __all__ = [
     "credential_free_uri",
     "current_watch",
     "dataset_service_destination",
+    "eval_end_s",
     "eval_times",
     "exclusive_lock",
+    "failed_trajectory",
     "failure_trace",
     "flatten",
     "iter_journal",
@@ -161,6 +177,8 @@ __all__ = [
     "resolved_path",
     "response_text",
     "rollout_trace",
+    "rollout_verdicts",
+    "rollout_window",
     "run_times",
     "run_values",
     "saved_config_run_name",
@@ -170,7 +188,10 @@ __all__ = [
     "sync_barrier",
     "table_jsonl",
     "table_split_json",
+    "trajectory_of",
+    "trajectory_trace",
     "utc_now_iso",
+    "verdicts_and_extra",
     "write_table_jsonl",
     "write_table_split_json",
 ]
