@@ -62,7 +62,14 @@ from ._mlflow_client import (
     check_artifact_name,
     file_mtime_ms,
 )
-from ._mlflow_mapping import config_params, split_metrics, tag_value
+from ._mlflow_mapping import (
+    METRICS_TABLE,
+    config_params,
+    headline_split,
+    metrics_table,
+    split_metrics,
+    tag_value,
+)
 from ._mlflow_report import ReportTarget, build_and_upload, has_report, job_for
 from ._mlflow_report import start as start_report
 from ._mlflow_schema import ensure_sqlite_schema
@@ -527,8 +534,9 @@ class MlflowExporter(LiveExporter):
         ml.log_metrics(run_id, journal_points())
         tags.update(journal_tags)
         numbers, texts = split_metrics(payload.values)
+        head, rest = headline_split(numbers)
         ts = int(eval_end_s(run) * 1000)
-        ml.log_metrics(run_id, ((k, v, ts, 0) for k, v in numbers.items()))
+        ml.log_metrics(run_id, ((k, v, ts, 0) for k, v in head.items()))
         tags.update(texts)
         if payload.aggregate_file is not None:
             sent += self._upload_artifact(ml, run_id, payload.aggregate_file, None)
@@ -536,6 +544,9 @@ class MlflowExporter(LiveExporter):
         for table in tables:
             sent += self._upload_written(ml, run_id, f"{table.name}.json", table, "tables")
         table_paths = [f"tables/{t.name}.json" for t in tables]
+        if rest:
+            sent += self._upload_bytes(ml, run_id, METRICS_TABLE, metrics_table(rest), "tables")
+            table_paths.append(f"tables/{METRICS_TABLE}")
         tags[DESCRIPTION_TAG] = headline(payload)
         run_name = self.settings.run_name or saved_config_run_name(run, self.name)
         dataset = planned_inputs(payload, f"{run_name} planned inputs")
