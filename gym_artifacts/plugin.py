@@ -68,6 +68,7 @@ from gym_artifacts.run.rollout_spans import (
     Span,
     failure_trace,
     rollout_trace,
+    trace_id_for,
     trajectory_trace,
 )
 from gym_artifacts.run.sidecars import masked_artifact
@@ -188,6 +189,7 @@ __all__ = [
     "sync_barrier",
     "table_jsonl",
     "table_split_json",
+    "trace_id_for",
     "trajectory_of",
     "trajectory_trace",
     "utc_now_iso",

@@ -319,8 +319,8 @@ def test_phoenix_names_runs_errors_links_and_annotations(phoenix: PhoenixServer,
     # named from the run: agent, run name (folder), date
     named = [n for n in datasets if "with-failures" in n]
     assert len(named) == 1 and AGENT in named[0] and day in named[0], datasets
-    project = next(p for p in projects if "with-failures" in p)
-    assert AGENT in project and day in project, projects
+    project = named[0]  # traces go to the project of the dataset's name
+    assert project in projects, projects
     assert "with-failures" in info["name"] and not info["name"].startswith("rollouts")
     # every planned rollout: 10 runs, the 2 failed ones as ERROR runs with their failure
     runs = experiment["task_runs"]
