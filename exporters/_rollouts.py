@@ -10,6 +10,7 @@ the same objects, a changed run names new ones.
 from __future__ import annotations
 
 import datetime as dt
+import json
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -17,11 +18,14 @@ from typing import TYPE_CHECKING, Any
 
 from gym_artifacts.plugin import (
     RolloutTrace,
+    Trajectory,
     agent_label,
+    failed_trajectory,
     json_safe,
     last_user_message,
     mask_values,
     rollout_window,
+    trajectory_of,
     verdicts_and_extra,
 )
 from gym_artifacts.plugin import response_text as api_response_text
@@ -218,3 +222,76 @@ def failed_rollouts(payload: RunPayload) -> Iterator[tuple[int, Any, Any]]:
                 planned[key] = record
     for index, record in enumerate(failures):
         yield index, record, planned.get(place(record))
+
+
+# -- the readable rollouts table (W&B, TensorBoard): what a person reads in one rollout -----------------
+READABLE_COLUMNS = ["task", "repeat", "agent", "prompt", "answer", "tool_calls", "input_tokens",
+                    "output_tokens", "total_tokens", "reward", "failed", "failure"]  # fmt: skip
+TEXT_CHARS = 2000  # of a prompt, an answer or the tool calls in one cell
+
+
+def _cut(text: str) -> str:
+    return text if len(text) <= TEXT_CHARS else text[: TEXT_CHARS - 1] + "…"
+
+
+def tool_calls_text(trajectory: Trajectory) -> str:
+    """``name(arguments) -> status`` of each tool call, in order."""
+    calls = []
+    for call in trajectory.tool_calls:
+        arguments = call.arguments
+        arguments = arguments if isinstance(arguments, str) else json.dumps(json_safe(arguments))
+        calls.append(f"{call.name}({arguments}) -> {call.status}")
+    return "; ".join(calls)
+
+
+def readable_row(trajectory: Trajectory, secrets: frozenset[str] = frozenset()) -> list[Any]:
+    """One rollout as ``READABLE_COLUMNS``: texts masked and cut, tokens summed over its model
+    calls, ``reward`` None for a failed rollout (never a zero)."""
+    usage = trajectory.usage
+    texts = [_cut(trajectory.prompt), _cut(trajectory.answer) if not trajectory.failed else "",
+             _cut(tool_calls_text(trajectory))]  # fmt: skip
+    if secrets:
+        texts = [str(masked(t, secrets)) for t in texts]
+    failure = trajectory.failure.text if trajectory.failure is not None else None
+    return [
+        int(trajectory.task) if trajectory.task.isdigit() else trajectory.task,
+        trajectory.repeat, trajectory.agent, *texts,
+        usage.get("input_tokens"), usage.get("output_tokens"), usage.get("total_tokens"),
+        trajectory.reward, trajectory.failed,
+        masked(_cut(failure), secrets) if failure is not None else None,
+    ]  # fmt: skip
+
+
+def is_responses_record(record: Any) -> bool:
+    """A NeMo Gym (Responses API) rollout line, or a row of its failures sidecar."""
+    return isinstance(record, dict) and (
+        "responses_create_params" in record or "response" in record or "_ng_failure_class" in record
+    )
+
+
+def table_rows(records: Iterator[Any]) -> Iterator[Any]:
+    """The rows of a rollouts table: each NeMo Gym rollout as its ``Trajectory`` (read by
+    ``readable_row``), when the first record is one; other writers' records as they are."""
+    first = next(records, None)
+    if first is None:
+        return
+    if not is_responses_record(first):
+        yield first
+        yield from records
+        return
+    yield trajectory_of(0, first)
+    for row, record in enumerate(records, start=1):
+        yield trajectory_of(row, record)
+
+
+def payload_table_rows(payload: RunPayload) -> Iterator[Any]:
+    """``table_rows`` of the export's rollouts, then (NeMo Gym runs) each failed rollout with its
+    planned input: every planned rollout with a result, streamed."""
+    responses = False
+    for row in table_rows(payload.rollout_records()):
+        responses = responses or isinstance(row, Trajectory)
+        yield row
+    if responses:
+        for index, record, planned in failed_rollouts(payload):
+            yield failed_trajectory(index, record, planned)
+

@@ -53,6 +53,7 @@ from gym_artifacts.plugin import (
     write_table_split_json,
 )
 
+from ._headline import headline
 from ._mlflow_bookkeeping import bookkeeping_of
 from ._mlflow_client import (
     IDENTITY_KEY,
@@ -74,7 +75,7 @@ from ._mlflow_report import ReportTarget, build_and_upload, has_report, job_for
 from ._mlflow_report import start as start_report
 from ._mlflow_schema import ensure_sqlite_schema
 from ._mlflow_traces import log_rollout_traces
-from ._mlflow_views import DESCRIPTION_TAG, evaluation_dataset, headline, planned_inputs
+from ._mlflow_views import DESCRIPTION_TAG, evaluation_dataset, planned_inputs
 from ._nemo_gym_shapes import MLFLOW_TABLE_FILE, file_documents, write_split_table
 from ._rollouts import payload_traces
 
