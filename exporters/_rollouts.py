@@ -200,28 +200,12 @@ def trace_total(payload: RunPayload) -> int:
 
 def failed_rollouts(payload: RunPayload) -> Iterator[tuple[int, Any, Any]]:
     """``(row, failure record, planned input or None)`` of each row of the failures sidecar, when
-    rollouts are sent; the planned input is the materialized input of the same task and repeat."""
-    from gym_artifacts.plugin import iter_jsonl
+    rollouts are sent (``failures_with_plans``)."""
+    from gym_artifacts.plugin import failures_with_plans
 
-    run = payload.run
-    if not payload.sends_rollouts or not run.failures_fpath.is_file():
+    if not payload.sends_rollouts:
         return
-    failures = [record for _, record in iter_jsonl(run.failures_fpath, "failures JSONL")]
-
-    def place(record: Any) -> tuple[Any, Any] | None:
-        if not isinstance(record, dict):
-            return None
-        return record.get("_ng_task_index"), record.get("_ng_rollout_index")
-
-    wanted = {place(r) for r in failures} - {None}
-    planned: dict[Any, Any] = {}
-    if wanted and run.materialized_inputs_fpath.is_file():
-        for _, record in iter_jsonl(run.materialized_inputs_fpath, "materialized inputs JSONL"):
-            key = place(record)
-            if key in wanted and key not in planned:
-                planned[key] = record
-    for index, record in enumerate(failures):
-        yield index, record, planned.get(place(record))
+    yield from failures_with_plans(payload.run)
 
 
 # -- the readable rollouts table (W&B, TensorBoard): what a person reads in one rollout -----------------

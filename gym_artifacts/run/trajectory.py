@@ -28,13 +28,16 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gym_artifacts.core.jsonio import json_safe, metric_value
 from gym_artifacts.run.artifacts import agent_label
 from gym_artifacts.run.responses_api import last_user_message, response_text
+
+if TYPE_CHECKING:
+    from gym_artifacts.run.artifacts import RunArtifacts
 
 REQUEST_KEY, RESPONSE_KEY = "responses_create_params", "response"
 TRAJECTORY_KEY, PERF_KEY = "ng_trajectory", "ng_perf"
@@ -612,3 +615,30 @@ def parsed_object(text: Any, key: str) -> Any:
             return {key: text}
         return value if isinstance(value, dict) else {key: value}
     return text if isinstance(text, dict) else {key: json_safe(text)}
+
+
+def failures_with_plans(run: RunArtifacts) -> Iterator[tuple[int, Any, Any]]:
+    """``(row, failure record, planned input or None)`` of each row of the run's failures sidecar:
+    the planned input is the materialized input of the same task and repeat (the one lookup the
+    backends and the report share; memory holds the failures and their planned inputs only)."""
+    from gym_artifacts.core.jsonio import iter_jsonl
+
+    if not run.failures_fpath.is_file():
+        return
+    failures = [record for _, record in iter_jsonl(run.failures_fpath, "failures JSONL")]
+
+    def where(record: Any) -> tuple[Any, Any] | None:
+        if not isinstance(record, dict):
+            return None
+        return record.get("_ng_task_index"), record.get("_ng_rollout_index")
+
+    wanted = {where(r) for r in failures} - {None}
+    planned: dict[Any, Any] = {}
+    if wanted and run.materialized_inputs_fpath.is_file():
+        for _, record in iter_jsonl(run.materialized_inputs_fpath, "materialized inputs JSONL"):
+            key = where(record)
+            if key in wanted and key not in planned:
+                planned[key] = record
+    for index, record in enumerate(failures):
+        yield index, record, planned.get(where(record))
+
