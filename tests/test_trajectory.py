@@ -136,3 +136,26 @@ def test_a_run_whose_rollouts_hold_no_time_has_no_times(tmp_path: Path) -> None:
     out.parent.mkdir()
     out.write_text('{"reward": 1}\n{"reward": 0}\n')
     assert run_times(RunArtifacts.from_path(out)) is None
+
+
+def test_a_real_observability_run_gives_every_span_its_time_and_every_model_call_its_tokens() -> None:
+    """NeMo Gym 0.7.0's own output with ``observability_enabled`` (tests/fixtures/.../observability,
+    made with its CLI): the trajectory agrees with NeMo Gym's own ``ng_perf`` of each rollout."""
+    run = NEMO_GYM_FIXTURES / "observability" / "rollouts.jsonl"
+    records = lines(run)
+    assert records
+    for row, record in enumerate(records):
+        perf = record["ng_perf"]
+        trajectory = trajectory_of(row, record)
+        assert trajectory.source == "ng_trajectory"
+        assert len(trajectory.model_calls) == perf["num_turns"]
+        assert len(trajectory.tool_calls) == perf["num_tool_calls"]
+        assert trajectory.usage["input_tokens"] == perf["prompt_tokens"]
+        assert trajectory.usage["output_tokens"] == perf["completion_tokens"]
+        assert trajectory.duration_s == pytest.approx(perf["total_latency_ms"] / 1000)
+        trace = rollout_trace("s", row, record, fallback_s=1.0)
+        assert all(s.end_ns > s.start_ns and "times" not in s.attributes for s in trace.spans)
+        assert all(s.usage and s.usage["total_tokens"] > 0 for s in trace.spans if s.kind == LLM)
+        assert all(s.error is None for s in trace.spans if s.kind == TOOL)
+    times = run_times(RunArtifacts.from_path(run))
+    assert times is not None and times.source == "rollouts" and times.end > times.start
