@@ -197,7 +197,8 @@ class PhoenixExporter(Exporter):
             inputs=list(tasks.values()),
             outputs=[{} for _ in tasks],
             metadata=[{"task": task} for task in tasks],
-            dataset_description=f"Tasks of the eval run {run.name} ({plan.run_identity})",
+            dataset_description=f"Tasks of the eval run {saved_config_run_name(run, self.name)} "
+            f"({plan.run_identity})",
             timeout=self.settings.request_timeout,
         )
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -26,6 +27,7 @@ from gym_artifacts.run.artifacts import RunArtifacts
 from gym_artifacts.run.receipts import read_receipts
 from tests.fixture_paths import NEMO_GYM_FIXTURES
 from tests.phoenix_server import PhoenixServer
+from tests.test_report import browser  # noqa: F401 - the shared Chromium fixture
 
 REPO = Path(__file__).resolve().parent.parent
 CANARY = "sk-phoenix-canary-2b7e40"
@@ -352,3 +354,46 @@ def test_phoenix_names_runs_errors_links_and_annotations(phoenix: PhoenixServer,
     assert len([p for p in again if AGENT in p]) == 2
     assert any("clean" in p for p in again)
 
+
+
+def test_phoenix_ui_shows_named_runs_errors_and_trace_annotations(
+    phoenix: PhoenixServer, browser: Any, tmp_path: Path  # noqa: F811
+) -> None:
+    """Phoenix's own UI (Chromium) on the exported with-failures run: the project named from the
+    run, its 10 traces (2 errors), the experiment's 10 runs; screenshots in test-artifacts/."""
+    import time
+
+    from tests.test_report import SCREENSHOTS
+
+    run = _copy_fixture("with-failures", tmp_path)
+    result = _export_default(run, phoenix.url)
+    client = Client(base_url=phoenix.url)
+    info = client.experiments.get(experiment_id=result.backend_run_id)
+    SCREENSHOTS.mkdir(exist_ok=True)
+    page = browser.new_page(viewport={"width": 1600, "height": 950})
+
+    def shown(needle: str, times: int = 1) -> str:
+        deadline = time.monotonic() + 60
+        while True:
+            text = str(page.inner_text("body"))
+            if text.count(needle) >= times or time.monotonic() > deadline:
+                return text
+            time.sleep(0.5)
+
+    page.goto(f"{phoenix.url}/projects")
+    text = shown(info["name"][:30])
+    page.screenshot(path=str(SCREENSHOTS / "phoenix-projects.png"))
+    assert info["name"][:30] in text  # the project, named from the run
+    page.get_by_text(info["name"][:30]).first.click()
+    shown("what's it like in sf?")
+    text = shown("TRACE ANNOTATIONS")
+    page.screenshot(path=str(SCREENSHOTS / "phoenix-traces.png"))
+    # the list's input/output: the last user turn and the final answer, not JSON
+    assert "what's it like in sf?" in text and "{" not in text.split("what's it like in sf?")[0][-200:]
+    assert re.search(r"Total Traces\s+10\b", text) and text.count("ClientResponseError") >= 2
+    assert re.search(r"TRACE ANNOTATIONS\s+reward", text)  # the reward as a trace annotation
+    page.goto(f"{phoenix.url}/datasets/{info['dataset_id']}/experiments")
+    text = shown(info["name"][:30], 2)
+    page.screenshot(path=str(SCREENSHOTS / "phoenix-experiments.png"))
+    assert text.count(info["name"][:30]) >= 2  # the dataset's header and the experiment's row
+    page.close()
