@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 from omegaconf import OmegaConf
@@ -23,6 +24,7 @@ from tensorboard.backend.event_processing.event_accumulator import (
 from gym_artifacts import export_run
 from gym_artifacts.contract.hooks import ExportStatus
 from tests.test_mlflow_traces import fixture_run
+from tests.test_report import browser  # noqa: F401 - the shared Chromium fixture
 
 
 def test_tensorboard_shows_each_rollout_distributions_and_a_full_table(tmp_path: Path) -> None:
@@ -50,3 +52,55 @@ def test_tensorboard_shows_each_rollout_distributions_and_a_full_table(tmp_path:
     assert len(rows) == 10
     assert sum("ClientResponseError" in row for row in rows) == 2
     assert any("get_weather(" in row for row in rows) and any("| 96 |" in row for row in rows)
+
+
+@pytest.mark.slow
+def test_tensorboard_ui_draws_distributions_and_the_rollouts_table(browser: Any, tmp_path: Path) -> None:  # noqa: F811
+    """TensorBoard's own UI (``tensorboard --logdir``, Chromium): the Distributions tab draws a
+    chart with data, the Text tab shows the failed rollouts; screenshots in test-artifacts/."""
+    import os
+    import re
+    import sys
+    import time
+
+    from tests.server_process import free_port, kill_process_group, start_process_group
+    from tests.test_report import SCREENSHOTS
+
+    rollouts = fixture_run(tmp_path)
+    cfg = OmegaConf.create({"exporters": {"tensorboard": {"enabled": True, "logdir": str(tmp_path / "tb")}}})
+    [result] = export_run(rollouts, cfg)
+    assert result.status is ExportStatus.EXPORTED, result.reason
+    port = free_port()
+    binary = str(Path(sys.executable).with_name("tensorboard"))
+    proc = start_process_group(
+        [binary, "--logdir", str(tmp_path / "tb"), "--host", "127.0.0.1", "--port", str(port)],
+        dict(os.environ), tmp_path / "tensorboard.log", f"http://127.0.0.1:{port}/data/logdir", 120,
+    )  # fmt: skip
+    try:
+        SCREENSHOTS.mkdir(exist_ok=True)
+        page = browser.new_page(viewport={"width": 1500, "height": 950})
+
+        def shown(selector: str) -> int:
+            deadline = time.monotonic() + 60
+            while page.locator(selector).count() == 0 and time.monotonic() < deadline:
+                time.sleep(0.5)
+            return int(page.locator(selector).count())
+
+        page.goto(f"http://127.0.0.1:{port}/?darkMode=false#distributions")
+        charts = shown("tf-histogram-chart, vz-histogram-timeseries, svg path.area, svg .area")
+        time.sleep(2)
+        page.screenshot(path=str(SCREENSHOTS / "tensorboard-distributions.png"))
+        assert charts > 0
+        page.get_by_text(re.compile(r"^\s*text\s*$", re.IGNORECASE)).first.click()
+        group = page.locator('span.category-name[title="rollouts"] >> visible=true').first
+        group.click(timeout=90_000)  # open the group
+        failed = page.get_by_text(re.compile("ClientResponseError"))
+        tools = page.get_by_text(re.compile(r"get_weather\("))
+        deadline = time.monotonic() + 90
+        while failed.count() < 2 and time.monotonic() < deadline:
+            time.sleep(0.5)
+        page.screenshot(path=str(SCREENSHOTS / "tensorboard-rollouts-table.png"))
+        assert failed.count() >= 2 and tools.count() >= 1  # the failed rollouts, the tool calls
+        page.close()
+    finally:
+        kill_process_group(proc)
