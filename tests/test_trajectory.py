@@ -159,3 +159,19 @@ def test_a_real_observability_run_gives_every_span_its_time_and_every_model_call
         assert all(s.error is None for s in trace.spans if s.kind == TOOL)
     times = run_times(RunArtifacts.from_path(run))
     assert times is not None and times.source == "rollouts" and times.end > times.start
+
+
+def test_token_details_reach_each_platform_in_its_own_shape(tmp_path: Path) -> None:
+    """Cached and reasoning tokens of a model call: LangSmith's usage_metadata details, MLflow's
+    tokenUsage keeps its three counts; the root carries none (platforms sum the model calls')."""
+    from exporters._mlflow_traces import span_attributes
+    from exporters.langsmith import usage_metadata
+
+    record = json.loads(observability_run(tmp_path / "run").read_text().splitlines()[-1])
+    record["ng_trajectory"]["model_calls"][0]["token_stats"]["reasoning_tokens"] = 7
+    trace = rollout_trace("s", 0, record, 1.0)
+    first = next(s for s in trace.spans if s.kind == LLM)
+    assert usage_metadata(first.usage or {})["output_token_details"] == {"reasoning": 7}
+    assert usage_metadata(first.usage or {})["input_token_details"] == {"cache_read": 0}
+    assert set(span_attributes(trace, first)["mlflow.chat.tokenUsage"]) == {"input_tokens", "output_tokens", "total_tokens"}
+    assert "mlflow.chat.tokenUsage" not in span_attributes(trace, trace.root)
