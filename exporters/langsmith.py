@@ -335,8 +335,8 @@ class LangsmithExporter(LiveExporter):
             dotted[span.span_id] = own if span.parent_id is None else f"{dotted[span.parent_id]}.{own}"
             outputs = as_object(span.outputs, "output") if span.outputs is not None else None
             metadata: dict[str, Any] = dict(span.attributes)
-            if span.usage and outputs is not None:
-                outputs = {**outputs, "usage_metadata": span.usage}
+            if span.usage and outputs is not None and span.kind == LLM:  # LangSmith sums the llm runs'
+                outputs = {**outputs, "usage_metadata": usage_metadata(span.usage)}
             if span.model:
                 metadata["ls_model_name"] = span.model
             run: dict[str, Any] = {
@@ -377,3 +377,16 @@ class LangsmithExporter(LiveExporter):
                     session_id=session_id,
                     feedback_id=uuid.uuid5(uuid.UUID(run_id), key),
                 )
+
+
+def usage_metadata(usage: dict[str, int]) -> dict[str, Any]:
+    """A model call's tokens as LangSmith's ``usage_metadata`` (cache-read and reasoning counts
+    under its ``input_token_details`` / ``output_token_details``)."""
+    keys = ("input_tokens", "output_tokens", "total_tokens")
+    out: dict[str, Any] = {k: usage[k] for k in keys if k in usage}
+    if "cached_tokens" in usage:
+        out["input_token_details"] = {"cache_read": usage["cached_tokens"]}
+    if "reasoning_tokens" in usage:
+        out["output_token_details"] = {"reasoning": usage["reasoning_tokens"]}
+    return out
+

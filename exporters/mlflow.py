@@ -45,6 +45,7 @@ from gym_artifacts.plugin import (
     absolute_store_uri,
     canonical_json,
     credential_free_uri,
+    eval_end_s,
     json_safe,
     run_times,
     saved_config_run_name,
@@ -53,6 +54,7 @@ from gym_artifacts.plugin import (
     write_table_split_json,
 )
 
+from ._headline import headline
 from ._mlflow_bookkeeping import bookkeeping_of
 from ._mlflow_client import (
     IDENTITY_KEY,
@@ -66,12 +68,19 @@ from ._mlflow_client import (
     is_rest,
 )
 from ._mlflow_compare import send_comparison
-from ._mlflow_mapping import config_params, split_metrics, tag_value
+from ._mlflow_mapping import (
+    METRICS_TABLE,
+    config_params,
+    headline_split,
+    metrics_table,
+    split_metrics,
+    tag_value,
+)
 from ._mlflow_report import ReportTarget, build_and_upload, has_report, job_for
 from ._mlflow_report import start as start_report
 from ._mlflow_schema import ensure_sqlite_schema
 from ._mlflow_traces import log_rollout_traces
-from ._mlflow_views import DESCRIPTION_TAG, evaluation_dataset, headline, planned_inputs
+from ._mlflow_views import DESCRIPTION_TAG, evaluation_dataset, planned_inputs
 from ._nemo_gym_shapes import MLFLOW_TABLE_FILE, file_documents, write_split_table
 from ._rollouts import payload_traces
 
@@ -82,7 +91,7 @@ KIND_KEY = "kind"
 SOURCE_KEY = "source"
 CERTIFIED_KEY = "certified"
 SUPERSEDED_KEY = "superseded_by"
-TIMES_KEY = "times_from"  # session, journal or files: where the run's times came from
+TIMES_KEY = "times_from"  # session, journal or rollouts: where the run's times came from
 # Set last, after the run is FINISHED: every artifact and metric of the identity is in.
 COMPLETE_KEY = "complete"
 # One export attempt's id: the runs it created, so that it deletes only its own orphans.
@@ -559,13 +568,16 @@ class MlflowExporter(LiveExporter):
                 journal_tags.update(texts)
                 step = entry.step if entry.step is not None else 0
                 for key, value in numbers.items():
+                    journaled.add(key)
                     yield key, value, int(entry.time * 1000), step
 
+        journaled: set[str] = set()  # MLflow names the journal holds: its point is their one point
         ml.log_metrics(run_id, journal_points())
         tags.update(journal_tags)
-        numbers, texts = split_metrics(payload.history_values)
-        ts = file_mtime_ms(run.aggregate_metrics_fpath) if run.aggregate_metrics_fpath.is_file() else 0
-        ml.log_metrics(run_id, ((k, v, ts, 0) for k, v in numbers.items()))
+        numbers, texts = split_metrics(payload.values)
+        head, rest = headline_split(numbers)  # the rest goes to the metrics table, journaled or not
+        ts = int(eval_end_s(run) * 1000)
+        ml.log_metrics(run_id, ((k, v, ts, 0) for k, v in head.items() if k not in journaled))
         tags.update(texts)
         if payload.aggregate_file is not None:
             sent += self._upload_artifact(ml, run_id, payload.aggregate_file, None)
@@ -573,6 +585,9 @@ class MlflowExporter(LiveExporter):
         for table in tables:
             sent += self._upload_written(ml, run_id, f"{table.name}.json", table, "tables")
         table_paths = [f"tables/{t.name}.json" for t in tables]
+        if rest:
+            sent += self._upload_bytes(ml, run_id, METRICS_TABLE, metrics_table(rest), "tables")
+            table_paths.append(f"tables/{METRICS_TABLE}")
         tags[DESCRIPTION_TAG] = headline(payload)
         run_name = self.settings.run_name or saved_config_run_name(run, self.name)
         dataset = planned_inputs(payload, f"{run_name} planned inputs")
@@ -601,11 +616,11 @@ class MlflowExporter(LiveExporter):
                 sent += self._upload_nemo_gym_table(ml, run_id, complete, payload.secrets)
                 if self.settings.log_traces:
                     times = run_times(run)
-                    start_ms = times.start_ms if times is not None else file_mtime_ms(rollouts)
+                    start_ms = times.start_ms if times is not None else int(time.time() * 1000)
                     self._log_traces(ml, run_id, payload, start_ms, plan)
         omitted = payload.omitted_partial_line
         if omitted:
-            ts = file_mtime_ms(rollouts) if rollouts is not None else 0
+            ts = int(eval_end_s(run) * 1000)
             ml.log_metrics(run_id, ((k, float(v), ts, 0) for k, v in omitted.items()))
             kept.update({k: str(v) for k, v in omitted.items()})
         for item in payload.runtime_artifacts:

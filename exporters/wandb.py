@@ -41,6 +41,7 @@ from gym_artifacts.plugin import (
     RunPayload,
     RunStatus,
     Sent,
+    Trajectory,
     atomic_write_bytes,
     canonical_json,
     credential_free_uri,
@@ -52,7 +53,9 @@ from gym_artifacts.plugin import (
     write_table_jsonl,
 )
 
+from ._headline import headline
 from ._nemo_gym_shapes import ROLLOUT_COLUMN, WANDB_TABLE_KEY, file_documents, rollout_documents
+from ._rollouts import READABLE_COLUMNS, payload_table_rows, readable_row, table_rows
 
 logger = logging.getLogger(__name__)
 _SCALARS = (str, int, float, bool, type(None))
@@ -106,20 +109,26 @@ def offline_folders(wandb_dpath: Path, run_id: str) -> list[Path]:
     return sorted(p for p in wandb_dpath.glob(f"offline-run-*-{run_id}*") if pattern.fullmatch(p.name))
 
 
-def rollout_table_parts(rows: Iterator[Any], part_rows: int) -> Iterator[tuple[list[str], list[list[Any]]]]:
-    """Rollouts in parts of at most ``part_rows``: real columns when the rows agree, else JSON."""
+def rollout_table_parts(
+    rows: Iterator[Any], part_rows: int, secrets: frozenset[str] = frozenset()
+) -> Iterator[tuple[list[str], list[list[Any]]]]:
+    """Rollouts in parts of at most ``part_rows`` (``table_layout`` each)."""
     part: list[Any] = []
     for row in rows:
         part.append(row)
         if len(part) == part_rows:
-            yield table_layout(part)
+            yield table_layout(part, secrets)
             part = []
     if part:
-        yield table_layout(part)
+        yield table_layout(part, secrets)
 
 
-def table_layout(rows: list[Any]) -> tuple[list[str], list[list[Any]]]:
-    """Columns and cells for one table."""
+def table_layout(rows: list[Any], secrets: frozenset[str] = frozenset()) -> tuple[list[str], list[list[Any]]]:
+    """Columns and cells for one table: NeMo Gym rollouts (``Trajectory`` rows) as
+    ``READABLE_COLUMNS`` (prompt, answer, tool calls, tokens, reward, failure); other records as
+    real columns when they agree, else one JSON column."""
+    if rows and all(isinstance(r, Trajectory) for r in rows):
+        return list(READABLE_COLUMNS), [readable_row(r, secrets) for r in rows]
     if rows and all(isinstance(r, dict) for r in rows):
         keys = list(rows[0].keys())
         if all(list(r.keys()) == keys for r in rows) and keys:
@@ -292,8 +301,10 @@ class WandbExporter(LiveExporter):
         self._last_step = step
 
     def _log_rollouts(self, rollouts: list[Any]) -> None:
-        self._rollouts.append(rollouts)  # on disk until teardown sends them as one table artifact
-        self._log_nemo_gym_table(self._wb_run, rollout_documents(rollouts, self.secrets))
+        # on disk until teardown sends them once: the readable table, its artifact and NeMo Gym's
+        # ``Rollouts`` table (one of each a run, never one a call: W&B makes an artifact per logged
+        # table)
+        self._rollouts.append(rollouts)
 
     @staticmethod
     def _log_nemo_gym_table(wb_run: Any, documents: Iterator[str]) -> int:
@@ -316,7 +327,9 @@ class WandbExporter(LiveExporter):
         try:
             if self._rollouts.rows:
                 raw = self._rollouts.finish()
-                self._send_rollouts(wb_run, self._rollouts.records(), f"live-rollouts-{wb_run.id}", raw=raw)
+                self._log_nemo_gym_table(wb_run, rollout_documents(self._rollouts.records(), self.secrets))
+                rows = table_rows(self._rollouts.records())
+                self._send_rollouts(wb_run, rows, f"live-rollouts-{wb_run.id}", raw, self.secrets)
         finally:
             try:
                 self._finish(wb_run, 0 if status is RunStatus.FINISHED else 1)
@@ -476,6 +489,7 @@ class WandbExporter(LiveExporter):
         if reason is not None:
             summary["system/nvml"] = reason
         wb_run.summary.update(summary)
+        wb_run.notes = headline(payload)  # the run's first line in W&B's UI
         sent += self._send_tables(wb_run, payload.tables)
         if payload.sidecars:
             artifact = wandb.Artifact(f"nemo-gym-{wb_run.id}", type="nemo-gym")
@@ -485,8 +499,10 @@ class WandbExporter(LiveExporter):
         rows = 0
         with payload.rollouts_file() as complete:
             if complete is not None:
-                records = payload.rollout_records()
-                rows = self._send_rollouts(wb_run, records, f"rollouts-{wb_run.id}", raw=complete)
+                records = payload_table_rows(payload)  # every planned rollout, failed ones too
+                name = f"rollouts-{wb_run.id}"
+                self._send_rollouts(wb_run, records, name, complete, payload.secrets)
+                rows = payload.rollout_rows  # the run's rollouts (the table adds the failed ones)
                 sent += complete.stat().st_size
                 if rollouts_table and rows <= self.settings.table_max_rows:
                     self._log_nemo_gym_table(wb_run, file_documents(complete, payload.secrets))
@@ -542,8 +558,9 @@ class WandbExporter(LiveExporter):
         return sent
 
     def _send_rollouts(
-        self, wb_run: Any, records: Iterator[Any], artifact_name: str, raw: Path | None = None
-    ) -> int:
+        self, wb_run: Any, records: Iterator[Any], artifact_name: str, raw: Path | None = None,
+        secrets: frozenset[str] = frozenset(),
+    ) -> int:  # fmt: skip
         """Every rollout: a summary table when they fit W&B's row limit, and a table artifact."""
         import wandb
 
@@ -553,7 +570,8 @@ class WandbExporter(LiveExporter):
         total = 0
         parts = 0
         first: wandb.Table | None = None
-        for columns, cells in rollout_table_parts(records, self.settings.artifact_part_rows):
+        parts_of = rollout_table_parts(records, self.settings.artifact_part_rows, secrets)
+        for columns, cells in parts_of:
             table = wandb.Table(columns=columns, data=cells)
             artifact.add(table, f"rollouts_part_{parts}")
             if parts == 0:
