@@ -20,7 +20,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gym_artifacts.instrument import SITE_DIR, instrumented_environment, python_of
+from gym_artifacts.instrument.command import SITE_DIR, instrumented_environment, python_of
 
 GYM_ARTIFACTS = [sys.executable, "-m", "gym_artifacts.cli"]
 # What a process reports: which module ``nemo_gym.exporters`` is, and whether it is the drop-in.
@@ -128,13 +128,15 @@ def test_signals_reach_the_command(tmp_path: Path, sig: signal.Signals) -> None:
 def test_an_existing_sitecustomize_still_runs(tmp_path: Path, fake_nemo_gym: Path) -> None:
     user_site = tmp_path / "user-site"
     user_site.mkdir()
-    (user_site / "sitecustomize.py").write_text("import builtins\nbuiltins.USER_SITE_HOOK = 'ran'\nprint('USER HOOK')\n")
-    code = PROBE + ";import builtins, sitecustomize; print('HOOK', builtins.USER_SITE_HOOK, sitecustomize.__file__)"
+    (user_site / "sitecustomize.py").write_text(
+        "import builtins\nbuiltins.USER_HOOK_RUNS = getattr(builtins, 'USER_HOOK_RUNS', 0) + 1\n"
+    )
+    code = PROBE + ";import builtins, sitecustomize; print('HOOK', builtins.USER_HOOK_RUNS, sitecustomize.__file__)"
     proc = instrument(sys.executable, "-c", code, env=env_with(user_site, fake_nemo_gym))
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.count("USER HOOK") == 1
     assert "ALIAS True True True" in proc.stdout
-    assert f"HOOK ran {user_site / 'sitecustomize.py'}" in proc.stdout
+    # run once in the command's interpreter, and it is the ``sitecustomize`` module there
+    assert f"HOOK 1 {user_site / 'sitecustomize.py'}" in proc.stdout
 
 
 def test_nested_instrument_puts_the_hook_on_the_path_once(fake_nemo_gym: Path) -> None:
@@ -149,10 +151,14 @@ def test_nested_instrument_puts_the_hook_on_the_path_once(fake_nemo_gym: Path) -
     assert path_line.split(" ", 1)[1].split(os.pathsep) == [str(SITE_DIR), str(fake_nemo_gym)]
 
 
-def test_python_child_processes_and_non_python_commands_are_instrumented(fake_nemo_gym: Path) -> None:
-    child = f"import subprocess, sys; subprocess.run([sys.executable, '-c', {PROBE!r}], check=True)"
-    via_shell = f"{sys.executable} -c \"{child}\""
-    proc = instrument("sh", "-c", via_shell, env=env_with(fake_nemo_gym))
+def test_python_child_processes_and_non_python_commands_are_instrumented(
+    fake_nemo_gym: Path, tmp_path: Path
+) -> None:
+    """A shell (not Python) starts a Python that starts a Python: the last one is instrumented."""
+    (tmp_path / "probe.py").write_text(PROBE.replace(";", "\n"))
+    parent = tmp_path / "parent.py"
+    parent.write_text(f"import subprocess, sys\nsubprocess.run([sys.executable, {str(tmp_path / 'probe.py')!r}], check=True)\n")
+    proc = instrument("sh", "-c", f"{sys.executable} {parent}", env=env_with(fake_nemo_gym))
     assert proc.returncode == 0, proc.stderr
     assert "ALIAS True True True" in proc.stdout
     assert "NEMO GYM'S OWN" not in proc.stdout
