@@ -35,6 +35,11 @@ SCRIPT = textwrap.dedent("""
         sys.exit(0)
     _, status = os.waitpid(pid, 0)
     print("CHILD-EXIT", os.waitstatus_to_exitcode(status), flush=True)
+    # the one-live-writer lock is still the parent's (a child's release would have dropped it)
+    from gym_artifacts.core.locking import try_lock
+    from gym_artifacts.run.artifacts import RunArtifacts
+    second, holder = try_lock(RunArtifacts.from_path({out!r}).live_writer_lock_fpath())
+    print("LOCK-STILL-HELD", second is None, flush=True)
     nemo_gym.export_metrics({{"progress/done": 2}}, step=2)
     open({out!r}, "w").close()
     print("PARENT", os.getpid(), len(nemo_gym.get_exporters()), flush=True)
@@ -56,6 +61,7 @@ def test_a_forked_worker_reports_nothing_and_touches_nothing(tmp_path: Path, chi
     [child] = [line.split()[1] for line in lines if line.startswith("CHILD ")]
     [parent] = [line.split()[1] for line in lines if line.startswith("PARENT ")]
     assert "CHILD-EXIT 0" in lines
+    assert "LOCK-STILL-HELD True" in lines
     # the forked worker has no exporters of its own, and says nothing at exit
     assert f"CHILD {child} 0" in lines
     child_says = [line for line in proc.stderr.splitlines() if line.startswith(f"[pid {child}]")]
