@@ -33,6 +33,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import logging
+import os
 import shutil
 import tempfile
 import threading
@@ -244,6 +245,19 @@ def export_rollouts(rollouts: list[Any]) -> None:
     live = _live
     if live is not None:
         live.export_rollouts(rollouts)
+
+
+def _forget_after_fork() -> None:
+    """In a forked child (NeMo Gym forks health-check workers after setup): the exporters are the
+    parent's. The child has none (``get_exporters()`` is empty, its calls go nowhere) and its exit
+    ends nothing; the parent's run, journal and scratch folder are left to the parent."""
+    global _context, _live, _scratch, _lock
+    _lock = threading.Lock()  # another thread may have held it at the fork
+    _context, _live, _scratch = None, None, None
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_after_fork)
 
 
 def teardown_exporters() -> None:
