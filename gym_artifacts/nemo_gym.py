@@ -144,7 +144,8 @@ def drop_in_config(global_config_dict: Any) -> dict[str, Any]:
                 if value not in (None, "", MASKED):
                     section.setdefault(setting, value)
             if name == "wandb":
-                section.setdefault("mode", "online")  # NeMo Gym logs to W&B online
+                # NeMo Gym's exporter passes no mode: the SDK's (WANDB_MODE, ``wandb offline``)
+                section.setdefault("mode", None)
                 results_dir = config.get(RESULTS_DIR_KEY)
                 if results_dir:
                     section.setdefault("dir", str(Path(str(results_dir)) / "wandb"))
