@@ -88,11 +88,10 @@ NEMO_GYM_BACKENDS: dict[str, NemoGymBackend] = {
             "langsmith_endpoint": "api_url",
             "langsmith_dataset_name": "dataset_name",
             "langsmith_experiment_name": "experiment_name",
+            "langsmith_workspace_id": "workspace_id",  # sent as the workspace header, as NeMo Gym
         },
     ),
 }
-# Flat keys NeMo Gym reads but this project has no setting for (read, never passed on).
-IGNORED_FLAT_KEYS = frozenset({"langsmith_workspace_id"})
 
 _lock = threading.Lock()
 _context: contextlib.AbstractContextManager[LiveRun | NoOpLiveRun] | None = None
@@ -153,8 +152,6 @@ def drop_in_config(global_config_dict: Any) -> dict[str, Any]:
             config.pop(flat_key, None)
         if section != {"enabled": False} or name in exporters:
             exporters[name] = section
-    for key in IGNORED_FLAT_KEYS:
-        config.pop(key, None)
     config["exporters"] = exporters
     return config
 
