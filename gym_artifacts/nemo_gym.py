@@ -93,6 +93,11 @@ NEMO_GYM_BACKENDS: dict[str, NemoGymBackend] = {
     ),
 }
 
+# Every flat key NeMo Gym's own exporters read (the entry-point plugin leaves them to those).
+FLAT_KEYS = frozenset(
+    key for backend in NEMO_GYM_BACKENDS.values() for key in (*backend.required, *backend.settings)
+)
+
 _lock = threading.Lock()
 _context: contextlib.AbstractContextManager[LiveRun | NoOpLiveRun] | None = None
 _live: LiveRun | NoOpLiveRun | None = None
@@ -108,7 +113,7 @@ def is_available(config: Mapping[str, Any], name: str) -> bool:
     return all(config.get(key) != MASKED for key in backend.not_masked)
 
 
-def _plain(global_config_dict: Any) -> dict[str, Any]:
+def plain_config(global_config_dict: Any) -> dict[str, Any]:
     """A plain-container copy of the caller's config (never the caller's object)."""
     from omegaconf import OmegaConf
 
@@ -129,7 +134,7 @@ def _plain(global_config_dict: Any) -> dict[str, Any]:
 def drop_in_config(global_config_dict: Any) -> dict[str, Any]:
     """The config ``live_exporters`` gets: NeMo Gym's flat keys turned into ``exporters.<name>``
     sections under NeMo Gym's availability rules (an explicit ``enabled`` wins)."""
-    config = _plain(global_config_dict)
+    config = plain_config(global_config_dict)
     exporters = config.get("exporters")
     exporters = dict(exporters) if isinstance(exporters, Mapping) else {}
     for name, backend in NEMO_GYM_BACKENDS.items():
