@@ -314,6 +314,7 @@ def test_mlflow_killed_mid_collection_costs_the_eval_nothing_and_the_export_comp
     assert killed.returncode == 0, killed.log[-4000:]
     all_steps = journal_steps(killed.out)
     assert killed_at and killed_at[-1] < all_steps[-1], (killed_at, all_steps)  # killed mid-collection
+    print(f"eval wall time: MLflow server up {baseline.wall_s:.1f} s, killed mid-collection {killed.wall_s:.1f} s")
     assert killed.wall_s <= 1.5 * baseline.wall_s, (killed.wall_s, baseline.wall_s)
     proc = export(killed.out)
     assert proc.returncode == 0, proc.stdout + proc.stderr
