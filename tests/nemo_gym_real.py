@@ -97,6 +97,7 @@ class NemoGymServers:
     root: Path
     model_url: str
     head_port: int = field(default_factory=free_port)
+    extra: tuple[str, ...] = ()  # more config overrides (e.g. +observability_enabled=true)
     proc: subprocess.Popen[bytes] | None = None
     # Ray's files: a short path of its own (its socket paths must fit AF_UNIX's 107 bytes)
     ray_dir: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="ngr-", dir="/tmp")))
@@ -123,7 +124,7 @@ class NemoGymServers:
             "--config", str(sp / "resources_servers/example_single_tool_call/configs/example_single_tool_call.yaml"),
             "--config", str(sp / "responses_api_models/vllm_model/configs/vllm_model.yaml"),
             f"+policy_base_url={self.model_url}", "+policy_api_key=stub-key", "+policy_model_name=stub-model",
-            f"+head_server.port={self.head_port}", "+skip_venv_if_present=true",
+            f"+head_server.port={self.head_port}", "+skip_venv_if_present=true", *self.extra,
         ]  # fmt: skip
         with open(self.log, "ab") as fh:
             self.proc = subprocess.Popen(
