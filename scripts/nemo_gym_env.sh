@@ -9,7 +9,7 @@
 # --ignore-requires-python). Its resolved set is left as pip resolves it: this project's
 # constraints file is NOT forced onto it (it would move numpy, omegaconf, httpx), and gym-artifacts
 # goes in with --no-deps after its own dependencies are checked (`pip check`). Idempotent: a
-# second run finds the stamp file and only refreshes gym-artifacts (a few seconds).
+# second run finds its stamp files and installs nothing (well under a second).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -43,7 +43,13 @@ if [ ! -f "$stamp" ]; then
 fi
 # gym-artifacts itself (editable: the tests run this checkout's code), without touching NeMo Gym's
 # set; then whatever it needs that NeMo Gym's set lacks, unpinned (pip keeps what is there).
-"$venv/bin/python" -m pip install -q --no-deps -e .
-"$venv/bin/python" -m pip install -q blake3 orjson ijson matplotlib tqdm nvidia-ml-py tensorboard
-"$venv/bin/python" -m pip check >&2 || echo "nemo_gym_env.sh: pip check reports conflicts (above)" >&2
+# Again only when this checkout or its pyproject.toml changed (the entry points live there).
+ours="$venv/.gym-artifacts-$(cat pyproject.toml <(pwd) | sha256sum | cut -c1-16)"
+if [ ! -f "$ours" ]; then
+  "$venv/bin/python" -m pip install -q --no-deps -e .
+  "$venv/bin/python" -m pip install -q blake3 orjson ijson matplotlib tqdm nvidia-ml-py tensorboard
+  "$venv/bin/python" -m pip check >&2 || echo "nemo_gym_env.sh: pip check reports conflicts (above)" >&2
+  rm -f "$venv"/.gym-artifacts-*
+  touch "$ours"
+fi
 echo "$venv"
