@@ -86,3 +86,29 @@ def test_wandb_mode_disabled_opens_nothing_and_fails_nothing(
         nemo_gym.teardown_exporters()
     assert [e.name for e in opened] == ["wandb"]
     assert not list((tmp_path / "results").rglob("*.wandb"))
+
+
+def test_every_wandb_variable_reaches_the_run_as_under_nemo_gym(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """NeMo Gym's exporter leaves everything but project, name and folder to the SDK: the
+    ``WANDB_*`` variables for tags, group, notes and job type reach the run here too."""
+    import subprocess
+    import sys
+
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    for key, value in {"WANDB_TAGS": "nightly,ng", "WANDB_RUN_GROUP": "sweep-7", "WANDB_NOTES": "from env",
+                       "WANDB_JOB_TYPE": "eval"}.items():  # fmt: skip
+        monkeypatch.setenv(key, value)
+    nemo_gym.setup_exporters(ng_config(tmp_path))
+    nemo_gym.teardown_exporters()
+    [folder] = sorted((tmp_path / "results" / "wandb").rglob("offline-run-*"))
+    [record] = folder.glob("run-*.wandb")
+    wandb_bin = Path(sys.executable).with_name("wandb")
+    out = subprocess.run([str(wandb_bin), "leet", "inspect", "--json", str(record)],
+                         capture_output=True, text=True, timeout=120, check=True).stdout  # fmt: skip
+    import json
+
+    [run] = [json.loads(line)["run"] for line in out.splitlines() if json.loads(line).get("type") == "run"][:1]
+    assert run.get("tags") == ["nightly", "ng"]
+    assert run.get("run_group") == "sweep-7" and run.get("notes") == "from env" and run.get("job_type") == "eval"
