@@ -8,6 +8,7 @@ Real W&B offline runs, read back from their files.
 
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -88,27 +89,31 @@ def test_wandb_mode_disabled_opens_nothing_and_fails_nothing(
     assert not list((tmp_path / "results").rglob("*.wandb"))
 
 
-def test_every_wandb_variable_reaches_the_run_as_under_nemo_gym(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_every_wandb_variable_reaches_the_run_as_under_nemo_gym(tmp_path: Path) -> None:
     """NeMo Gym's exporter leaves everything but project, name and folder to the SDK: the
-    ``WANDB_*`` variables for tags, group, notes and job type reach the run here too."""
+    ``WANDB_*`` variables for tags, group, notes and job type reach the run here too. In a fresh
+    interpreter, as an eval is (the SDK reads its variables once per process)."""
+    import json
     import subprocess
     import sys
 
-    monkeypatch.setenv("WANDB_MODE", "offline")
-    for key, value in {"WANDB_TAGS": "nightly,ng", "WANDB_RUN_GROUP": "sweep-7", "WANDB_NOTES": "from env",
-                       "WANDB_JOB_TYPE": "eval"}.items():  # fmt: skip
-        monkeypatch.setenv(key, value)
-    nemo_gym.setup_exporters(ng_config(tmp_path))
-    nemo_gym.teardown_exporters()
+    script = (
+        "from gym_artifacts import nemo_gym\n"
+        f"nemo_gym.setup_exporters({ng_config(tmp_path)!r})\n"
+        "nemo_gym.teardown_exporters()\n"
+    )
+    env = {**os.environ, "WANDB_MODE": "offline", "WANDB_TAGS": "nightly,ng", "WANDB_RUN_GROUP": "sweep-7",
+           "WANDB_NOTES": "from env", "WANDB_JOB_TYPE": "eval"}  # fmt: skip
+    subprocess.run([sys.executable, "-c", script], env=env, check=True, timeout=120, capture_output=True)
     [folder] = sorted((tmp_path / "results" / "wandb").rglob("offline-run-*"))
     [record] = folder.glob("run-*.wandb")
     wandb_bin = Path(sys.executable).with_name("wandb")
     out = subprocess.run([str(wandb_bin), "leet", "inspect", "--json", str(record)],
                          capture_output=True, text=True, timeout=120, check=True).stdout  # fmt: skip
-    import json
-
-    [run] = [json.loads(line)["run"] for line in out.splitlines() if json.loads(line).get("type") == "run"][:1]
+    run: dict[str, Any] = {}  # the run record (the SDK may write it more than once)
+    for line in out.splitlines():
+        entry = json.loads(line)
+        if entry.get("type") == "run":
+            run.update(entry["run"])
     assert run.get("tags") == ["nightly", "ng"]
     assert run.get("run_group") == "sweep-7" and run.get("notes") == "from env" and run.get("job_type") == "eval"
