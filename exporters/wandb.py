@@ -258,7 +258,7 @@ class WandbExporter(LiveExporter):
             entity=s.entity,
             name=s.name or run_name,
             group=s.group,
-            tags=list(s.tags),
+            tags=list(s.tags) or None,  # none set: the SDK's (WANDB_TAGS), as under NeMo Gym
             id=run_id,
             resume="allow",
             dir=str(folder) if folder is not None else None,
