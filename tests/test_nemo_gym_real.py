@@ -68,11 +68,16 @@ def model() -> Iterator[ChatStub]:
 def nemo_gym_servers(
     nemo_gym_venv_path: Path, model: ChatStub, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[NemoGymServers]:
+    fds_before = set(os.listdir("/proc/self/fd"))
     servers = NemoGymServers(nemo_gym_venv_path, tmp_path_factory.mktemp("nemo-gym"), model.url).start()
     try:
         yield servers
     finally:
-        servers.stop()
+        servers.stop()  # raises when a process of NeMo Gym's session survived
+    # nothing of NeMo Gym's servers or the evals left open in this process (logs, pipes)
+    leaked = {fd: os.path.realpath(f"/proc/self/fd/{fd}") for fd in set(os.listdir("/proc/self/fd")) - fds_before}
+    leaked = {fd: path for fd, path in leaked.items() if "nemo-gym" in path or "ours-" in path or "own-" in path}
+    assert leaked == {}, leaked
 
 
 @pytest.fixture(scope="module")
