@@ -472,11 +472,26 @@ class MlflowExporter(LiveExporter):
             raise CannotCertify(f"live run {live_run_id} is gone") from exc
         if live.info.lifecycle_stage != "active":
             raise CannotCertify(f"live run {live_run_id} is deleted")
-        ml.set_tags(live_run_id, {}, {IDENTITY_KEY: plan.run_identity, CERTIFIED_KEY: "true"})
+        kept = {IDENTITY_KEY: plan.run_identity, CERTIFIED_KEY: "true"}
+        if plan.send_key:  # a copy of the run's bytes exported later finds this run by them
+            kept[SEND_KEY_KEY] = plan.send_key
+        ml.set_tags(live_run_id, {}, kept)
+        # Everything the run has, whatever the live run lacks (calls lost while the server was
+        # down): the store keeps one point per metric, step, time and value, files overwrite.
         rows, sent = self._send_run(ml, live_run_id, run, plan)
-        ml.terminate(live_run_id, "FINISHED")
+        ml.terminate(live_run_id, "FINISHED", self._eval_end_ms(live, run))
         ml.set_tags(live_run_id, {}, {COMPLETE_KEY: "true"})
         return Sent(backend_run_id=live_run_id, rows=rows, bytes=sent)
+
+    @staticmethod
+    def _eval_end_ms(live: Any, run: RunArtifacts) -> int | None:
+        """When the eval ended, for a live run the export completes: the end its teardown set,
+        else (it never ended: the server was down, the process was killed) the run's own times'
+        end, never the export's time."""
+        if live.info.status != "RUNNING" and live.info.end_time:
+            return int(live.info.end_time)
+        times = run_times(run)
+        return times.end_ms if times is not None else None
 
     def _after_receipt(self, run: RunArtifacts, plan: ExportPlan, backend_run_id: str | None) -> None:
         """``report.html`` uploaded to the run, now that it is complete and the receipt written
@@ -496,7 +511,12 @@ class MlflowExporter(LiveExporter):
             build_and_upload(job, ml, backend_run_id)
 
     def _mark_superseded(self, live_run_id: str, new_run_id: str) -> None:
-        self._client(live=False).set_tags(live_run_id, {}, {SUPERSEDED_KEY: new_run_id})
+        """Note the complete run on the live one, and end the live one if it never ended (KILLED:
+        it is not the run's record), at the eval's end."""
+        ml = self._client(live=False)
+        ml.set_tags(live_run_id, {}, {SUPERSEDED_KEY: new_run_id})
+        if ml.get_run(live_run_id).info.status == "RUNNING":
+            ml.terminate(live_run_id, "KILLED", ml.get_run(new_run_id).info.end_time or None)
 
     def _send_run(
         self, ml: ScopedMlflow, run_id: str, run: RunArtifacts, plan: ExportPlan
@@ -525,7 +545,7 @@ class MlflowExporter(LiveExporter):
 
         ml.log_metrics(run_id, journal_points())
         tags.update(journal_tags)
-        numbers, texts = split_metrics(payload.values)
+        numbers, texts = split_metrics(payload.history_values)
         ts = file_mtime_ms(run.aggregate_metrics_fpath) if run.aggregate_metrics_fpath.is_file() else 0
         ml.log_metrics(run_id, ((k, v, ts, 0) for k, v in numbers.items()))
         tags.update(texts)

@@ -22,6 +22,7 @@ The SDK (``tensorboard``'s protos and record writer) is imported only when writi
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -35,6 +36,7 @@ from typing import Any
 from pydantic import Field
 
 from gym_artifacts.plugin import (
+    CannotCertify,
     ExporterConfig,
     ExportPlan,
     LevelTable,
@@ -70,6 +72,8 @@ from ._tfrecord import tfrecord
 TABLE_CHUNK = 50
 CELL_CHARS = 200
 PARTIAL_PREFIX = ".partial-"
+# In each complete run folder: the run's identity, so that a copy of the run finds its folder.
+IDENTITY_FILE = ".gym-artifacts-run.json"
 _UNSAFE = re.compile(r"[^\w.\-]+")
 
 
@@ -318,6 +322,16 @@ class TensorboardExporter(LiveExporter):
         final = self.logdir / name
         if final.is_dir():  # an earlier export finished writing but died before its receipt
             return Sent(backend_run_id=name, note="run folder already complete; nothing new written")
+        holder = self._folder_of(plan.run_identity)
+        if holder is not None:  # a copy of this run, or its certified live run, is here already
+            return Sent(backend_run_id=holder, note=f"already in {holder} (it holds this run's identity)")
+        partial, writer, rows = self._write_partial(name, run, plan)
+        os.replace(partial, final)
+        return Sent(backend_run_id=name, rows=rows, bytes=writer.bytes)
+
+    def _write_partial(self, name: str, run: RunArtifacts, plan: ExportPlan) -> tuple[Path, EventWriter, int]:
+        """The whole run written into a hidden partial folder for ``name`` (an earlier attempt's
+        removed first), its identity recorded in it (``IDENTITY_FILE``)."""
         self.logdir.mkdir(parents=True, exist_ok=True)
         for stale in self.logdir.glob(f"{PARTIAL_PREFIX}{name}-*"):
             shutil.rmtree(stale, ignore_errors=True)
@@ -327,8 +341,53 @@ class TensorboardExporter(LiveExporter):
             rows = self._write_run(writer, run, plan)
         finally:
             writer.close()
-        os.replace(partial, final)
-        return Sent(backend_run_id=name, rows=rows, bytes=writer.bytes)
+        (partial / IDENTITY_FILE).write_bytes(canonical_json({"run_identity": plan.run_identity}))
+        return partial, writer, rows
+
+    def _folder_of(self, run_identity: str) -> str | None:
+        """The run folder in ``logdir`` that holds ``run_identity`` complete, if any."""
+        if not self.logdir.is_dir():
+            return None
+        for folder in sorted(self.logdir.iterdir()):
+            if folder.name.startswith("."):
+                continue
+            try:
+                recorded = json.loads((folder / IDENTITY_FILE).read_bytes())
+            except (OSError, ValueError):
+                continue
+            if isinstance(recorded, dict) and recorded.get("run_identity") == run_identity:
+                return folder.name
+        return None
+
+    def _certify(self, run: RunArtifacts, plan: ExportPlan, live_run_id: str) -> Sent:
+        """The live run's folder made the whole run: the run written anew (every journal step,
+        aggregates, tables, rollouts), its event files then put in place of the live ones, so
+        each point is there once whatever the live run lost. A kill between the two leaves both
+        (a retry replaces them again)."""
+        live = self.logdir / live_run_id
+        if not live.is_dir() or live.is_symlink():
+            raise CannotCertify(f"live run folder {live} is gone")
+        partial, writer, rows = self._write_partial(live_run_id, run, plan)
+        old = {entry.name for entry in live.iterdir()}
+        written = sorted(partial.iterdir(), key=lambda p: not p.name.startswith("events."))
+        for entry in written:  # the new event file first, then what goes beside it
+            target = live / entry.name
+            if target.is_dir() and not target.is_symlink():
+                shutil.rmtree(target)
+            os.replace(entry, target)
+        self._remove_entries(live, old - {entry.name for entry in written})
+        shutil.rmtree(partial, ignore_errors=True)
+        return Sent(backend_run_id=live_run_id, rows=rows, bytes=writer.bytes)
+
+    @staticmethod
+    def _remove_entries(folder: Path, names: set[str]) -> None:
+        """The live run's own files, once the whole run's are in place beside them."""
+        for name in names:
+            entry = folder / name
+            if entry.is_dir() and not entry.is_symlink():
+                shutil.rmtree(entry, ignore_errors=True)
+            else:
+                entry.unlink(missing_ok=True)
 
     def _write_run(self, w: EventWriter, run: RunArtifacts, plan: ExportPlan) -> int:
         payload = RunPayload.of(run, plan)
@@ -342,7 +401,7 @@ class TensorboardExporter(LiveExporter):
             w.scalars(numbers, step, entry.time)
             for tag, text in texts.items():
                 w.text(tag, redact_text(text, payload.secrets), step, entry.time)
-        numbers, texts = split_values(payload.values)
+        numbers, texts = split_values(payload.history_values)
         w.scalars(numbers, 0, finished)
         if payload.coverage is not None:
             texts["coverage/text"] = payload.coverage.text()

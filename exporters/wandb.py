@@ -40,6 +40,8 @@ from gym_artifacts.plugin import (
     RunPayload,
     RunStatus,
     Sent,
+    atomic_write_bytes,
+    canonical_json,
     credential_free_uri,
     flatten,
     json_safe,
@@ -79,6 +81,9 @@ class WandbSettings(ExporterConfig):
 
 
 WANDB_CLOUD = "https://api.wandb.ai"
+# Beside the offline runs (``<dir>/wandb/``): which run id holds which run identity, so that a
+# copy of a run exported later finds its run instead of making another.
+OFFLINE_INDEX = ".gym-artifacts-runs"
 
 
 def sdk_mode() -> Literal["online", "offline", "disabled"]:
@@ -350,35 +355,72 @@ class WandbExporter(LiveExporter):
 
     # -- post-run --------------------------------------------------------------------------------
     def _export_post_run(self, run: RunArtifacts, plan: ExportPlan) -> Sent:
-        wb_run = self._init(
-            post_run_id(plan.run_identity),
-            saved_config_run_name(run, self.name),
-            json_safe(plan.config) if plan.config else None,
-        )
-        folder = Path(wb_run.dir).parent if self.mode == "offline" else None
+        holder = self._offline_run_of(plan.run_identity)
+        if holder is not None:  # a copy of this run, or its completed live run, is here already
+            return Sent(backend_run_id=holder, note=f"already in W&B run {holder} (it holds this identity)")
+        return self._write_run(post_run_id(plan.run_identity), run, plan, certified=False)
+
+    def _certify(self, run: RunArtifacts, plan: ExportPlan, live_run_id: str) -> Sent:
+        """Complete the live run under its own id. Offline, the run is written whole (every
+        journal step, whatever the live run lost) into one folder that replaces the live one
+        (``wandb sync`` then uploads one folder per run id); online, W&B's history only grows: the
+        journal's steps after the run's last one are added, with the summary and artifacts."""
+        return self._write_run(live_run_id, run, plan, certified=True)
+
+    def _write_run(self, run_id: str, run: RunArtifacts, plan: ExportPlan, *, certified: bool) -> Sent:
+        """Open (or resume) W&B run ``run_id`` and send the run into it; offline, the run's earlier
+        folders are removed once this one is whole, and the identity recorded (``_offline_run_of``)."""
+        offline = self.mode == "offline"
+        whole = offline or not certified  # the journal from its first step
+        config = json_safe(plan.config) if plan.config and whole else None
+        wb_run = self._init(run_id, saved_config_run_name(run, self.name), config)
+        folder = Path(wb_run.dir).parent if offline else None
         try:
-            first_new_step = int(getattr(wb_run, "step", 0) or 0)
-            rows, sent = self._send_run(wb_run, run, plan, first_new_step)
+            first_new_step = 0 if offline else int(getattr(wb_run, "step", 0) or 0)
+            rows, sent = self._send_run(wb_run, run, plan, first_new_step, rollouts_table=whole)
             wb_run.summary["gym_artifacts/identity"] = plan.run_identity
+            if certified:
+                wb_run.summary["gym_artifacts/certified"] = True
         except BaseException:
             self._finish(wb_run, 1)
             raise
         self._finish(wb_run, 0)
         if folder is not None:
             _remove_earlier_offline_folders(folder, str(wb_run.id))
+            self._record_offline_run(plan.run_identity, str(wb_run.id))
         return Sent(backend_run_id=str(wb_run.id), rows=rows, bytes=sent)
 
-    def _certify(self, run: RunArtifacts, plan: ExportPlan, live_run_id: str) -> Sent:
-        wb_run = self._init(live_run_id, saved_config_run_name(run, self.name), None)
+    def _offline_index(self) -> Path | None:
+        """Offline: where this destination records which run id holds which run identity."""
+        if self.mode != "offline":
+            return None
+        return Path(self.destination()["dir"]) / "wandb" / OFFLINE_INDEX
+
+    def _record_offline_run(self, run_identity: str, run_id: str) -> None:
+        index = self._offline_index()
+        if index is None:
+            return
         try:
-            rows, sent = self._send_run(wb_run, run, plan, first_new_step=None)
-            wb_run.summary["gym_artifacts/identity"] = plan.run_identity
-            wb_run.summary["gym_artifacts/certified"] = True
-        except BaseException:
-            self._finish(wb_run, 1)
-            raise
-        self._finish(wb_run, 0)
-        return Sent(backend_run_id=live_run_id, rows=rows, bytes=sent)
+            index.mkdir(parents=True, exist_ok=True)
+            entry = index / f"{post_run_id(run_identity)}.json"
+            atomic_write_bytes(entry, canonical_json({"run_id": run_id}))
+        except OSError as exc:  # the run is whole; only a later copy's export would not find it
+            logger.warning("wandb: could not record run %s in %s: %s", run_id, index, exc)
+
+    def _offline_run_of(self, run_identity: str) -> str | None:
+        """Offline: the run id whose one folder holds ``run_identity`` complete (a copy of the run
+        exported before, or its completed live run), if any."""
+        index = self._offline_index()
+        if index is None:
+            return None
+        try:
+            recorded = json.loads((index / f"{post_run_id(run_identity)}.json").read_bytes())
+        except (OSError, ValueError):
+            return None
+        run_id = recorded.get("run_id") if isinstance(recorded, dict) else None
+        if isinstance(run_id, str) and offline_folders(index.parent, run_id):
+            return run_id
+        return None
 
     def _mark_superseded(self, live_run_id: str, new_run_id: str) -> None:
         if self.mode != "online":
@@ -395,18 +437,18 @@ class WandbExporter(LiveExporter):
         live.update()
 
     def _send_run(
-        self, wb_run: Any, run: RunArtifacts, plan: ExportPlan, first_new_step: int | None
+        self, wb_run: Any, run: RunArtifacts, plan: ExportPlan, first_new_step: int, *, rollouts_table: bool
     ) -> tuple[int, int]:
-        """Journal steps (when ``first_new_step`` is given), summary, tables, media and artifacts."""
+        """Journal steps from ``first_new_step``, summary, tables, media and artifacts; NeMo Gym's
+        ``Rollouts`` table when ``rollouts_table`` (a live run online logged it itself)."""
         import wandb
 
         payload = RunPayload.of(run, plan)
         sent = 0
-        if first_new_step is not None:
-            for entry in payload.journal():
-                if entry.step is None or entry.step < first_new_step:
-                    continue
-                wb_run.log(flatten(dict(entry.metrics)), step=entry.step)
+        for entry in payload.journal():
+            if entry.step is None or entry.step < first_new_step:
+                continue
+            wb_run.log(flatten(dict(entry.metrics)), step=entry.step)
         summary: dict[str, Any] = payload.values
         if payload.coverage is not None:
             summary["coverage/text"] = payload.coverage.text()
@@ -439,8 +481,7 @@ class WandbExporter(LiveExporter):
                 records = payload.rollout_records()
                 rows = self._send_rollouts(wb_run, records, f"rollouts-{wb_run.id}", raw=complete)
                 sent += complete.stat().st_size
-                if first_new_step is not None and rows <= self.settings.table_max_rows:
-                    # post-run only: a certified live run logged these itself
+                if rollouts_table and rows <= self.settings.table_max_rows:
                     self._log_nemo_gym_table(wb_run, file_documents(complete, payload.secrets))
         for key, value in payload.omitted_partial_line.items():
             wb_run.summary[f"rollouts/{key}"] = value

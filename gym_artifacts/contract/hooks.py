@@ -85,8 +85,8 @@ class ExportPlan:
     identities: dict[str, str]
     run_identity: str
     upload_rollouts: bool
-    # None: certify a live run that may be (completed, lossless, unchanged); True: also one
-    # whose marker predates the loss record; False: never.
+    # None or True: complete the live run of this output unless what it recorded differs from
+    # the files (``export.certify``), repairing what it lost; False: never (a new run).
     certify: bool | None = None
     config: dict[str, Any] | None = None
     secrets: frozenset[str] = field(default_factory=frozenset)
@@ -247,11 +247,14 @@ class LiveHooks(ABC):
         self._teardown(RunStatus.KILLED)
 
     def _certify(self, run: RunArtifacts, plan: ExportPlan, live_run_id: str) -> Sent:
-        """Send what the completed live run lacks into it; raise ``CannotCertify`` when unable."""
+        """Make the live run the whole run: send into it everything the run's files hold that it
+        lacks (it may have lost calls: a server down, a process killed), then end it FINISHED;
+        raise ``CannotCertify`` when unable (a new run is then sent)."""
         raise CannotCertify(f"{type(self).__name__} does not complete live runs")
 
     def _mark_superseded(self, live_run_id: str, new_run_id: str) -> None:
-        """Note on the live run that a post-run export replaced it (best effort; data untouched)."""
+        """Note on the live run that a post-run export replaced it, and end it if it never ended
+        (best effort; its data untouched)."""
         return None
 
 

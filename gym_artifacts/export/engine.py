@@ -494,8 +494,8 @@ def export_run(
     its docstring for the one precedence rule). ``accept_partial_line`` sends the complete
     lines of a rollouts file whose last line is torn and records the omission in the backend
     run; ``accept_stale_aggregates`` exports aggregate metrics that cannot be tied to the
-    rollouts. ``certify``: None completes a live run when it may be (completed, lossless,
-    unchanged), True also one whose marker predates the loss record, False never. ``verify``
+    rollouts. ``certify``: None (or True) completes the live run of this output, sending what
+    it lacks, unless what it recorded differs from the files; False never does (a new run). ``verify``
     asks the backend whether a receipted run still exists (re-exporting when it is gone).
     ``nemo_gym_config``: NeMo Gym's resolved global config file, logged (masked, whole) as the run's
     params; without it a run with no saved config logs what its files tell (agent, environment

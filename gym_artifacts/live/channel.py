@@ -364,7 +364,9 @@ class LiveChannel:
     def _record_delivery(self, report: LiveReport) -> None:
         """Write into the marker whether every call reached the backend (the certify rule).
 
-        A reopened run stays lossless only if the earlier process recorded that it was.
+        A reopened run stays lossless only if the earlier process recorded that it was; when the
+        earlier process recorded nothing (it was killed before its teardown), the whole run's
+        delivery is unknown (None), never a loss of 0 calls.
         """
         run = self.backend.run
         if run is None or report.run_id is None:
@@ -377,8 +379,9 @@ class LiveChannel:
                 if marker is None or marker.run_id != report.run_id:
                     return
                 reopened = self.backend.reopened
-                earlier_ok = marker.lossless is True if reopened else True
-                lossless = earlier_ok and report.lost == 0 and report.teardown_finished
+                earlier = marker.lossless if reopened else True
+                this_ok = report.lost == 0 and report.teardown_finished
+                lossless: bool | None = earlier if this_ok else False
                 lost = (marker.lost_calls if reopened else 0) + report.lost
                 update = {"lossless": lossless, "lost_calls": lost}
                 write_marker(marker_fpath, marker.model_copy(update=update))

@@ -35,7 +35,7 @@ from gym_artifacts.live.channel import (
 )
 from gym_artifacts.live.content import LoggedRollouts, logged_content
 from gym_artifacts.live.journal_writer import MetricsJournal
-from gym_artifacts.run.artifacts import RunArtifacts
+from gym_artifacts.run.artifacts import ROLLOUTS, RunArtifacts
 from gym_artifacts.run.metric_records import MetricRecord, encode_record
 from gym_artifacts.run.run_config import backend_config, save_run_config
 
@@ -322,7 +322,13 @@ class LiveRun:
             logged = logged_content(self.journal.fpath, self.logged_rollouts)
             if logged is not None:
                 for channel in self.channels:
-                    channel.record_logged(logged, RunStatus.FINISHED)
+                    # a reopened run holds an earlier process's rollouts too: only the (resumed,
+                    # whole) journal says what it logged
+                    reopened = channel.backend.reopened
+                    channel.record_logged(
+                        {k: v for k, v in logged.items() if k != ROLLOUTS} if reopened else logged,
+                        RunStatus.FINISHED,
+                    )
         logger.info("live logging: teardown: %s", summary_line(self.reports))
         _unregister_atexit(self)
         return self.reports
