@@ -69,7 +69,9 @@ class WandbSettings(ExporterConfig):
     name: str | None = None
     group: str | None = None
     tags: list[str] = Field(default_factory=list)
-    mode: Literal["online", "offline", "disabled"] = "offline"
+    # None: the mode ``wandb.init`` takes when given none (WANDB_MODE, W&B's settings file), as
+    # under NeMo Gym's own exporter; the NeMo Gym drop-in sets None. Default: offline.
+    mode: Literal["online", "offline", "disabled"] | None = "offline"
     api_key: SecretStr | None = None
     dir: Path | None = None
     base_url: str | None = None
@@ -86,6 +88,28 @@ WANDB_CLOUD = "https://api.wandb.ai"
 # Beside the offline runs (``<dir>/wandb/``): which run id holds which run identity, so that a
 # copy of a run exported later finds its run instead of making another.
 OFFLINE_INDEX = ".gym-artifacts-runs"
+
+
+def sdk_mode() -> Literal["online", "offline", "disabled"]:
+    """The mode the W&B SDK takes when ``wandb.init`` is given none: its settings file (``wandb
+    offline``), then its ``WANDB_*`` variables (``WANDB_MODE=offline``/``dryrun``: offline,
+    ``disabled``: disabled), read with the SDK's own loaders, without starting anything."""
+    from wandb.sdk.wandb_settings import Settings
+
+    settings = Settings()
+    config_dir = Path(os.environ.get("WANDB_CONFIG_DIR") or "~/.config/wandb").expanduser()
+    settings.settings_system = str(config_dir / "settings")
+    with contextlib.suppress(Exception):  # an unreadable settings file: the SDK ignores it too
+        settings.update_from_system_settings()
+    settings.update_from_env_vars(dict(os.environ))
+    if settings._noop:
+        return "disabled"
+    return "offline" if settings._offline else "online"
+
+
+def effective_mode(settings: WandbSettings) -> Literal["online", "offline", "disabled"]:
+    """``settings.mode``, or the SDK's own choice where it is None."""
+    return settings.mode if settings.mode is not None else sdk_mode()
 
 
 def post_run_id(run_identity: str) -> str:
@@ -175,15 +199,20 @@ class WandbExporter(LiveExporter):
             "base_url": credential_free_uri(s.base_url or os.environ.get("WANDB_BASE_URL") or WANDB_CLOUD),
             "entity": s.entity,
             "project": s.project,
-            "mode": s.mode,
+            "mode": effective_mode(s),
         }
-        if s.mode == "offline":
+        if where["mode"] == "offline":
             where["dir"] = resolved_path(s.dir or os.environ.get("WANDB_DIR") or os.getcwd())
         return where
 
     def export_deadline_s(self) -> float | None:
         """``export_deadline`` online; an offline run is written to a local folder."""
-        return self.settings.export_deadline if self.settings.mode == "online" else None
+        return self.settings.export_deadline if self.mode == "online" else None
+
+    @property
+    def mode(self) -> Literal["online", "offline", "disabled"]:
+        """Where this exporter's runs go: its ``mode`` setting, else the SDK's choice."""
+        return effective_mode(self.settings)
 
     def server_url(self) -> str | None:
         """The W&B server, as the SDK picks it (its own telemetry thread also talks to it)."""
@@ -227,7 +256,7 @@ class WandbExporter(LiveExporter):
 
         s = self.settings
         options: dict[str, Any] = {
-            "mode": s.mode,
+            "mode": self.mode,
             "init_timeout": s.init_timeout,
             "silent": True,
             "console": "off",
@@ -246,7 +275,7 @@ class WandbExporter(LiveExporter):
             entity=s.entity,
             name=s.name or run_name,
             group=s.group,
-            tags=[*s.tags, job_type] if job_type else list(s.tags),
+            tags=[*s.tags, job_type] if job_type else (list(s.tags) or None),  # none: the SDK's (WANDB_TAGS)
             id=run_id,
             resume="allow",
             job_type=job_type,
@@ -358,7 +387,7 @@ class WandbExporter(LiveExporter):
     def _write_run(self, run_id: str, run: RunArtifacts, plan: ExportPlan, *, certified: bool) -> Sent:
         """Open (or resume) W&B run ``run_id`` and send the run into it; offline, the run's earlier
         folders are removed once this one is whole, and the identity recorded (``_offline_run_of``)."""
-        offline = self.settings.mode == "offline"
+        offline = self.mode == "offline"
         whole = offline or not certified  # the journal from its first step
         config = json_safe(plan.config) if plan.config and whole else None
         wb_run = self._init(run_id, saved_config_run_name(run, self.name), config)
@@ -412,7 +441,7 @@ class WandbExporter(LiveExporter):
 
     def _offline_index(self) -> Path | None:
         """Offline: where this destination records which run id holds which run identity."""
-        if self.settings.mode != "offline":
+        if self.mode != "offline":
             return None
         return Path(self.destination()["dir"]) / "wandb" / OFFLINE_INDEX
 
@@ -443,7 +472,7 @@ class WandbExporter(LiveExporter):
         return None
 
     def _mark_superseded(self, live_run_id: str, new_run_id: str) -> None:
-        if self.settings.mode != "online":
+        if self.mode != "online":
             logger.info(
                 "wandb: offline live run %s cannot be marked superseded by %s", live_run_id, new_run_id
             )

@@ -62,6 +62,7 @@ EPILOG = """examples:
   gym-artifacts report results/eval.jsonl -o eval.html
   gym-artifacts compare results/base.jsonl results/new.jsonl -o compare.html
   gym-artifacts exporters
+  gym-artifacts instrument -- gym eval run ...           # NeMo Gym logging through gym-artifacts
 """
 
 
@@ -190,7 +191,17 @@ def build_parser() -> argparse.ArgumentParser:
     )
     ls.add_argument("-c", "--config", type=Path, help="config whose enabled flags to show")
     ls.add_argument("--json", action="store_true")
-    parser.commands = {"export": exp, "status": st, "report": rp, "exporters": ls, "compare": cmp}
+    ins = sub.add_parser(
+        "instrument",
+        help="run a command with NeMo Gym's exporters replaced by gym-artifacts' (no file edited)",
+        description="Run COMMAND (and every Python process it starts) with `nemo_gym.exporters` "
+        "replaced by gym-artifacts' drop-in: `gym-artifacts instrument -- gym eval run ...`. "
+        "The command replaces this process: its exit code and signals are its own.",
+    )
+    ins.add_argument("argv", nargs=argparse.REMAINDER, metavar="-- COMMAND ...")
+    parser.commands = {
+        "export": exp, "status": st, "report": rp, "exporters": ls, "compare": cmp, "instrument": ins
+    }
     return parser
 
 
@@ -421,7 +432,33 @@ def run() -> NoReturn:
     sys.exit(code)
 
 
+def cmd_instrument(command: Sequence[str]) -> int:
+    """``exec`` the command instrumented; returns only when it cannot be run."""
+    from gym_artifacts.instrument.command import InstrumentError, exec_instrumented
+
+    try:
+        exec_instrumented(command)
+    except InstrumentError as exc:
+        print(f"gym-artifacts: error: {exc}", file=sys.stderr)
+        return exc.code
+    return EXIT_FAILED  # not reached: exec replaced this process
+
+
+def _instrument_command(argv: Sequence[str]) -> list[str] | None:
+    """The COMMAND of ``instrument [--] COMMAND ...`` (taken as it is: its own options are not
+    this tool's), or None when argv is another command or asks for help."""
+    args = list(argv)
+    if not args or args[0] != "instrument" or (len(args) > 1 and args[1] in ("-h", "--help")):
+        return None
+    rest = args[1:]
+    return rest[1:] if rest[:1] == ["--"] else rest
+
+
 def _main(argv: Sequence[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    command = _instrument_command(argv)
+    if command is not None:
+        return cmd_instrument(command)
     parser = build_parser()
     assert isinstance(parser, _Parser)
     # Runs and key=value overrides may come before or after options: collect both.

@@ -41,6 +41,8 @@ QUICKSTART_FILES = (
 # ``[phoenix]``, whose service fixture is asked for by name at run time).
 SESSION_SERVICES = {
     "ray_cluster": ("tests/test_ray.py::", "tests/test_parallel_sqlite_store.py::"),
+    # NeMo Gym's servers (`gym env start`, ~70 s), started once for the module that runs evals on them
+    "nemo_gym_servers": ("tests/test_nemo_gym_real.py::",),
     "phoenix_server": (
         "tests/test_phoenix.py::",
         "[phoenix]",

@@ -137,15 +137,24 @@ def exclusive_lock(
 
 
 class HeldLock:
-    """A lock taken by ``try_lock``: held until ``release()`` (or the process ends)."""
+    """A lock taken by ``try_lock``: held until ``release()`` (or the process ends).
+
+    Only the process that took it releases it: a forked child shares the lock's open file with
+    its parent, so an unlock there would drop the parent's lock (the child only closes its copy).
+    """
 
     def __init__(self, fd: int, fpath: Path) -> None:
         self.fd: int | None = fd
         self.fpath = fpath
+        self.pid = os.getpid()
 
     def release(self) -> None:
         if self.fd is not None:
             fd, self.fd = self.fd, None
+            if os.getpid() != self.pid:
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+                return
             _release(fd, self.fpath)
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import logging
+import os
 import threading
 import time
 from collections.abc import Iterator, Mapping
@@ -122,6 +123,7 @@ class LiveRun:
         self.late = 0  # calls made once teardown began: sent nowhere, counted, warned once
         self._last_step: int | None = None
         self._closed = False
+        self._owner_pid = os.getpid()  # a forked copy of this run ends nothing (see teardown)
         self.refused = RefusedCalls()
         self.logged_rollouts = LoggedRollouts()  # what was sent, to match OUT.jsonl at export
         install_log_redaction()
@@ -280,6 +282,10 @@ class LiveRun:
         """
         if self._closed:
             return self.reports
+        if os.getpid() != self._owner_pid:
+            # A forked child (NeMo Gym's health-check workers) holds a copy of this run without
+            # the threads that deliver it: the run is the parent's to end; nothing is reported.
+            return self.reports
         self._closed = True
         if self._receiver is not None:  # handles' calls after this point are not applied
             self._receiver.close()
@@ -388,6 +394,19 @@ def reregister_atexit() -> None:
     with _atexit_lock:
         atexit.unregister(_teardown_open_runs)
         atexit.register(_teardown_open_runs)
+
+
+def _forget_open_runs_after_fork() -> None:
+    """A forked child (NeMo Gym's health-check workers) inherits the exit hook but none of the
+    threads that deliver a run's calls: the runs stay the parent's, so the child's exit ends none
+    of them (its teardown could only report losses that did not happen)."""
+    global _atexit_lock
+    _atexit_lock = threading.Lock()  # another thread may have held it at the fork
+    _open_runs.clear()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_open_runs_after_fork)
 
 
 def build_live_exporters(cfg: Any) -> list[LiveExporter]:
