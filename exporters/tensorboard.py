@@ -22,7 +22,6 @@ The SDK (``tensorboard``'s protos and record writer) is imported only when writi
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import shutil
@@ -39,6 +38,7 @@ from gym_artifacts.plugin import (
     CannotCertify,
     ExporterConfig,
     ExportPlan,
+    GymArtifactsError,
     LevelTable,
     LiveExporter,
     RunArtifacts,
@@ -50,6 +50,7 @@ from gym_artifacts.plugin import (
     json_safe,
     metric_value,
     open_regular,
+    read_json,
     redact_text,
     resolved_path,
     saved_config_run_name,
@@ -351,9 +352,9 @@ class TensorboardExporter(LiveExporter):
         for folder in sorted(self.logdir.iterdir()):
             if folder.name.startswith("."):
                 continue
-            try:
-                recorded = json.loads((folder / IDENTITY_FILE).read_bytes())
-            except (OSError, ValueError):
+            try:  # read without blocking: any entry may be anything (a FIFO, a folder)
+                recorded = read_json(folder / IDENTITY_FILE, "run identity")
+            except GymArtifactsError:  # missing, unreadable or not JSON: not a run of this identity
                 continue
             if isinstance(recorded, dict) and recorded.get("run_identity") == run_identity:
                 return folder.name

@@ -173,8 +173,11 @@ def test_two_copies_of_a_run_exported_at_once_give_one_folder_per_destination(tm
     procs = [
         subprocess.Popen(
             [sys.executable, "-m", "gym_artifacts.cli", "export", str(out), "--json", *args],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path,
-        )  # fmt: skip
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            cwd=tmp_path,
+        )
         for out in (first, second)
     ]
     try:
