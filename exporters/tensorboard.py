@@ -75,6 +75,7 @@ CELL_CHARS = 200
 PARTIAL_PREFIX = ".partial-"
 # In each complete run folder: the run's identity, so that a copy of the run finds its folder.
 IDENTITY_FILE = ".gym-artifacts-run.json"
+EVENT_FILE_PREFIX = "events.out.tfevents."
 _UNSAFE = re.compile(r"[^\w.\-]+")
 
 
@@ -103,7 +104,7 @@ class EventWriter:
         self._event_pb2 = event_pb2
         # TensorBoard reads a folder's event files in name order: nanoseconds keep appends in order.
         unique = f"{socket.gethostname()}.{os.getpid()}.{uuid.uuid4().hex[:8]}"
-        self.fpath = dpath / f"events.out.tfevents.{time.time_ns():020d}.{unique}"
+        self.fpath = dpath / f"{EVENT_FILE_PREFIX}{time.time_ns():020d}.{unique}"
         self._fh = open_regular(self.fpath, "wb")  # closed by close()
         self.bytes = 0
         self._write(event_pb2.Event(wall_time=time.time(), file_version="brain.Event:2"))
@@ -267,6 +268,14 @@ class TensorboardExporter(LiveExporter):
         folder. ``run_name`` and ``table_rows`` only shape the run, not where it goes."""
         return {"logdir": resolved_path(settings.logdir)}
 
+    def backend_run_exists(self, backend_run_id: str) -> bool | None:
+        """The run folder is still in the log folder with an event file (``--verify``): a run
+        folder deleted after its export is exported anew, never trusted into nothing."""
+        folder = self.logdir / backend_run_id
+        if folder.parent != self.logdir or not folder.is_dir():
+            return False
+        return any(entry.name.startswith(EVENT_FILE_PREFIX) for entry in folder.iterdir())
+
     # -- live ----------------------------------------------------------------------------------
     def _setup(self) -> str:
         assert self.run is not None
@@ -370,7 +379,7 @@ class TensorboardExporter(LiveExporter):
             raise CannotCertify(f"live run folder {live} is gone")
         partial, writer, rows = self._write_partial(live_run_id, run, plan)
         old = {entry.name for entry in live.iterdir()}
-        written = sorted(partial.iterdir(), key=lambda p: not p.name.startswith("events."))
+        written = sorted(partial.iterdir(), key=lambda p: not p.name.startswith(EVENT_FILE_PREFIX))
         for entry in written:  # the new event file first, then what goes beside it
             target = live / entry.name
             if target.is_dir() and not target.is_symlink():
