@@ -22,7 +22,7 @@ from gym_artifacts.contract.exporter import CERTIFIED_NOTE
 from gym_artifacts.contract.hooks import CannotCertify, ExportPlan, Sent
 from gym_artifacts.contract.run_payload import RunPayload
 from gym_artifacts.core.errors import GymArtifactsError, ReceiptError
-from gym_artifacts.run.artifacts import ROLLOUTS
+from gym_artifacts.run.artifacts import FAILURES, ROLLOUTS
 from gym_artifacts.run.receipts import RunIdMarker, read_marker, write_marker
 
 if TYPE_CHECKING:
@@ -65,7 +65,8 @@ def content_refusal(marker: RunIdMarker, plan: ExportPlan, run: RunArtifacts | N
     ``OUT_failures.jsonl`` together: with ``+route_failures_to_sidecar=true`` the eval hands its
     failed rollouts to ``export_rollouts`` too, and writes them aside; or NeMo Gym's exporter view
     of them (``run.exporter_view``: with ``observability_enabled`` it leaves the trajectory and raw
-    model-call payloads out of what the exporters get).
+    model-call payloads out of what the exporters get). The failures sidecar is as it was when the
+    live run ended (a failure added since is one the live run never saw).
     """
     assert marker.logged is not None
     for name, identity in marker.logged.items():
@@ -78,6 +79,8 @@ def content_refusal(marker: RunIdMarker, plan: ExportPlan, run: RunArtifacts | N
                     continue
             except GymArtifactsError as exc:
                 return f"its rollouts cannot be compared with the run's: {exc}"
+        if name == FAILURES:
+            return "the failures sidecar changed since the live run ended"
         return f"its {name} differs from the run's"
     return None
 
