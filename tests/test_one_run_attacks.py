@@ -192,3 +192,46 @@ def test_two_copies_of_a_run_exported_at_once_give_one_folder_per_destination(tm
         assert {r["status"] for r in json.loads(stdout)} == {"EXPORTED"}
     assert len(tb_folders(tmp_path)) == 1, tb_folders(tmp_path)
     assert len(list((tmp_path / "store" / "default").iterdir())) == 1
+
+
+def test_a_changed_run_exported_on_purpose_after_its_live_run_was_completed_leaves_that_run_as_it_was(
+    tmp_path: Path,
+) -> None:
+    """The export completed the live run; the run's aggregate then changed (NeMo Gym's aggregation
+    rerun); the user deletes the receipts, as the refusal says, to export the changed run on
+    purpose: it goes to a new backend run and the completed one is left as it was (MLflow: its
+    aggregate once, not a second point; TensorBoard: its event files untouched)."""
+    from mlflow.tracking import MlflowClient
+
+    from tests.test_one_run_every_ending import mlflow_runs
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    out = small_live_eval(tmp_path, {
+        "tensorboard": {"enabled": True, "logdir": str(tmp_path / "tb")},
+        "local": {"enabled": True, "root": str(tmp_path / "store"), "experiment": "e"},
+        "mlflow": {"enabled": True, "tracking_uri": uri, "experiment_name": "e"},
+    })  # fmt: skip
+    first = {r["exporter"]: r for r in results_of(cli_export(out, cwd=tmp_path))}
+    assert {r["reason"] for r in first.values()} == {"certified the live run"}, first
+    [live_tb] = tb_folders(tmp_path)
+    tb_bytes = {p.name: p.read_bytes() for p in (tmp_path / "tb" / live_tb).iterdir() if p.is_file()}
+    out.with_name("eval_aggregate_metrics.json").write_text(
+        json.dumps([{"agent_ref": {"name": "a"}, "agent_metrics": {"mean/reward": 0.99}}])
+    )
+    refused = results_of(cli_export(out, cwd=tmp_path))
+    assert {r["status"] for r in refused} == {"FAILED"}, refused
+    for receipt in out.parent.glob("*_export_done.json"):
+        receipt.unlink()
+    second = {r["exporter"]: r for r in results_of(cli_export(out, cwd=tmp_path))}
+    assert {r["status"] for r in second.values()} == {"EXPORTED"}, second
+    for name in ("local", "mlflow", "tensorboard"):
+        assert second[name]["backend_run_id"] != first[name]["backend_run_id"], (name, second[name])
+    client = MlflowClient(uri)
+    old = first["mlflow"]["backend_run_id"]
+    assert [m.value for m in client.get_metric_history(old, "a/mean/reward")] == [0.5]
+    new = second["mlflow"]["backend_run_id"]
+    assert [m.value for m in client.get_metric_history(new, "a/mean/reward")] == [0.99]
+    assert len(mlflow_runs(uri, "e")) == 2
+    assert sorted(tb_folders(tmp_path)) == sorted([live_tb, second["tensorboard"]["backend_run_id"]])
+    assert {p.name: p.read_bytes() for p in (tmp_path / "tb" / live_tb).iterdir() if p.is_file()} == tb_bytes
+    assert len(list((tmp_path / "store" / "e").iterdir())) == 2
