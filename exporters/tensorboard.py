@@ -22,7 +22,6 @@ The SDK (``tensorboard``'s protos and record writer) is imported only when writi
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import shutil
@@ -39,6 +38,7 @@ from gym_artifacts.plugin import (
     CannotCertify,
     ExporterConfig,
     ExportPlan,
+    GymArtifactsError,
     LevelTable,
     LiveExporter,
     RunArtifacts,
@@ -53,6 +53,7 @@ from gym_artifacts.plugin import (
     json_safe,
     metric_value,
     open_regular,
+    read_json,
     redact_text,
     resolved_path,
     rollout_verdicts,
@@ -82,6 +83,7 @@ CELL_CHARS = 200
 PARTIAL_PREFIX = ".partial-"
 # In each complete run folder: the run's identity, so that a copy of the run finds its folder.
 IDENTITY_FILE = ".gym-artifacts-run.json"
+EVENT_FILE_PREFIX = "events.out.tfevents."
 _UNSAFE = re.compile(r"[^\w.\-]+")
 
 
@@ -110,7 +112,7 @@ class EventWriter:
         self._event_pb2 = event_pb2
         # TensorBoard reads a folder's event files in name order: nanoseconds keep appends in order.
         unique = f"{socket.gethostname()}.{os.getpid()}.{uuid.uuid4().hex[:8]}"
-        self.fpath = dpath / f"events.out.tfevents.{time.time_ns():020d}.{unique}"
+        self.fpath = dpath / f"{EVENT_FILE_PREFIX}{time.time_ns():020d}.{unique}"
         self._fh = open_regular(self.fpath, "wb")  # closed by close()
         self.bytes = 0
         self._write(event_pb2.Event(wall_time=time.time(), file_version="brain.Event:2"))
@@ -291,6 +293,14 @@ class TensorboardExporter(LiveExporter):
         folder. ``run_name`` and ``table_rows`` only shape the run, not where it goes."""
         return {"logdir": resolved_path(settings.logdir)}
 
+    def backend_run_exists(self, backend_run_id: str) -> bool | None:
+        """The run folder is still in the log folder with an event file (``--verify``): a run
+        folder deleted after its export is exported anew, never trusted into nothing."""
+        folder = self.logdir / backend_run_id
+        if folder.parent != self.logdir or not folder.is_dir():
+            return False
+        return any(entry.name.startswith(EVENT_FILE_PREFIX) for entry in folder.iterdir())
+
     # -- live ----------------------------------------------------------------------------------
     def _setup(self) -> str:
         assert self.run is not None
@@ -380,9 +390,9 @@ class TensorboardExporter(LiveExporter):
         for folder in sorted(self.logdir.iterdir()):
             if folder.name.startswith("."):
                 continue
-            try:
-                recorded = json.loads((folder / IDENTITY_FILE).read_bytes())
-            except (OSError, ValueError):
+            try:  # read without blocking: any entry may be anything (a FIFO, a folder)
+                recorded = read_json(folder / IDENTITY_FILE, "run identity")
+            except GymArtifactsError:  # missing, unreadable or not JSON: not a run of this identity
                 continue
             if isinstance(recorded, dict) and recorded.get("run_identity") == run_identity:
                 return folder.name
@@ -398,7 +408,7 @@ class TensorboardExporter(LiveExporter):
             raise CannotCertify(f"live run folder {live} is gone")
         partial, writer, rows = self._write_partial(live_run_id, run, plan)
         old = {entry.name for entry in live.iterdir()}
-        written = sorted(partial.iterdir(), key=lambda p: not p.name.startswith("events."))
+        written = sorted(partial.iterdir(), key=lambda p: not p.name.startswith(EVENT_FILE_PREFIX))
         for entry in written:  # the new event file first, then what goes beside it
             target = live / entry.name
             if target.is_dir() and not target.is_symlink():

@@ -33,6 +33,7 @@ from gym_artifacts.plugin import (
     ComparisonPayload,
     ExporterConfig,
     ExportPlan,
+    GymArtifactsError,
     LevelTable,
     LiveExporter,
     PayloadArtifact,
@@ -47,6 +48,7 @@ from gym_artifacts.plugin import (
     credential_free_uri,
     flatten,
     json_safe,
+    read_json,
     resolved_path,
     run_times,
     saved_config_run_name,
@@ -462,9 +464,9 @@ class WandbExporter(LiveExporter):
         index = self._offline_index()
         if index is None:
             return None
-        try:
-            recorded = json.loads((index / f"{post_run_id(run_identity)}.json").read_bytes())
-        except (OSError, ValueError):
+        try:  # read without blocking: the entry may be anything (a FIFO, a folder)
+            recorded = read_json(index / f"{post_run_id(run_identity)}.json", "W&B offline index entry")
+        except GymArtifactsError:  # missing, unreadable or not JSON: no run recorded
             return None
         run_id = recorded.get("run_id") if isinstance(recorded, dict) else None
         if isinstance(run_id, str) and offline_folders(index.parent, run_id):

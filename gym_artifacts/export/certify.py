@@ -22,10 +22,12 @@ from gym_artifacts.contract.exporter import CERTIFIED_NOTE
 from gym_artifacts.contract.hooks import CannotCertify, ExportPlan, Sent
 from gym_artifacts.contract.run_payload import RunPayload
 from gym_artifacts.core.errors import GymArtifactsError, ReceiptError
-from gym_artifacts.run.artifacts import ROLLOUTS
+from gym_artifacts.run.artifacts import FAILURES, ROLLOUTS
 from gym_artifacts.run.receipts import RunIdMarker, read_marker, write_marker
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
     from gym_artifacts.contract.live_exporter import LiveExporter
     from gym_artifacts.run.artifacts import RunArtifacts
 
@@ -43,12 +45,15 @@ def certify_refusal(
     rollouts and journal it sent, whatever was written beside them since). A live run
     with no record (killed before its teardown, resumed after a crash) is this output's live
     run: it is completed with what the files hold. Lost calls never refuse: the export repairs
-    the run.
+    the run. Once an export has completed it, only the same files complete it again (a retry,
+    a copy): a run changed since goes to a new run, the completed one left as it was.
     """
     if plan.certify is False:
         return "--no-certify"
     if marker.destination_key not in (None, destination_key):
         return "it lives at another destination"
+    if marker.certified is not None:  # an export completed it: with these files, or others
+        return None if marker.certified == plan.identities else "an export completed it with other files"
     if marker.identities is not None and marker.identities == plan.identities:
         return None  # completed, and the files are as they were then
     if marker.logged is not None:
@@ -65,7 +70,8 @@ def content_refusal(marker: RunIdMarker, plan: ExportPlan, run: RunArtifacts | N
     ``OUT_failures.jsonl`` together: with ``+route_failures_to_sidecar=true`` the eval hands its
     failed rollouts to ``export_rollouts`` too, and writes them aside; or NeMo Gym's exporter view
     of them (``run.exporter_view``: with ``observability_enabled`` it leaves the trajectory and raw
-    model-call payloads out of what the exporters get).
+    model-call payloads out of what the exporters get). The failures sidecar is as it was when the
+    live run ended (a failure added since is one the live run never saw).
     """
     assert marker.logged is not None
     for name, identity in marker.logged.items():
@@ -78,6 +84,8 @@ def content_refusal(marker: RunIdMarker, plan: ExportPlan, run: RunArtifacts | N
                     continue
             except GymArtifactsError as exc:
                 return f"its rollouts cannot be compared with the run's: {exc}"
+        if name == FAILURES:
+            return "the failures sidecar changed since the live run ended"
         return f"its {name} differs from the run's"
     return None
 
@@ -105,6 +113,7 @@ def certify_or_export(backend: LiveExporter, run: RunArtifacts, plan: ExportPlan
                     "%s: live run %s not completed: %s; exporting a new run", name, marker.run_id, exc
                 )
             else:
+                _record_certified(marker_fpath, marker, plan)
                 return Sent(sent.backend_run_id, sent.rows, sent.bytes, CERTIFIED_NOTE)
         else:
             logger.info(
@@ -118,3 +127,12 @@ def certify_or_export(backend: LiveExporter, run: RunArtifacts, plan: ExportPlan
         except Exception as exc:  # best effort: never fail an export for a courtesy note
             logger.warning("%s: could not mark live run %s superseded: %s", name, marker.run_id, exc)
     return sent
+
+
+def _record_certified(marker_fpath: Path, marker: RunIdMarker, plan: ExportPlan) -> None:
+    """Note in the marker the identities the live run was completed with (``certify_refusal``:
+    other files later go to a new run). Best effort: the run is complete whether or not noted."""
+    try:
+        write_marker(marker_fpath, marker.model_copy(update={"certified": dict(plan.identities)}))
+    except Exception as exc:
+        logger.warning("%s: could not note the completed run's identities: %s", marker_fpath, exc)

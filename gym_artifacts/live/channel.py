@@ -329,6 +329,7 @@ class LiveChannel:
                 "state": "completed",
                 "completed_at": utc_now_iso(),
                 "identities": dict(ids) if ids else None,
+                "certified": None,  # the live run changed since an export completed it
             }
             write_marker(marker_fpath, marker.model_copy(update=update))
 
@@ -349,7 +350,7 @@ class LiveChannel:
                 marker = read_marker(marker_fpath)
                 if marker is None or marker.run_id != run_id:
                     return
-                update = {"logged": dict(logged), "ended": status.value}
+                update = {"logged": dict(logged), "ended": status.value, "certified": None}
                 write_marker(marker_fpath, marker.model_copy(update=update))
             except (ReceiptError, OSError) as exc:
                 logger.warning("%s: logged content not recorded in %s: %s", self.name, marker_fpath, exc)

@@ -35,7 +35,7 @@ from gym_artifacts.live.channel import (
 )
 from gym_artifacts.live.content import LoggedRollouts, logged_content
 from gym_artifacts.live.journal_writer import MetricsJournal
-from gym_artifacts.run.artifacts import ROLLOUTS, RunArtifacts
+from gym_artifacts.run.artifacts import FAILURES, ROLLOUTS, RunArtifacts
 from gym_artifacts.run.metric_records import MetricRecord, encode_record
 from gym_artifacts.run.run_config import backend_config, save_run_config
 
@@ -319,7 +319,8 @@ class LiveRun:
             if report.lost or report.setup_error or not report.teardown_finished:
                 logger.warning("live logging: %s", report.describe())
         if status == RunStatus.FINISHED and journal_closed and not self.journal_lost:
-            logged = logged_content(self.journal.fpath, self.logged_rollouts)
+            failures = self.run.sidecar_files().get(FAILURES)  # the sidecar the export would see
+            logged = logged_content(self.journal.fpath, self.logged_rollouts, failures)
             if logged is not None:
                 for channel in self.channels:
                     # a reopened run holds an earlier process's rollouts too: only the (resumed,
