@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -121,6 +121,25 @@ def trace_info(trace: RolloutTrace, experiment_id: str, run_id: str) -> Any:
         tags={"mlflow.traceName": trace.name, **{TAG_PREFIX + k: v for k, v in trace.tags.items()}},
         assessments=assessments,
     )
+
+
+def _landed(info: Any) -> bool:
+    """A trace MLflow holds whole: its spans stored (``start_trace`` alone makes a trace's info
+    without spans: an export killed between the two requests)."""
+    return SPANS_TAG in (info.tags or {})
+
+
+SPANS_TAG = "mlflow.trace.spansLocation"  # set by the server once it stored a trace's spans
+
+
+def only_missing(ml: ScopedMlflow, traces: Iterable[RolloutTrace]) -> Iterator[RolloutTrace]:
+    """The traces of ``traces`` that the server behind ``ml`` does not hold whole (streamed, a
+    lookup of ``LINKS`` trace ids a request): a live run sent the rest with the same ids."""
+    store = ml.client._tracking_client.store
+    for batch in trace_batches(traces, LINKS):
+        found = store.batch_get_trace_infos([mlflow_trace_id(t) for t in batch])
+        landed = {info.trace_id for info in found if _landed(info)}
+        yield from (t for t in batch if mlflow_trace_id(t) not in landed)
 
 
 def log_rollout_traces(

@@ -24,6 +24,7 @@ from gym_artifacts.plugin import (
     json_safe,
     last_user_message,
     mask_values,
+    rollout_key,
     rollout_window,
     trajectory_of,
     verdicts_and_extra,
@@ -58,6 +59,7 @@ class Rollout:
     extra: dict[str, Any]
     time: float | None
     end_time: float | None = None
+    key: str = ""  # which rollout of the run (``rollout_key``): what its trace id derives from
 
     @property
     def reward(self) -> float | None:
@@ -86,7 +88,7 @@ def _first(record: dict[str, Any], keys: tuple[str, ...]) -> tuple[str | None, A
 def rollout_from_record(row: int, record: Any) -> Rollout:
     """The view of one record; a record that is not an object is shown whole as the request."""
     if not isinstance(record, dict):
-        return Rollout(row, str(row), None, "unknown", record, None, {}, {}, None)
+        return Rollout(row, str(row), None, "unknown", record, None, {}, {}, None, key=f"row/{row}")
     request_key, request = _first(record, REQUEST_KEYS)
     response_key, response = _first(record, RESPONSE_KEYS)
     verdicts, extra = verdicts_and_extra(record, (request_key, response_key, "agent_ref"))
@@ -104,6 +106,7 @@ def rollout_from_record(row: int, record: Any) -> Rollout:
         extra=extra,
         time=when,
         end_time=until,
+        key=rollout_key(row, record),
     )
 
 

@@ -35,6 +35,8 @@ from gym_artifacts.plugin import (
     ExportPlan,
     LevelTable,
     LiveExporter,
+    LiveTraces,
+    PartialBatch,
     PayloadArtifact,
     ReportWhen,
     RolloutSpool,
@@ -42,6 +44,7 @@ from gym_artifacts.plugin import (
     RunPayload,
     RunStatus,
     Sent,
+    TraceCounts,
     absolute_store_uri,
     canonical_json,
     credential_free_uri,
@@ -79,7 +82,7 @@ from ._mlflow_mapping import (
 from ._mlflow_report import ReportTarget, build_and_upload, has_report, job_for
 from ._mlflow_report import start as start_report
 from ._mlflow_schema import ensure_sqlite_schema
-from ._mlflow_traces import log_rollout_traces
+from ._mlflow_traces import log_rollout_traces, only_missing
 from ._mlflow_views import DESCRIPTION_TAG, evaluation_dataset, planned_inputs
 from ._nemo_gym_shapes import MLFLOW_TABLE_FILE, file_documents, write_split_table
 from ._rollouts import payload_traces
@@ -129,7 +132,8 @@ class MlflowSettings(ExporterConfig):
     # (default: twice export_request_timeout, at least 10 s).
     create_lookup_seconds: float | None = Field(default=None, ge=0, le=3600)
     # Every rollout also as an MLflow trace with its verdicts as feedback (off by default: one
-    # request per rollout; figures in BENCHMARKS.md).
+    # request per rollout; figures in BENCHMARKS.md). On an MLflow server, a live run sends each
+    # rollout's trace as it is handed to export_rollouts; the export adds only what is missing.
     log_traces: bool = False
     # Verdicts as MLflow assessments (the Traces tab's reward column and histogram): one
     # start_trace request a trace, MLflow's only way to attach them. Off: verdicts as trace tags,
@@ -162,6 +166,7 @@ class MlflowExporter(LiveExporter):
         self._ml: ScopedMlflow | None = None
         self._status_before_reopen: str | None = None
         self._rollouts: RolloutSpool | None = None
+        self._traces: LiveTraces | None = None
 
     @classmethod
     def destination_for(cls, settings: MlflowSettings) -> dict[str, Any]:
@@ -264,15 +269,38 @@ class MlflowExporter(LiveExporter):
                 self._status_before_reopen = existing.info.status
                 ml.set_status(self.resume_run_id, "RUNNING")
                 ml.set_tags(self.resume_run_id, {}, {"reopened_at": utc_now_iso()})
+                self._start_live_traces(ml, experiment_id, self.resume_run_id)
                 return self.resume_run_id
             logger.info("mlflow: run %s cannot be reopened; opening a new one", self.resume_run_id)
-        return ml.create_run(
+        run_id = ml.create_run(
             experiment_id,
             self.settings.run_name or saved_config_run_name(self.run, self.name),
             self._base_tags(self.run),
             int(time.time() * 1000),
             self._base_bookkeeping(self.run, "live"),
         )
+        self._start_live_traces(ml, experiment_id, run_id)
+        return run_id
+
+    def _start_live_traces(self, ml: ScopedMlflow, experiment_id: str, run_id: str) -> None:
+        """Rollouts as traces while the eval runs (``log_traces`` on an MLflow server), their ids
+        scoped by the run as the export's that completes it (``_log_traces``). A database store
+        has no OTLP endpoint: its traces are the export's."""
+        self._traces = None
+        if not self.settings.log_traces:
+            return
+        if not is_rest(ml.tracking_uri):
+            logger.info("mlflow: a database store takes traces from the export only (no live traces)")
+            return
+        assessments = self.settings.trace_assessments
+
+        def send(traces: list[Any]) -> None:
+            log_rollout_traces(ml, experiment_id, run_id, traces, assessments)
+
+        self._traces = LiveTraces(send, f"mlflow/{run_id}", self.secrets, on_sent=self.live_progress)
+
+    def live_trace_counts(self) -> TraceCounts | None:
+        return self._traces.counts if self._traces is not None else None
 
     def _log_config(self, config: dict[str, Any]) -> None:
         assert self._ml is not None and self.run_id is not None
@@ -304,15 +332,34 @@ class MlflowExporter(LiveExporter):
             self._ml.set_tags(self.run_id, texts)
 
     def _log_rollouts(self, rollouts: list[Any]) -> None:
+        self._log_rollouts_batch([rollouts])
+
+    def _log_rollouts_batch(self, batches: list[list[Any]]) -> None:
+        """Spooled for the rollouts artifact (uploaded whole at teardown), and as traces: every
+        queued call's rollouts in one batch (``LiveTraces``; a trace not sent is the export's)."""
         if self._rollouts is None:
             name = "rollouts.jsonl" if not self.reopened else f"rollouts.resumed-{int(time.time())}.jsonl"
             self._rollouts = RolloutSpool(name, prefix="gym-artifacts-mlflow-")
-        self._rollouts.append(rollouts)
+        for applied, rollouts in enumerate(batches):
+            try:
+                self._rollouts.append(rollouts)
+            except Exception as exc:
+                self._trace(batches[:applied])
+                raise PartialBatch(applied, exc) from exc
+        self._trace(batches)
+
+    def _trace(self, batches: list[list[Any]]) -> None:
+        if self._traces is not None:
+            for rollouts in batches:
+                self._traces.add(rollouts)
+            self._traces.send_pending()
 
     def _teardown(self, status: RunStatus) -> None:
         assert self._ml is not None and self.run_id is not None
         try:
             spooled = self._rollouts.finish() if self._rollouts is not None else None
+            if self._traces is not None:
+                self._traces.close()
             if spooled is not None:
                 self._ml.log_artifact(self.run_id, spooled, "rollouts")
                 if self._upload_nemo_gym_table(self._ml, self.run_id, spooled, self.secrets):
@@ -662,8 +709,8 @@ class MlflowExporter(LiveExporter):
         experiment_id = str(ml.get_run(run_id).info.experiment_id)
         traces = payload_traces(payload, f"mlflow/{run_id}", fallback_ms / 1000, plan)
         assessments = self.settings.trace_assessments
-        if is_rest(ml.tracking_uri):
-            return log_rollout_traces(ml, experiment_id, run_id, traces, assessments).traces
+        if is_rest(ml.tracking_uri):  # a live run's traces are there already: only the rest
+            return log_rollout_traces(ml, experiment_id, run_id, only_missing(ml, traces), assessments).traces
         # A database store has no server before its traces: the export's deadline bounds their
         # part only, counted from here (the store answered all along before it) and again from
         # each batch of traces the server took: the server's start and the traces' requests.

@@ -152,10 +152,10 @@ class PhoenixExporter(Exporter):
         """``(trace key, rollout, failure or None)`` of every planned rollout with a result: the
         scored ones, then each failed one with its planned input (streamed)."""
         for r in payload_rollouts(payload):
-            yield f"row/{r.row}", r, None
+            yield r.key, r, None
         for index, record, planned in failed_rollouts(payload):
             t = failed_trajectory(index, record, planned)
-            view = Rollout(t.row, t.task, t.repeat, t.agent, t.request, None, {}, {}, None)
+            view = Rollout(t.row, t.task, t.repeat, t.agent, t.request, None, {}, {}, None, key=t.key)
             yield t.key, view, t.failure.text if t.failure is not None else "failed"
 
     def _dataset_name(self, run: RunArtifacts, plan: ExportPlan, payload: RunPayload) -> str:

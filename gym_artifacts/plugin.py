@@ -13,6 +13,7 @@ from gym_artifacts.contract.comparison import ComparisonPayload
 from gym_artifacts.contract.exporter import Exporter
 from gym_artifacts.contract.hooks import CannotCertify, ExportPlan, PartialBatch, RunStatus, Sent
 from gym_artifacts.contract.live_exporter import LiveExporter
+from gym_artifacts.contract.live_traces import LiveTraces, TraceCounts
 from gym_artifacts.contract.run_payload import PayloadArtifact, RunPayload
 from gym_artifacts.core.atomic import (
     atomic_write_bytes,
@@ -81,6 +82,8 @@ from gym_artifacts.run.trajectory import (
     Trajectory,
     failed_trajectory,
     failures_with_plans,
+    is_failure_record,
+    rollout_key,
     rollout_verdicts,
     rollout_window,
     trajectory_of,
@@ -131,6 +134,7 @@ __all__ = [
     "GymArtifactsError",
     "LevelTable",
     "LiveExporter",
+    "LiveTraces",
     "PartialBatch",
     "PayloadArtifact",
     "ReportJob",
@@ -142,6 +146,7 @@ __all__ = [
     "RunStatus",
     "Sent",
     "Span",
+    "TraceCounts",
     "Trajectory",
     "absolute_store_uri",
     "adopted",
@@ -164,6 +169,7 @@ __all__ = [
     "failure_trace",
     "failures_with_plans",
     "flatten",
+    "is_failure_record",
     "iter_journal",
     "iter_jsonl",
     "journal_line",
@@ -181,6 +187,7 @@ __all__ = [
     "repair_partial_last_line",
     "resolved_path",
     "response_text",
+    "rollout_key",
     "rollout_trace",
     "rollout_verdicts",
     "rollout_window",

@@ -249,6 +249,19 @@ class LiveHooks(ABC):
             except Exception as exc:
                 raise PartialBatch(applied, exc) from exc
 
+    def _log_rollouts_batch(self, batches: list[list[Any]]) -> None:
+        """Several queued ``export_rollouts`` calls at once (the worker groups the calls that
+        queued up behind a slow one); override to send them together (one trace request).
+
+        The default applies them one by one, saying how far it got when one raises
+        (``PartialBatch``), as ``_log_metrics_batch`` does.
+        """
+        for applied, rollouts in enumerate(batches):
+            try:
+                self._log_rollouts(rollouts)
+            except Exception as exc:
+                raise PartialBatch(applied, exc) from exc
+
     def _release_reopened(self) -> None:
         """Let go of a reopened run without marking it ended (by default: end it KILLED)."""
         self._teardown(RunStatus.KILLED)

@@ -19,6 +19,7 @@ from gym_artifacts.core.secrets import redact_text
 
 if TYPE_CHECKING:
     from gym_artifacts.contract.hooks import ExportPlan, Sent
+    from gym_artifacts.contract.live_traces import TraceCounts
     from gym_artifacts.run.artifacts import RunArtifacts
 
 
@@ -40,6 +41,7 @@ class LiveExporter(LiveHooks, Exporter):
         self.reopened = False
         self.secrets: frozenset[str] = frozenset()
         self.last_step_source: Callable[[], int | None] | None = None
+        self.progress_signal: Callable[[], None] | None = None
 
     def bind_live_context(
         self,
@@ -48,14 +50,28 @@ class LiveExporter(LiveHooks, Exporter):
         resume_run_id: str | None,
         secrets: frozenset[str],
         last_step_source: Callable[[], int | None] | None,
+        progress: Callable[[], None] | None = None,
     ) -> None:
-        """Set what the hooks read for one live run (the channel's worker thread calls this)."""
+        """Set what the hooks read for one live run (the channel's worker thread calls this);
+        ``progress``: what ``live_progress`` tells."""
+        self.progress_signal = progress
         self.run = run
         self.resume_run_id = resume_run_id
         self.secrets = secrets
         self.last_step_source = last_step_source
         self.run_id = None
         self.reopened = False
+
+    def live_progress(self) -> None:
+        """Tell the channel that a long hook is making progress (a batch of traces landed): a
+        teardown waiting on it restarts its idle deadline (its hard cap still holds)."""
+        if self.progress_signal is not None:
+            self.progress_signal()
+
+    def live_trace_counts(self) -> TraceCounts | None:
+        """How many of the live run's rollouts the platform took as traces (None: this backend
+        sends no traces live); read for the teardown report once the worker stopped."""
+        return None
 
     def previous_last_step(self) -> int | None:
         """For a resumed run: the last step an earlier process logged (from the journal)."""

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from gym_artifacts.contract.hooks import RunStatus
+from gym_artifacts.contract.live_traces import TraceCounts
 from gym_artifacts.core.errors import ReceiptError
 from gym_artifacts.core.secrets import mask_secrets, redact_text
 from gym_artifacts.live.worker import BackgroundWorker, Call, RecordSink, WorkerStats
@@ -71,6 +72,7 @@ class LiveReport:
     teardown_finished: bool
     last_error: str | None = None
     dropped_kinds: dict[str, int] = field(default_factory=dict)
+    traces: TraceCounts | None = None  # the rollouts the platform took as traces (None: sends none live)
 
     @property
     def lost(self) -> int:
@@ -89,6 +91,8 @@ class LiveReport:
             parts.append(f"{self.undelivered} not delivered before the deadline")
         if not self.teardown_finished:
             parts.append("teardown did not finish in time")
+        if self.traces is not None:
+            parts.append(self.traces.describe())
         return ", ".join(parts)
 
 
@@ -102,7 +106,11 @@ def summary_line(reports: Sequence[LiveReport]) -> str:
             parts.append(f"{r.exporter} setup failed")
             continue
         counts = f"{r.delivered} delivered, {r.failed} failed, {r.undelivered} undelivered"
-        parts.append(f"{r.exporter} {counts}" + (f", {r.dropped} dropped" if r.dropped else ""))
+        if r.dropped:
+            counts += f", {r.dropped} dropped"
+        if r.traces is not None:
+            counts += f", {r.traces.describe()}"
+        parts.append(f"{r.exporter} {counts}")
     return "; ".join(parts)
 
 
@@ -132,6 +140,11 @@ class LiveChannel:
         # the backend gets its copy on the worker thread, with the rest of its context.
         self._secrets: frozenset[str] = frozenset()
         self._previous_last_step: Callable[[], int | None] | None = None
+        # One function object for every rollouts call: the worker groups consecutive calls that
+        # share it into one ``_log_rollouts_batch`` (calls queued behind a slow platform).
+        self._rollouts_batch = self._guarded_batch(
+            lambda calls: backend._log_rollouts_batch([args[0] for args in calls])
+        )
 
     # -- call site: enqueue only, never raise, never block on the backend --------------------------
     def setup(
@@ -179,7 +192,8 @@ class LiveChannel:
 
     def export_rollouts(self, rollouts: list[Any]) -> None:
         """Log finished rollouts (never dropped)."""
-        self._submit(Call(self._guarded(self.backend._log_rollouts), (list(rollouts),), "rollouts"))
+        hook = self._guarded(self.backend._log_rollouts)
+        self._submit(Call(hook, (list(rollouts),), "rollouts", batch=self._rollouts_batch))
 
     def start_over(self) -> None:
         """Resume found nothing to resume: close the reopened run and open a new one."""
@@ -230,6 +244,7 @@ class LiveChannel:
             teardown_finished=finished,
             last_error=stats.last_error,
             dropped_kinds=dict(stats.dropped_kinds),
+            traces=self.backend.live_trace_counts(),
         )
 
     @property
@@ -280,7 +295,11 @@ class LiveChannel:
                 marker = None
             resume_run_id = marker.run_id if marker is not None else None
         backend.bind_live_context(
-            run, resume_run_id=resume_run_id, secrets=self._secrets, last_step_source=self._previous_last_step
+            run,
+            resume_run_id=resume_run_id,
+            secrets=self._secrets,
+            last_step_source=self._previous_last_step,
+            progress=self.worker.progress if self.worker is not None else None,
         )
         try:
             backend.run_id = backend._setup()

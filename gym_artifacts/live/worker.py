@@ -237,6 +237,11 @@ class BackgroundWorker:
                 time.sleep(0.005)
         return finished
 
+    def progress(self) -> None:
+        """The call being applied made progress (a long call: a batch of it landed): a stopping
+        worker's idle deadline restarts from now (the hard cap still holds)."""
+        self._progress_at = time.monotonic()
+
     @property
     def pending(self) -> int:
         return len(self._queue)

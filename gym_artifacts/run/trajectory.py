@@ -202,7 +202,7 @@ class Failure:
 class Trajectory:
     """One rollout: where it sits, what was asked, every step, its verdicts, failure and times."""
 
-    key: str  # row/N (a line of OUT.jsonl) or failed/N (a row of the failures sidecar)
+    key: str  # rollout_key: task/T/rollout/R (failed/...), else row/N or failed/N
     row: int
     task: str
     repeat: int | None
@@ -274,6 +274,37 @@ class Trajectory:
     @property
     def model(self) -> str | None:
         return next((c.model for c in self.model_calls if c.model), None)
+
+
+def _index(value: Any) -> str | None:
+    """A NeMo Gym index as text: a whole number or a string (anything else is no index)."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return str(value)
+    return value if isinstance(value, str) and value else None
+
+
+def rollout_key(row: int, record: Any, *, failed: bool = False) -> str:
+    """Which rollout of its run a line is, the same wherever it is read: ``task/T/rollout/R``
+    from NeMo Gym's ``_ng_task_index`` and ``_ng_rollout_index`` (a live run sees rollouts in
+    completion order, failed ones among them; ``OUT.jsonl`` and its failures sidecar hold them
+    apart), prefixed ``failed/`` for a failed rollout (a rollout retried after a failure is another
+    trace); without both indices its place: ``row/N`` of ``OUT.jsonl``, ``failed/N`` of the sidecar.
+    Trace ids derive from it (``rollout_spans.trace_id_for``), so a live run and the post-run export
+    name each rollout's trace alike."""
+    placed = None
+    if isinstance(record, dict):
+        task, rollout = _index(record.get("_ng_task_index")), _index(record.get("_ng_rollout_index"))
+        if task is not None and rollout is not None:
+            placed = f"task/{task}/rollout/{rollout}"
+    if failed:
+        return f"failed/{placed}" if placed is not None else f"failed/{row}"
+    return placed if placed is not None else f"row/{row}"
+
+
+def is_failure_record(record: Any) -> bool:
+    """A row of NeMo Gym's failures sidecar (``_ng_failure_class``): what a live run is also handed
+    for a failed rollout with ``route_failures_to_sidecar``."""
+    return isinstance(record, dict) and record.get(FAILURE_PREFIX + "class") is not None
 
 
 def place(record: dict[str, Any], row: int) -> tuple[str, int | None, str]:
@@ -575,9 +606,9 @@ def trajectory_of(row: int, record: Any) -> Trajectory:
         steps = _responses_steps(request, response, _observed_tools(evidence))
     start, end = rollout_window(record)
     return Trajectory(
-        key=f"row/{row}", row=row, task=task, repeat=repeat, agent=agent, request=request, response=response,
-        steps=tuple(steps), verdicts=verdicts, extra=extra, source=source, start_s=start, end_s=end,
-        perf=dict(perf),
+        key=rollout_key(row, record), row=row, task=task, repeat=repeat, agent=agent, request=request,
+        response=response, steps=tuple(steps), verdicts=verdicts, extra=extra, source=source, start_s=start,
+        end_s=end, perf=dict(perf),
     )  # fmt: skip
 
 
@@ -596,8 +627,8 @@ def failed_trajectory(index: int, record: Any, planned: Any) -> Trajectory:
     request = planned.get(REQUEST_KEY) if isinstance(planned, dict) else None
     extra = {k: v for k, v in record.items() if not k.startswith(FAILURE_PREFIX) and v is not None}
     return Trajectory(
-        key=f"failed/{index}", row=index, task=task, repeat=repeat, agent=agent, request=request, response={},
-        steps=(), verdicts={}, extra=extra, source="planned", failure=failure,
+        key=rollout_key(index, record, failed=True), row=index, task=task, repeat=repeat, agent=agent,
+        request=request, response={}, steps=(), verdicts={}, extra=extra, source="planned", failure=failure,
     )  # fmt: skip
 
 
