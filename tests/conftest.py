@@ -45,6 +45,7 @@ SESSION_SERVICES = {
     "nemo_gym_servers": ("tests/test_nemo_gym_real.py::",),
     "phoenix_server": (
         "tests/test_phoenix.py::",
+        "tests/test_live_traces_phoenix.py::",
         "[phoenix]",
         "tests/reliability/test_secrets_generated.py::test_no_generated_secret_reaches_phoenix",
     ),
