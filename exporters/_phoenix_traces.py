@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -156,6 +156,35 @@ def send_traces(
     return sent
 
 
+def only_missing(
+    client: Any, project: str, traces: Iterable[RolloutTrace], timeout: float
+) -> Iterator[RolloutTrace]:
+    """The traces of ``traces`` whose root span ``project`` lacks (streamed, ``CHECK`` root span
+    ids a request): a live run sent the others with the same ids. Their annotations are logged
+    again (upserts: a live run killed between a batch's spans and its annotations loses none)."""
+    for batch in trace_batches(traces, CHECK):
+        present = _stored(client, project, [t.root.span_id for t in batch], timeout)
+        there = [t for t in batch if t.root.span_id in present]
+        annotations = _annotations(there)
+        if annotations:
+            client.traces.log_trace_annotations(trace_annotations=annotations, sync=True)
+        yield from (t for t in batch if t.root.span_id not in present)
+
+
+def _stored(client: Any, project: str, span_ids: list[str], timeout: float) -> set[str]:
+    """Which of ``span_ids`` the project holds (none while the project does not exist)."""
+    import httpx
+
+    try:
+        found = client.spans.get_spans(project_identifier=project, span_ids=span_ids, limit=len(span_ids),
+                                       timeout=int(timeout))  # fmt: skip
+    except httpx.HTTPStatusError as exc:  # the project appears with its first stored span
+        if exc.response.status_code != 404:
+            raise
+        return set()
+    return {str(span["context"]["span_id"]) for span in found}
+
+
 def _landed_then_annotate(
     client: Any, project: str, batch: list[RolloutTrace], timeout: float, deadline: float
 ) -> None:
@@ -171,18 +200,10 @@ def _landed_then_annotate(
 def _wait_landed(client: Any, project: str, span_ids: list[str], timeout: float, deadline: float) -> None:
     """Every span id is in the project (Phoenix inserts in the background), or NotLanded once
     ``deadline`` (monotonic) passes."""
-    import httpx
-
     for start in range(0, len(span_ids), CHECK):
         chunk = span_ids[start : start + CHECK]
         while True:
-            try:
-                found = client.spans.get_spans(project_identifier=project, span_ids=chunk, limit=len(chunk),
-                                               timeout=int(timeout))  # fmt: skip
-            except httpx.HTTPStatusError as exc:  # the project appears with its first stored span
-                if exc.response.status_code != 404:
-                    raise
-                found = []
+            found = _stored(client, project, chunk, timeout)
             if len(found) >= len(chunk):
                 break
             if time.monotonic() > deadline:

@@ -17,7 +17,14 @@ verdict (``reward`` first) is a ``CODE`` evaluation of it.
 Exactly once: Phoenix assigns its own ids, so everything is found before it is created: the
 dataset by name, the experiment by the identity in its metadata, and the runs already in the
 experiment by (example, repetition); only missing runs are logged. Evaluations are upserts keyed
-by (run, name) in Phoenix, so a retry rewrites them in place. Post-run only.
+by (run, name) in Phoenix, so a retry rewrites them in place.
+
+Live (``log_traces``): each rollout handed to ``export_rollouts`` is sent as its trace on the
+backend's worker (``LiveTraces``: batched, backed off when Phoenix pushes back, bounded) into the
+live run's project (``project_name``, else ``<run name> <date> live-<id>``: the live run's id). The
+export that completes the live run (``_certify``) sends the dataset and experiment, and of the
+traces only those the project lacks (same ids: the live project's scope and each rollout's key),
+each experiment run linked to its live trace.
 """
 
 from __future__ import annotations
@@ -26,6 +33,7 @@ import contextlib
 import datetime as dt
 import re
 import time
+import uuid
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
@@ -33,12 +41,15 @@ from typing import Any
 from pydantic import Field, SecretStr
 
 from gym_artifacts.plugin import (
-    Exporter,
     ExporterConfig,
     ExportPlan,
+    LiveExporter,
+    LiveTraces,
     RunArtifacts,
     RunPayload,
+    RunStatus,
     Sent,
+    TraceCounts,
     agent_label,
     dataset_service_destination,
     failed_trajectory,
@@ -47,7 +58,7 @@ from gym_artifacts.plugin import (
     trace_id_for,
 )
 
-from ._phoenix_traces import send_traces
+from ._phoenix_traces import only_missing, send_traces
 from ._rollouts import Rollout, as_object, failed_rollouts, masked, payload_rollouts, payload_traces
 
 IDENTITY_KEY = "gym_artifacts.identity"
@@ -76,13 +87,23 @@ class PhoenixSettings(ExporterConfig):
     log_experiment: bool = True
 
 
-class PhoenixExporter(Exporter):
-    """Phoenix datasets and experiments through ``phoenix.client.Client``."""
+def live_scope(project: str) -> str:
+    """The scope of a live run's trace ids: its project (the live run's id)."""
+    return f"phoenix/{project}/live"
+
+
+class PhoenixExporter(LiveExporter):
+    """Phoenix datasets and experiments through ``phoenix.client.Client``; traces live."""
 
     name = "phoenix"
     config_model = PhoenixSettings
     sdk_module = "phoenix"  # the client lives in the phoenix namespace package (phoenix.client)
     settings: PhoenixSettings
+
+    def __init__(self, settings: PhoenixSettings) -> None:
+        super().__init__(settings)
+        self._live_client: Any = None
+        self._traces: LiveTraces | None = None
 
     @classmethod
     def contract_settings(cls, folder: Path) -> dict[str, Any] | None:
@@ -115,15 +136,70 @@ class PhoenixExporter(Exporter):
         key = self.settings.api_key.get_secret_value() if self.settings.api_key else None
         return Client(base_url=self.settings.base_url, api_key=key)
 
-    def _export(self, run: RunArtifacts, plan: ExportPlan) -> Sent:
+    # -- live ----------------------------------------------------------------------------------
+    def _setup(self) -> str:
+        """The live run is its project (reopened by name when resuming); traces only: Phoenix
+        holds no step metrics, and the dataset and experiment are the export's."""
+        assert self.run is not None
+        project = self.resume_run_id or self.settings.project_name or live_title(self.run)
+        self._live_client = client = self._client()
+        self._traces = None
+        if self.settings.log_traces:
+            s = self.settings
+
+            def send(traces: list[Any]) -> None:  # a batch landed and annotated, or raises
+                send_traces(client, project, traces, float(s.request_timeout), float(s.request_timeout))
+
+            self._traces = LiveTraces(send, live_scope(project), self.secrets, on_sent=self.live_progress)
+        return project
+
+    def _log_config(self, config: dict[str, Any]) -> None:
+        return None  # the experiment's metadata hold it (the export's)
+
+    def _log_metrics(self, metrics: dict[str, Any], step: int, timestamp: float) -> None:
+        return None  # Phoenix holds traces and experiments, not step metrics
+
+    def _log_rollouts(self, rollouts: list[Any]) -> None:
+        self._log_rollouts_batch([rollouts])
+
+    def _log_rollouts_batch(self, batches: list[list[Any]]) -> None:
+        """Every queued call's rollouts as traces, in batches (a trace not sent is the export's)."""
+        if self._traces is not None:
+            for rollouts in batches:
+                self._traces.add(rollouts)
+            self._traces.send_pending()
+
+    def _teardown(self, status: RunStatus) -> None:
+        client, self._live_client = self._live_client, None
+        try:
+            if self._traces is not None:
+                self._traces.close()
+        finally:
+            with contextlib.suppress(Exception):
+                client._client.close()
+
+    def live_trace_counts(self) -> TraceCounts | None:
+        return self._traces.counts if self._traces is not None else None
+
+    def _certify(self, run: RunArtifacts, plan: ExportPlan, live_run_id: str) -> Sent:
+        """Complete the live run: the dataset and experiment, and the traces its project lacks."""
+        return self._with_client(lambda client: self._export_with(client, run, plan, live_run_id))
+
+    # -- post-run --------------------------------------------------------------------------------
+    def _export_post_run(self, run: RunArtifacts, plan: ExportPlan) -> Sent:
+        return self._with_client(lambda client: self._export_with(client, run, plan))
+
+    def _with_client(self, send: Any) -> Sent:
         client = self._client()
         try:
-            return self._export_with(client, run, plan)
+            return send(client)  # type: ignore[no-any-return]
         finally:  # its connections closed now, never left to the garbage collector
             with contextlib.suppress(Exception):
                 client._client.close()
 
-    def _export_with(self, client: Any, run: RunArtifacts, plan: ExportPlan) -> Sent:
+    def _export_with(self, client: Any, run: RunArtifacts, plan: ExportPlan, live: str | None = None) -> Sent:
+        """Send the run; ``live``: the live run's project, completed (its traces' scope, and only
+        the traces it lacks)."""
         payload = RunPayload.of(run, plan)
         if not payload.sends_rollouts:
             return Sent(
@@ -131,11 +207,12 @@ class PhoenixExporter(Exporter):
             )
         backend_run_id = None
         rows = payload.rollout_rows
-        project = self.settings.project_name or self._dataset_name(run, plan, payload)
-        scope = f"phoenix/{project}/{plan.run_identity}"  # of the trace ids, linked from the runs
+        project = live or self.settings.project_name or self._dataset_name(run, plan, payload)
+        # of the trace ids, linked from the runs
+        scope = live_scope(project) if live else f"phoenix/{project}/{plan.run_identity}"
         if self.settings.log_traces:
             backend_run_id = project
-            self._send_traces(client, project, payload, plan)
+            self._send_traces(client, project, payload, plan, scope, completing=live is not None)
         if self.settings.log_experiment:
             # Two passes (tasks first: the dataset must exist before its runs), each streamed.
             tasks, repetitions = self._tasks(self._rollouts(payload), plan)
@@ -161,14 +238,18 @@ class PhoenixExporter(Exporter):
     def _dataset_name(self, run: RunArtifacts, plan: ExportPlan, payload: RunPayload) -> str:
         return self.settings.dataset_name or run_title(run, plan, payload)
 
-    def _send_traces(self, client: Any, project: str, payload: RunPayload, plan: ExportPlan) -> None:
-        """Every rollout (failed ones too) as a trace in ``project`` (see _phoenix_traces); ids
-        scoped by the project and the run's identity. A rollout without its own time is placed at
-        the eval's start."""
+    def _send_traces(
+        self, client: Any, project: str, payload: RunPayload, plan: ExportPlan, scope: str, completing: bool
+    ) -> None:
+        """Every rollout (failed ones too) as a trace in ``project`` (see _phoenix_traces), ids in
+        ``scope``; ``completing`` a live run: only those the project lacks. A rollout without its
+        own time is placed at the eval's start."""
         times = run_times(payload.run)
         fallback = times.start if times is not None else 0.0
-        traces = payload_traces(payload, f"phoenix/{project}/{plan.run_identity}", fallback, plan)
+        traces = payload_traces(payload, scope, fallback, plan)
         s = self.settings
+        if completing:
+            traces = only_missing(client, project, traces, float(s.request_timeout))
         send_traces(client, project, traces, float(s.request_timeout), s.traces_landed_timeout)
 
     @staticmethod
@@ -297,6 +378,14 @@ class PhoenixExporter(Exporter):
 _UNSAFE_NAME = re.compile(r"[/?#\\]+")  # Phoenix refuses them in a project name used as a path
 
 
+def live_title(run: RunArtifacts) -> str:
+    """A live run's project: ``<run name> <date> live-<id>`` (the eval's start date is not known
+    yet, nor its content: today's date and a random id keep two live runs apart)."""
+    day = dt.datetime.now(dt.timezone.utc).date().isoformat()
+    name = f"{saved_config_run_name(run, 'phoenix')} {day} live-{uuid.uuid4().hex[:8]}"
+    return _UNSAFE_NAME.sub("-", name)[:200]
+
+
 def run_title(run: RunArtifacts, plan: ExportPlan, payload: RunPayload) -> str:
     """``<agent> <run name> <date> <id>``: the agents of the aggregate (the first two and a
     count), the run's name, the eval's start date (UTC; left out when unknown) and the first 8
@@ -307,4 +396,3 @@ def run_title(run: RunArtifacts, plan: ExportPlan, payload: RunPayload) -> str:
     day = dt.datetime.fromtimestamp(times.start, dt.timezone.utc).date().isoformat() if times else ""
     parts = [label, saved_config_run_name(run, "phoenix"), day, plan.run_identity.split(":")[-1][:8]]
     return _UNSAFE_NAME.sub("-", " ".join(p for p in parts if p))[:200]
-
