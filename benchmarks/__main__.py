@@ -15,7 +15,7 @@ from benchmarks.common import Row, peak_rss_mb
 
 BENCHMARKS = [
     "live", "tail", "identity", "large_export", "recording", "snapshot", "nvml", "startup", "ray_scale",
-    "llm_backends", "traces", "gc_backlog",
+    "llm_backends", "traces", "gc_backlog", "live_traces",
 ]  # fmt: skip
 
 

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
-import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -43,15 +42,16 @@ from gym_artifacts.plugin import (
     ExportPlan,
     GymArtifactsError,
     LiveExporter,
+    LiveTraces,
     RolloutTrace,
     RunArtifacts,
     RunPayload,
     RunStatus,
     Sent,
+    TraceCounts,
     dataset_service_destination,
     json_safe,
     made_progress,
-    rollout_trace,
     run_times,
 )
 
@@ -157,7 +157,16 @@ class LangsmithExporter(LiveExporter):
         self._project_name = self.settings.experiment_name or f"{suffix}-rollouts"
         project = client.create_project(self._project_name, reference_dataset_id=dataset.id, upsert=True)
         self._dataset_id, self._project_id = dataset.id, project.id
-        self._live_rows = 0
+        namespace = _live_namespace(dataset.id, project.id)
+        errors = self._errors
+
+        def send(traces: list[RolloutTrace]) -> None:
+            errors.clear()  # a batch refused earlier was counted then; this one starts clean
+            self._send_rollouts(
+                client, iter(traces), dataset.id, project.id, self._project_name, namespace, errors
+            )
+
+        self._traces = LiveTraces(send, str(namespace), self.secrets, on_sent=self.live_progress)
         return str(project.id)
 
     def _log_config(self, config: dict[str, Any]) -> None:
@@ -167,24 +176,25 @@ class LangsmithExporter(LiveExporter):
         return None  # as NeMo Gym's: LangSmith holds rollouts and their verdicts, not step metrics
 
     def _log_rollouts(self, rollouts: list[Any]) -> None:
-        first = self._live_rows
-        self._live_rows += len(rollouts)
-        self._errors.clear()  # a batch refused earlier was counted then; this one starts clean
-        namespace = _live_namespace(self._dataset_id, self._project_id)
-        now = time.time()  # a rollout without its own time is placed now (it just finished)
-        batch = (
-            rollout_trace(str(namespace), first + i, record, now, self.secrets)
-            for i, record in enumerate(rollouts)
-        )
-        self._send_rollouts(
-            self._ls, batch, self._dataset_id, self._project_id, self._project_name, namespace, self._errors
-        )
+        self._log_rollouts_batch([rollouts])
+
+    def _log_rollouts_batch(self, batches: list[list[Any]]) -> None:
+        """Every queued call's rollouts as runs, examples and feedback, in batches (``LiveTraces``:
+        backed off when LangSmith refuses or limits; what is not sent is the export's)."""
+        for rollouts in batches:
+            self._traces.add(rollouts)
+        self._traces.send_pending()
+
+    def live_trace_counts(self) -> TraceCounts | None:
+        traces = getattr(self, "_traces", None)
+        return traces.counts if traces is not None else None
 
     def _teardown(self, status: RunStatus) -> None:
         import datetime as dt
 
         client, self._ls = self._ls, None
         try:
+            self._traces.close()
             client.update_project(self._project_id, end_time=dt.datetime.now(dt.timezone.utc))
         finally:
             client.close()

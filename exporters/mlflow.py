@@ -222,15 +222,14 @@ class MlflowExporter(LiveExporter):
             DeadlinePassed, ServerRefused, SQLAlchemyError, sqlite3.Error,
         )  # fmt: skip
 
-    def _client(self, *, live: bool) -> ScopedMlflow:
+    def _client(self, *, live: bool, limits: RequestLimits | None = None) -> ScopedMlflow:
         s = self.settings
-        limits = (
-            RequestLimits(s.live_request_timeout, s.live_request_retries, backoff=0.5)
-            if live
-            else RequestLimits(
+        if limits is None and live:
+            limits = RequestLimits(s.live_request_timeout, s.live_request_retries, backoff=0.5)
+        elif limits is None:
+            limits = RequestLimits(
                 s.export_request_timeout, s.export_request_retries, backoff=1.0, deadline=s.export_deadline
             )
-        )
         token = s.tracking_token.get_secret_value() if s.tracking_token else None
         uri = absolute_store_uri(s.tracking_uri)
         ensure_sqlite_schema(uri)  # never MLflow's own creation, which races in parallel processes
@@ -293,6 +292,10 @@ class MlflowExporter(LiveExporter):
             logger.info("mlflow: a database store takes traces from the export only (no live traces)")
             return
         assessments = self.settings.trace_assessments
+        # Their own client: a batch of traces may take a busy server longer than a metric call's
+        # live timeout (the worker waits, never the eval); no retries: LiveTraces backs off.
+        limits = RequestLimits(self.settings.export_request_timeout, 0, backoff=0.5)
+        ml = self._client(live=True, limits=limits)
 
         def send(traces: list[Any]) -> None:
             log_rollout_traces(ml, experiment_id, run_id, traces, assessments)

@@ -27,6 +27,6 @@ def test_harness_runs_on_tiny_sizes() -> None:
     for name in ("live: export_metrics median", "tail (a) local only, threads", "identity: JSONL", "re-export: SKIPPED check", "export: ",
                  "recording: ", "nvml: 10 Hz", "start-up: gym-artifacts exporters",
                  "scale: 2 small runs, --jobs 2", "scale: MLflow server (1 worker) capacity",
-                 "gc: full collection with a"):  # fmt: skip
+                 "gc: full collection with a", "live traces: export_rollouts caller's cost"):  # fmt: skip
         assert name in proc.stdout, name
     assert "harness peak RSS" in proc.stdout

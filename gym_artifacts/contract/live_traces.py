@@ -29,6 +29,10 @@ from gym_artifacts.run.trajectory import is_failure_record
 
 MAX_PENDING = 2_000  # rollouts waiting for a platform that is down; past it the export sends them
 BATCH = 50  # traces a request: small enough to land within a live request's timeout on a busy server
+# Seconds of sending a hook call spends at most: the worker gets back to the calls queued behind it
+# (their rollouts join the pending ones; past the bound the export sends them), so its queue, and
+# memory, stay bounded whatever the rate of rollouts.
+SEND_BUDGET_S = 0.25
 
 
 @dataclass
@@ -118,12 +122,14 @@ class LiveTraces:
             self._pending.popleft()
             self._counts.left_for_export += 1
 
-    def send_pending(self, *, force: bool = False) -> None:
-        """Send what is waiting, a batch at a time, unless the platform is being backed off
-        (``force``: try once anyway); a failed batch stays, to be sent again after the backoff."""
-        if not force and time.monotonic() < self._retry_at:
+    def send_pending(self, *, force: bool = False, budget_s: float | None = SEND_BUDGET_S) -> None:
+        """Send what is waiting, a batch at a time, for up to ``budget_s`` seconds (None: until
+        all is sent), unless the platform is being backed off (``force``: try once anyway); a
+        failed batch stays, to be sent again after the backoff."""
+        started = time.monotonic()
+        if not force and started < self._retry_at:
             return
-        while self._pending:
+        while self._pending and (budget_s is None or time.monotonic() - started < budget_s):
             chunk = [self._pending[i] for i in range(min(self._batch, len(self._pending)))]
             traces = [live_trace(self.scope, s, f, r, t, self._secrets) for r, s, f, t in chunk]
             try:
@@ -149,7 +155,7 @@ class LiveTraces:
 
     def close(self) -> TraceCounts:
         """At teardown: one more try for what is waiting, the rest left to the export."""
-        self.send_pending(force=True)
+        self.send_pending(force=True, budget_s=None)
         self._counts.left_for_export += len(self._pending)
         self._pending.clear()
         return self.counts
