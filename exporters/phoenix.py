@@ -182,8 +182,10 @@ class PhoenixExporter(LiveExporter):
         return self._traces.counts if self._traces is not None else None
 
     def _certify(self, run: RunArtifacts, plan: ExportPlan, live_run_id: str) -> Sent:
-        """Complete the live run: the dataset and experiment, and the traces its project lacks."""
-        return self._with_client(lambda client: self._export_with(client, run, plan, live_run_id))
+        """Complete the live run: the dataset and experiment, and the traces its project lacks;
+        the backend run stays the live one (its project)."""
+        sent = self._with_client(lambda client: self._export_with(client, run, plan, live_run_id))
+        return Sent(backend_run_id=live_run_id, rows=sent.rows, bytes=sent.bytes, note=sent.note)
 
     # -- post-run --------------------------------------------------------------------------------
     def _export_post_run(self, run: RunArtifacts, plan: ExportPlan) -> Sent:

@@ -35,6 +35,7 @@ class State:
     feedback: dict[str, dict[str, Any]] = field(default_factory=dict)
     requests: list[Request] = field(default_factory=list)
     refuse_runs: bool = False  # answer every run batch with 500, as an overloaded server would
+    throttle_runs: int = 0  # answer this many run batches with 429, as LangSmith's rate limit does
     lock: threading.Lock = field(default_factory=threading.Lock)
 
 
@@ -57,6 +58,8 @@ class Handler(BaseHTTPRequestHandler):
         self.send_response(status)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(data)))
+        if status == 429:
+            self.send_header("Retry-After", "1")  # the client waits this long (else 30 s) before again
         self.end_headers()
         self.wfile.write(data)
 
@@ -133,6 +136,9 @@ class Handler(BaseHTTPRequestHandler):
             return 200, sess
         if parts == ["runs", "batch"] and method == "POST" and s.refuse_runs:
             return 500, {"detail": "internal error"}
+        if parts == ["runs", "batch"] and method == "POST" and s.throttle_runs > 0:
+            s.throttle_runs -= 1
+            return 429, {"detail": "rate limit exceeded"}
         if parts == ["runs", "batch"] and method == "POST":
             req = json.loads(body)
             conflict = False
