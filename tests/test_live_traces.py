@@ -187,3 +187,38 @@ def test_live_traces_with_the_server_killed_and_restarted_end_exactly_once(
     [result] = export_run(out, cfg)
     assert result.status is ExportStatus.EXPORTED, result.reason
     assert_exactly_once(client, f"live-traces-{back}", records)
+
+
+@pytest.mark.slow
+def test_the_nemo_gym_drop_in_sends_live_traces(own_mlflow_server: MlflowServer, tmp_path: Path) -> None:
+    """NeMo Gym's call sites (``gym_artifacts.nemo_gym``, its flat MLflow keys): each
+    ``export_rollouts`` call's rollouts are traces once ``teardown_exporters`` returns, the
+    failed ones (``route_failures_to_sidecar``) as ERROR traces, and the export adds none."""
+    from gym_artifacts import nemo_gym
+
+    server = own_mlflow_server.start()
+    client = MlflowClient(server.uri)
+    out = tmp_path / "eval.jsonl"
+    records = nemo_gym_rollouts(20)
+    failed = [json.loads(line) for line in (NEMO_GYM_FIXTURES / "with-failures" / "rollouts_failures.jsonl")
+              .read_text().splitlines()]  # fmt: skip
+    config = {
+        "output_jsonl_fpath": str(out), "mlflow_tracking_uri": server.uri, "mlflow_experiment_name": "drop-in",
+        "mlflow_run_name": "drop-in", "exporters": {"mlflow": {"log_traces": True}},
+    }  # fmt: skip
+    assert [e.name for e in nemo_gym.setup_exporters(config)] == ["mlflow"]
+    out.write_text("".join(json.dumps(r) + "\n" for r in records))
+    out.with_name("eval_failures.jsonl").write_text("".join(json.dumps(r) + "\n" for r in failed))
+    nemo_gym.export_rollouts(records[:10] + failed + records[10:])  # completion order, failures among them
+    nemo_gym.teardown_exporters()
+    exp = experiment_id(client, "drop-in")
+    assert exp is not None
+    infos = trace_infos(client, exp)
+    assert len(infos) == len(records) + len(failed)
+    assert sum(t.info.state.value == "ERROR" for t in infos) == len(failed)
+    write_aggregate(out)
+    [result] = export_run(out, mlflow_cfg(server.uri, "drop-in"))
+    assert result.status is ExportStatus.EXPORTED, result.reason
+    again = trace_infos(client, exp)
+    assert sorted(t.info.trace_id for t in again) == sorted(t.info.trace_id for t in infos)
+    assert len(client.search_runs([exp])) == 1
