@@ -361,12 +361,12 @@ class MlflowExporter(LiveExporter):
         assert self._ml is not None and self.run_id is not None
         try:
             spooled = self._rollouts.finish() if self._rollouts is not None else None
-            if self._traces is not None:
-                self._traces.close()
             if spooled is not None:
                 self._ml.log_artifact(self.run_id, spooled, "rollouts")
                 if self._upload_nemo_gym_table(self._ml, self.run_id, spooled, self.secrets):
                     self._ml.set_tags(self.run_id, {LOGGED_ARTIFACTS_TAG: logged_artifacts([])})
+            if self._traces is not None:
+                self._traces.close()
         finally:
             self._close_spool()
             self._ml.terminate(self.run_id, status.value)

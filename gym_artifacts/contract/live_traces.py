@@ -33,6 +33,9 @@ BATCH = 50  # traces a request: small enough to land within a live request's tim
 # (their rollouts join the pending ones; past the bound the export sends them), so its queue, and
 # memory, stay bounded whatever the rate of rollouts.
 SEND_BUDGET_S = 0.25
+# At teardown: what is waiting gets this long to be sent (the rest is the export's), within the
+# teardown's own deadlines (each batch that lands restarts its idle wait: ``on_sent``).
+CLOSE_BUDGET_S = 10.0
 
 
 @dataclass
@@ -153,9 +156,10 @@ class LiveTraces:
         delay = min(self._backoff_max, self._backoff_initial * 2 ** (self._failures_in_row - 1))
         self._retry_at = time.monotonic() + delay
 
-    def close(self) -> TraceCounts:
-        """At teardown: one more try for what is waiting, the rest left to the export."""
-        self.send_pending(force=True, budget_s=None)
+    def close(self, budget_s: float = CLOSE_BUDGET_S) -> TraceCounts:
+        """At teardown: what is waiting is sent for up to ``budget_s`` seconds (one try even if
+        the platform is being backed off), the rest left to the export."""
+        self.send_pending(force=True, budget_s=budget_s)
         self._counts.left_for_export += len(self._pending)
         self._pending.clear()
         return self.counts
