@@ -22,7 +22,7 @@ import weakref
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import Any, ClassVar, NamedTuple
 
 from gym_artifacts.contract.hooks import PartialBatch
 from gym_artifacts.run.metric_records import MetricEntry, MetricRecord, decode_record, is_record
@@ -108,6 +108,10 @@ class BackgroundWorker:
     LINGER = 0.05
     POLL = 0.002
     MAX_BATCH = 1000
+    # Calls of a kind whose batch hook takes any number at once (rollouts: spooled, traces
+    # bounded by the backend): every one queued goes in one batch, so a slow batch (a platform
+    # taking traces) never lets the queue, and the memory it holds, grow with the rate of calls.
+    GROUP_LIMITS: ClassVar[dict[str, int]] = {"rollouts": 1_000_000}
     # When ``stop`` gives up while a call is inside the backend, it waits this long for that
     # call to return, so that a batch about to land (a journal write) is not reported lost.
     GIVE_UP_GRACE = 0.25
@@ -305,7 +309,8 @@ class BackgroundWorker:
             if item.batch is not None:
                 group = [item]
                 queue = self._queue
-                while queue and len(group) < self.MAX_BATCH:
+                limit = self.GROUP_LIMITS.get(item.kind, self.MAX_BATCH)
+                while queue and len(group) < limit:
                     following = queue[0]
                     if not isinstance(following, Call) or following.batch is not item.batch:
                         break
