@@ -48,7 +48,6 @@ from gym_artifacts.plugin import (
     RunPayload,
     RunStatus,
     Sent,
-    TraceCounts,
     dataset_service_destination,
     json_safe,
     made_progress,
@@ -166,7 +165,7 @@ class LangsmithExporter(LiveExporter):
                 client, iter(traces), dataset.id, project.id, self._project_name, namespace, errors
             )
 
-        self._traces = LiveTraces(send, str(namespace), self.secrets, on_sent=self.live_progress)
+        self.live_traces = LiveTraces(send, str(namespace), self.secrets, on_sent=self.live_progress)
         return str(project.id)
 
     def _log_config(self, config: dict[str, Any]) -> None:
@@ -181,20 +180,15 @@ class LangsmithExporter(LiveExporter):
     def _log_rollouts_batch(self, batches: list[list[Any]]) -> None:
         """Every queued call's rollouts as runs, examples and feedback, in batches (``LiveTraces``:
         backed off when LangSmith refuses or limits; what is not sent is the export's)."""
-        for rollouts in batches:
-            self._traces.add(rollouts)
-        self._traces.send_pending()
-
-    def live_trace_counts(self) -> TraceCounts | None:
-        traces = getattr(self, "_traces", None)
-        return traces.counts if traces is not None else None
+        self.trace_rollouts(batches)
 
     def _teardown(self, status: RunStatus) -> None:
         import datetime as dt
 
         client, self._ls = self._ls, None
         try:
-            self._traces.close()
+            if self.live_traces is not None:
+                self.live_traces.close()
             client.update_project(self._project_id, end_time=dt.datetime.now(dt.timezone.utc))
         finally:
             client.close()

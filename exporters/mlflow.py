@@ -44,7 +44,6 @@ from gym_artifacts.plugin import (
     RunPayload,
     RunStatus,
     Sent,
-    TraceCounts,
     absolute_store_uri,
     canonical_json,
     credential_free_uri,
@@ -166,7 +165,6 @@ class MlflowExporter(LiveExporter):
         self._ml: ScopedMlflow | None = None
         self._status_before_reopen: str | None = None
         self._rollouts: RolloutSpool | None = None
-        self._traces: LiveTraces | None = None
 
     @classmethod
     def destination_for(cls, settings: MlflowSettings) -> dict[str, Any]:
@@ -285,7 +283,7 @@ class MlflowExporter(LiveExporter):
         """Rollouts as traces while the eval runs (``log_traces`` on an MLflow server), their ids
         scoped by the run as the export's that completes it (``_log_traces``). A database store
         has no OTLP endpoint: its traces are the export's."""
-        self._traces = None
+        self.live_traces = None
         if not self.settings.log_traces:
             return
         if not is_rest(ml.tracking_uri):
@@ -300,10 +298,7 @@ class MlflowExporter(LiveExporter):
         def send(traces: list[Any]) -> None:
             log_rollout_traces(ml, experiment_id, run_id, traces, assessments)
 
-        self._traces = LiveTraces(send, f"mlflow/{run_id}", self.secrets, on_sent=self.live_progress)
-
-    def live_trace_counts(self) -> TraceCounts | None:
-        return self._traces.counts if self._traces is not None else None
+        self.live_traces = LiveTraces(send, f"mlflow/{run_id}", self.secrets, on_sent=self.live_progress)
 
     def _log_config(self, config: dict[str, Any]) -> None:
         assert self._ml is not None and self.run_id is not None
@@ -347,15 +342,9 @@ class MlflowExporter(LiveExporter):
             try:
                 self._rollouts.append(rollouts)
             except Exception as exc:
-                self._trace(batches[:applied])
+                self.trace_rollouts(batches[:applied])
                 raise PartialBatch(applied, exc) from exc
-        self._trace(batches)
-
-    def _trace(self, batches: list[list[Any]]) -> None:
-        if self._traces is not None:
-            for rollouts in batches:
-                self._traces.add(rollouts)
-            self._traces.send_pending()
+        self.trace_rollouts(batches)
 
     def _teardown(self, status: RunStatus) -> None:
         assert self._ml is not None and self.run_id is not None
@@ -365,8 +354,8 @@ class MlflowExporter(LiveExporter):
                 self._ml.log_artifact(self.run_id, spooled, "rollouts")
                 if self._upload_nemo_gym_table(self._ml, self.run_id, spooled, self.secrets):
                     self._ml.set_tags(self.run_id, {LOGGED_ARTIFACTS_TAG: logged_artifacts([])})
-            if self._traces is not None:
-                self._traces.close()
+            if self.live_traces is not None:
+                self.live_traces.close()
         finally:
             self._close_spool()
             self._ml.terminate(self.run_id, status.value)

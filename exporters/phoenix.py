@@ -49,7 +49,6 @@ from gym_artifacts.plugin import (
     RunPayload,
     RunStatus,
     Sent,
-    TraceCounts,
     agent_label,
     dataset_service_destination,
     failed_trajectory,
@@ -103,7 +102,6 @@ class PhoenixExporter(LiveExporter):
     def __init__(self, settings: PhoenixSettings) -> None:
         super().__init__(settings)
         self._live_client: Any = None
-        self._traces: LiveTraces | None = None
 
     @classmethod
     def contract_settings(cls, folder: Path) -> dict[str, Any] | None:
@@ -143,14 +141,14 @@ class PhoenixExporter(LiveExporter):
         assert self.run is not None
         project = self.resume_run_id or self.settings.project_name or live_title(self.run)
         self._live_client = client = self._client()
-        self._traces = None
+        self.live_traces = None
         if self.settings.log_traces:
             s = self.settings
 
             def send(traces: list[Any]) -> None:  # a batch landed and annotated, or raises
                 send_traces(client, project, traces, float(s.request_timeout), float(s.request_timeout))
 
-            self._traces = LiveTraces(send, live_scope(project), self.secrets, on_sent=self.live_progress)
+            self.live_traces = LiveTraces(send, live_scope(project), self.secrets, on_sent=self.live_progress)
         return project
 
     def _log_config(self, config: dict[str, Any]) -> None:
@@ -164,22 +162,16 @@ class PhoenixExporter(LiveExporter):
 
     def _log_rollouts_batch(self, batches: list[list[Any]]) -> None:
         """Every queued call's rollouts as traces, in batches (a trace not sent is the export's)."""
-        if self._traces is not None:
-            for rollouts in batches:
-                self._traces.add(rollouts)
-            self._traces.send_pending()
+        self.trace_rollouts(batches)
 
     def _teardown(self, status: RunStatus) -> None:
         client, self._live_client = self._live_client, None
         try:
-            if self._traces is not None:
-                self._traces.close()
+            if self.live_traces is not None:
+                self.live_traces.close()
         finally:
             with contextlib.suppress(Exception):
                 client._client.close()
-
-    def live_trace_counts(self) -> TraceCounts | None:
-        return self._traces.counts if self._traces is not None else None
 
     def _certify(self, run: RunArtifacts, plan: ExportPlan, live_run_id: str) -> Sent:
         """Complete the live run: the dataset and experiment, and the traces its project lacks;

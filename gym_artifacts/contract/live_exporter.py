@@ -19,7 +19,7 @@ from gym_artifacts.core.secrets import redact_text
 
 if TYPE_CHECKING:
     from gym_artifacts.contract.hooks import ExportPlan, Sent
-    from gym_artifacts.contract.live_traces import TraceCounts
+    from gym_artifacts.contract.live_traces import LiveTraces, TraceCounts
     from gym_artifacts.run.artifacts import RunArtifacts
 
 
@@ -42,6 +42,9 @@ class LiveExporter(LiveHooks, Exporter):
         self.secrets: frozenset[str] = frozenset()
         self.last_step_source: Callable[[], int | None] | None = None
         self.progress_signal: Callable[[], None] | None = None
+        # Set by a backend that sends rollouts as traces live (its setup): what its channel
+        # gives another turn and reports (``LiveTraces``).
+        self.live_traces: LiveTraces | None = None
 
     def bind_live_context(
         self,
@@ -71,7 +74,15 @@ class LiveExporter(LiveHooks, Exporter):
     def live_trace_counts(self) -> TraceCounts | None:
         """How many of the live run's rollouts the platform took as traces (None: this backend
         sends no traces live); read for the teardown report once the worker stopped."""
-        return None
+        return self.live_traces.counts if self.live_traces is not None else None
+
+    def trace_rollouts(self, batches: list[list[Any]]) -> None:
+        """Queue rollouts as traces and send what is due (``live_traces``; none: nothing)."""
+        traces = self.live_traces
+        if traces is not None:
+            for rollouts in batches:
+                traces.add(rollouts)
+            traces.send_pending()
 
     def previous_last_step(self) -> int | None:
         """For a resumed run: the last step an earlier process logged (from the journal)."""

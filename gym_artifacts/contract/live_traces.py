@@ -104,6 +104,11 @@ class LiveTraces:
         return len(self._pending)
 
     @property
+    def due(self) -> bool:
+        """Rollouts wait and the platform is not being backed off: worth another turn."""
+        return bool(self._pending) and time.monotonic() >= self._retry_at
+
+    @property
     def counts(self) -> TraceCounts:
         """What the platform took so far; every rollout still waiting counts as left for the
         export (read once the worker stopped, that is what it is)."""

@@ -142,9 +142,10 @@ class LiveChannel:
         self._previous_last_step: Callable[[], int | None] | None = None
         # One function object for every rollouts call: the worker groups consecutive calls that
         # share it into one ``_log_rollouts_batch`` (calls queued behind a slow platform).
-        self._rollouts_batch = self._guarded_batch(
-            lambda calls: backend._log_rollouts_batch([args[0] for args in calls])
+        self._rollouts_batch = self._then_traces(
+            self._guarded_batch(lambda calls: backend._log_rollouts_batch([args[0] for args in calls]))
         )
+        self._traces_turn_queued = False
 
     # -- call site: enqueue only, never raise, never block on the backend --------------------------
     def setup(
@@ -192,7 +193,7 @@ class LiveChannel:
 
     def export_rollouts(self, rollouts: list[Any]) -> None:
         """Log finished rollouts (never dropped)."""
-        hook = self._guarded(self.backend._log_rollouts)
+        hook = self._then_traces(self._guarded(self.backend._log_rollouts))
         self._submit(Call(hook, (list(rollouts),), "rollouts", batch=self._rollouts_batch))
 
     def start_over(self) -> None:
@@ -281,6 +282,34 @@ class LiveChannel:
             hook(entries)
 
         return apply
+
+    # -- live traces: what a rollouts call left waiting gets another turn (worker thread) ---------------
+    def _then_traces(self, hook: Callable[..., None]) -> Callable[..., None]:
+        def apply(*args: Any) -> None:
+            try:
+                hook(*args)
+            finally:
+                self._queue_traces_turn()
+
+        return apply
+
+    def _queue_traces_turn(self) -> None:
+        """Traces still waiting (a hook call sends for a bounded time) and a platform not backed
+        off: one more turn once the calls queued now are applied, so the last rollouts of an eval
+        reach the platform while it runs, not at teardown. A platform being backed off gets its
+        next try with the next rollouts call, or at teardown (never a busy loop)."""
+        traces, worker = self.backend.live_traces, self.worker
+        if traces is None or worker is None or self._traces_turn_queued or not traces.due:
+            return
+        if self._open():
+            self._traces_turn_queued = worker.submit_own(Call(self._traces_turn, (), "traces", counted=False))
+
+    def _traces_turn(self) -> None:
+        self._traces_turn_queued = False
+        traces = self.backend.live_traces
+        if traces is not None:
+            traces.send_pending()
+        self._queue_traces_turn()
 
     # -- lifecycle on the worker thread ------------------------------------------------------------
     def _do_setup(self, run: RunArtifacts, resume: bool) -> None:

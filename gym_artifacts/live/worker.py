@@ -241,6 +241,15 @@ class BackgroundWorker:
                 time.sleep(0.005)
         return finished
 
+    def submit_own(self, call: Call) -> bool:
+        """A follow-up of the worker's own (``counted=False``), from its thread: queued while the
+        worker accepts calls, else ignored; never counted as a caller's call nor as dropped (one
+        queued as ``stop`` begins lands after its stop marker, never applied)."""
+        if not self._accepting or call.counted:
+            return False
+        self._queue.append(call)
+        return True
+
     def progress(self) -> None:
         """The call being applied made progress (a long call: a batch of it landed): a stopping
         worker's idle deadline restarts from now (the hard cap still holds)."""
