@@ -165,7 +165,8 @@ class LangsmithExporter(LiveExporter):
                 client, iter(traces), dataset.id, project.id, self._project_name, namespace, errors
             )
 
-        self.live_traces = LiveTraces(send, str(namespace), self.secrets, on_sent=self.live_progress)
+        on_sent = self.live_progress
+        self.live_traces = LiveTraces(send, str(namespace), self.secrets, on_sent=on_sent, batch=BATCH)
         return str(project.id)
 
     def _log_config(self, config: dict[str, Any]) -> None:

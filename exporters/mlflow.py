@@ -81,6 +81,7 @@ from ._mlflow_mapping import (
 from ._mlflow_report import ReportTarget, build_and_upload, has_report, job_for
 from ._mlflow_report import start as start_report
 from ._mlflow_schema import ensure_sqlite_schema
+from ._mlflow_traces import BATCH as TRACE_BATCH
 from ._mlflow_traces import log_rollout_traces, only_missing
 from ._mlflow_views import DESCRIPTION_TAG, evaluation_dataset, planned_inputs
 from ._nemo_gym_shapes import MLFLOW_TABLE_FILE, file_documents, write_split_table
@@ -298,7 +299,9 @@ class MlflowExporter(LiveExporter):
         def send(traces: list[Any]) -> None:
             log_rollout_traces(ml, experiment_id, run_id, traces, assessments)
 
-        self.live_traces = LiveTraces(send, f"mlflow/{run_id}", self.secrets, on_sent=self.live_progress)
+        self.live_traces = LiveTraces(
+            send, f"mlflow/{run_id}", self.secrets, on_sent=self.live_progress, batch=TRACE_BATCH
+        )
 
     def _log_config(self, config: dict[str, Any]) -> None:
         assert self._ml is not None and self.run_id is not None

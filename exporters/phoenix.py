@@ -57,6 +57,7 @@ from gym_artifacts.plugin import (
     trace_id_for,
 )
 
+from ._phoenix_traces import BATCH as TRACE_BATCH
 from ._phoenix_traces import only_missing, send_traces
 from ._rollouts import Rollout, as_object, failed_rollouts, masked, payload_rollouts, payload_traces
 
@@ -148,7 +149,9 @@ class PhoenixExporter(LiveExporter):
             def send(traces: list[Any]) -> None:  # a batch landed and annotated, or raises
                 send_traces(client, project, traces, float(s.request_timeout), float(s.request_timeout))
 
-            self.live_traces = LiveTraces(send, live_scope(project), self.secrets, on_sent=self.live_progress)
+            self.live_traces = LiveTraces(
+                send, live_scope(project), self.secrets, on_sent=self.live_progress, batch=TRACE_BATCH
+            )
         return project
 
     def _log_config(self, config: dict[str, Any]) -> None:

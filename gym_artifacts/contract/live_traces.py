@@ -28,7 +28,7 @@ from gym_artifacts.run.rollout_spans import RolloutTrace, failure_trace, rollout
 from gym_artifacts.run.trajectory import is_failure_record
 
 MAX_PENDING = 2_000  # rollouts waiting for a platform that is down; past it the export sends them
-BATCH = 50  # traces a request: small enough to land within a live request's timeout on a busy server
+BATCH = 50  # traces a request at most, unless the backend names its platform's batch (most take more)
 # Seconds of sending a hook call spends at most: the worker gets back to the calls queued behind it
 # (their rollouts join the pending ones; past the bound the export sends them), so its queue, and
 # memory, stay bounded whatever the rate of rollouts.
