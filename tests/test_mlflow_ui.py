@@ -169,3 +169,56 @@ def test_mlflow_ui_short_runs_list_tools_panel_and_measured_spans(
         models = [s for s in trace.data.spans if s.span_type == "CHAT_MODEL"]
         assert models and all(s.attributes.get("mlflow.chat.tokenUsage") for s in models)
     page.close()
+
+
+def aged(rollouts: Path, days: float) -> Path:
+    """The run as if it ran ``days`` ago: every Response's ``created_at`` (the only time the
+    with-failures fixture has) moved back by the same amount, nothing else changed."""
+    shift = days * 86400
+    lines = []
+    for line in rollouts.read_text().splitlines():
+        record = json.loads(line)
+        record["response"]["created_at"] = record["response"]["created_at"] - shift
+        lines.append(json.dumps(record) + "\n")
+    rollouts.write_text("".join(lines))
+    return rollouts
+
+
+@pytest.mark.slow
+def test_mlflow_ui_finds_the_traces_of_an_eval_older_than_a_week(
+    mlflow_server: Any, browser: Any, tmp_path: Path  # noqa: F811
+) -> None:
+    """MLflow's experiment Traces view shows the last 7 days unless its URL names a range (MLflow
+    3.17's ``startTimeLabel``): an eval that ran 20 days ago, its traces at their real times, is
+    "Traces 0" and MLflow's onboarding page there. The run's description links the Traces view
+    over the eval's own window, where every rollout is, and the export's result says so."""
+    rollouts = aged(fixture_run(tmp_path), 20)
+    experiment = f"old-{uuid.uuid4().hex[:8]}"
+    [result] = export_run(rollouts, traces_cfg(mlflow_server.uri, experiment))
+    assert result.status is ExportStatus.EXPORTED, result.reason
+    experiment_id = MlflowClient(mlflow_server.uri).get_experiment_by_name(experiment).experiment_id
+    assert result.reason is not None and "Last 7 days" in result.reason, result.reason
+    assert f"#/experiments/{experiment_id}/traces?startTimeLabel=CUSTOM" in result.reason
+    SCREENSHOTS.mkdir(exist_ok=True)
+    page = browser.new_page(viewport={"width": 1500, "height": 950})
+    page.add_init_script(NO_ASSISTANT)
+    base = f"{mlflow_server.uri}/#/experiments/{experiment_id}"
+
+    # MLflow's default Traces view: the last 7 days, none of this eval's traces (why the link)
+    page.goto(f"{base}/traces")
+    text = page_text(page, "Last 7 days")
+    page.screenshot(path=str(SCREENSHOTS / "mlflow-old-eval-default-view.png"))
+    assert "Last 7 days" in text and "10 of 10" not in text
+
+    # the run's description: a link to the Traces view over the eval's window, all 10 there
+    page.goto(f"{base}/runs/{result.backend_run_id}")
+    page_text(page, "10 traces")
+    with page.expect_popup() as opened:  # MLflow opens a description's links in a new tab
+        page.get_by_role("link", name="10 traces").first.click()
+    traces = opened.value
+    text = page_text(traces, "10 of 10")
+    traces.screenshot(path=str(SCREENSHOTS / "mlflow-old-eval-traces.png"))
+    assert "10 of 10" in text and "20 days ago" in text
+    assert text.count("Error\n") == 2
+    traces.close()
+    page.close()
