@@ -47,6 +47,7 @@ SESSION_SERVICES = {
         "tests/test_phoenix.py::",
         "[phoenix]",
         "tests/reliability/test_secrets_generated.py::test_no_generated_secret_reaches_phoenix",
+        "tests/test_coverage_everywhere.py::",
     ),
 }
 
