@@ -129,8 +129,9 @@ def stored_coverage(folder: Path, config: dict[str, Any], phoenix_url: str) -> d
     return found
 
 
+# planned, scored (at least one: a run with no rollouts is refused, not exported), failed
 COUNTS = st.integers(1, 12).flatmap(
-    lambda planned: st.integers(0, planned).flatmap(
+    lambda planned: st.integers(1, planned).flatmap(
         lambda scored: st.tuples(st.just(planned), st.just(scored), st.integers(0, planned - scored))
     )
 )
