@@ -106,6 +106,8 @@ def test_mlflow_own_genai_path_beside_this_projects_export(tmp_path: Path, monke
     created_ms = {int(r["response"]["created_at"] * 1000) for r in records}
     own_run, own_traces = views["own"]
     assert own_run.info.start_time >= ran_ms and all(t.info.request_time >= ran_ms for t in own_traces)
+    assert own_run.info.end_time >= own_run.info.start_time and own.data.params == {}
+    assert len(mine.data.params) == 4  # from the rollouts, for a run without a saved config
     my_run, my_traces = views["ours"]
     assert my_run.info.start_time == min(created_ms)
     assert {t.info.request_time for t in my_traces if t.info.state.value == "OK"} <= created_ms
