@@ -6,6 +6,7 @@ Tool calls tab, the run's dataset and the Datasets page, each checked for the co
 from __future__ import annotations
 
 import json
+import re
 import time
 import uuid
 from pathlib import Path
@@ -169,6 +170,17 @@ def test_mlflow_ui_short_runs_list_tools_panel_and_measured_spans(
         assert all(s.end_time_ns > s.start_time_ns for s in trace.data.spans)
         models = [s for s in trace.data.spans if s.span_type == "CHAT_MODEL"]
         assert models and all(s.attributes.get("mlflow.chat.tokenUsage") for s in models)
+    # ... and on the page: one of its traces with a tool call (opened by id), each span's duration
+    # and each model call's tokens as MLflow's span tree shows them
+    tool_trace = next(t for t in traces if any(s.span_type == "TOOL" for s in t.data.spans))
+    page.goto(f"{base}/traces?startTimeLabel=ALL&selectedEvaluationId={tool_trace.info.trace_id}")
+    text = page_text(page, "get_weather\n")
+    page.screenshot(path=str(SCREENSHOTS / "mlflow-observability-trace.png"))
+    models = re.findall(r"stub-model\n([\d.]+)(ms|s)\n(\d+)\n", text)
+    tools = re.findall(r"get_weather\n([\d.]+)(ms|s)\n", text)
+    assert len(models) == 2 and len(tools) == 1, text  # model call, tool, model call
+    assert all(float(d) > 0 for d, _, _ in models + [(*t, "") for t in tools])  # measured spans
+    assert all(int(tokens) > 0 for _, _, tokens in models)  # tokens on every model call
     page.close()
 
 
