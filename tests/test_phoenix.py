@@ -398,8 +398,33 @@ def test_phoenix_ui_shows_named_runs_errors_and_trace_annotations(
     assert "what's it like in sf?" in text and "{" not in text.split("what's it like in sf?")[0][-200:]
     assert re.search(r"Total Traces\s+10\b", text) and text.count("ClientResponseError") >= 2
     assert re.search(r"TRACE ANNOTATIONS\s+reward", text)  # the reward as a trace annotation
+    # the experiment's row (a page wide enough for every column): 10 runs, 2 of them errors
+    page.set_viewport_size({"width": 3200, "height": 950})
     page.goto(f"{phoenix.url}/datasets/{info['dataset_id']}/experiments")
-    text = shown(info["name"][:30], 2)
+    text = shown("error rate")
+    shown(info["name"][:30], 2)
     page.screenshot(path=str(SCREENSHOTS / "phoenix-experiments.png"))
-    assert text.count(info["name"][:30]) >= 2  # the dataset's header and the experiment's row
+    table = page.locator("table").last
+    header = [h.strip() for h in table.locator("thead th").all_inner_texts()]
+    cells = [c.strip() for c in table.locator("tbody tr").first.locator("td").all_inner_texts()]
+    row = dict(zip(header, cells, strict=True))
+    assert info["name"] in row["name"]  # the experiment, named from the run
+    assert (row["run count"], row["error rate"], row["reward"]) == ("10", "20.00%", "0.50"), row
+    # a second run: its own project, under a second, distinct name, beside the first
+    clean = Client(base_url=phoenix.url).experiments.get(
+        experiment_id=_export_default(_copy_fixture("clean", tmp_path), phoenix.url).backend_run_id
+    )
+    assert clean["name"] != info["name"]
+    page.set_viewport_size({"width": 1600, "height": 950})
+    page.goto(f"{phoenix.url}/projects")
+    names = [info["name"], clean["name"]]  # whole (a card shows their first ~22 characters)
+    text = shown(names[1])
+    for _ in range(20):  # the session's server holds other tests' projects: the list pages them
+        more = page.get_by_text("Load More")
+        if all(n in text for n in names) or not more.count():
+            break
+        more.first.click()
+        text = shown(names[1])
+    page.screenshot(path=str(SCREENSHOTS / "phoenix-two-runs.png"))
+    assert all(n in text for n in names), names
     page.close()
