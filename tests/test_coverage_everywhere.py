@@ -157,3 +157,29 @@ def test_missing_means_no_result_at_all_in_every_backend_live_and_after(
     assert found and all(values for values in found.values()), found
     assert {name: set(values) for name, values in found.items()} == {name: {missing} for name in found}
     shutil.rmtree(folder.parent, ignore_errors=True)
+
+
+ANY_VALUE = st.one_of(
+    st.none(), st.booleans(), st.integers(-(2**70), 2**70), st.floats(allow_nan=True, allow_infinity=True),
+    st.text(max_size=5), st.lists(st.integers(), max_size=2),
+)  # fmt: skip
+
+
+@given(expected=ANY_VALUE, scored=ANY_VALUE, missing=ANY_VALUE, failed=st.one_of(st.none(), st.integers(0, 2**40)))
+def test_nemo_gyms_coverage_figures_restated_or_left_whatever_they_hold(
+    expected: Any, scored: Any, missing: Any, failed: int | None
+) -> None:
+    """Any values NeMo Gym (or anything else) logs under its coverage names: counts are restated
+    so that they add up (missing never below 0), anything else is left as it came; never raises."""
+    from gym_artifacts.run.coverage import nemo_gym_coverage
+
+    metrics = {"coverage/expected": expected, "coverage/scored": scored, "coverage/missing": missing}
+    figures = nemo_gym_coverage(metrics, failed)
+    counts = [v for v in (expected, scored) if not isinstance(v, bool) and isinstance(v, int | float)]
+    if figures is None:
+        assert len(counts) < 2 or not all(float(v).is_integer() and v >= 0 for v in counts)
+        return
+    e, s = int(expected), int(scored)
+    assert figures["coverage/expected"] == e and figures["coverage/scored"] == s
+    assert figures["coverage/missing"] == max(e - s - (failed or 0), 0)
+    assert ("coverage/failed" in figures) == (failed is not None)
