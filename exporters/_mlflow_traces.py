@@ -65,8 +65,8 @@ class Sent:
         self.traces += len(batch)
         self.failed += sum(1 for t in batch if t.failed)
         if starts:
-            self.first_ms = min(starts + ([self.first_ms] if self.first_ms is not None else []))
-            self.last_ms = max(starts + ([self.last_ms] if self.last_ms is not None else []))
+            self.first_ms = min(starts) if self.first_ms is None else min(self.first_ms, *starts)
+            self.last_ms = max(starts) if self.last_ms is None else max(self.last_ms, *starts)
 
     @property
     def window(self) -> TraceWindow | None:
