@@ -65,12 +65,21 @@ def _forget(out: Path) -> None:
 
 
 SHIPS_THE_FILE = {"local": 1, "mlflow": 1, "tensorboard": 0}
+# Not yet one read (issue 43, BENCHMARKS.md "One read of the rollouts"): measured 2.07x and 5.37x.
+_TB = "TensorBoard still makes its own pass over the rollouts (per-row scalars, histograms, table)"
+_MLFLOW = "MLflow still reads the rollouts for NeMo Gym's rollouts.json table and the payload's copy"
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("parallel", [False, True], ids=["in-process", "worker-processes"])
 @pytest.mark.parametrize(
-    "backends", [("local",), ("tensorboard",), ("mlflow",), ("local", "tensorboard")], ids="+".join
+    "backends",
+    [
+        pytest.param(("local",), id="local"),
+        pytest.param(("tensorboard",), id="tensorboard", marks=pytest.mark.xfail(strict=True, reason=_TB)),
+        pytest.param(("mlflow",), id="mlflow", marks=pytest.mark.xfail(strict=True, reason=_MLFLOW)),
+        pytest.param(("local", "tensorboard"), id="local+tensorboard", marks=pytest.mark.xfail(strict=True, reason=_TB)),
+    ],
 )
 def test_a_cold_export_reads_the_rollouts_once(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, backends: tuple[str, ...], parallel: bool

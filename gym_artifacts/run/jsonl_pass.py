@@ -1,0 +1,220 @@
+"""One read of a JSONL file for everything an export needs of it (issue 43).
+
+A cold export used to read a run's rollouts several times: the send key's bytes and line count,
+the identity workers' parse, ``params_from_files``. Here one sequential read gives them all: the
+bytes are hashed with blake3 (the send key's digest) and their lines counted as they are read,
+and the same bytes, cut at line ends into blocks of a shared memory buffer, are parsed once for
+the multiset identity of the records and, for the rollouts, the params they tell
+(``ParamsTally``). A large file's blocks are parsed by worker processes forked here (they read
+the shared buffer, never the file); a small one's in this process. Memory is a few blocks,
+whatever the file's size.
+
+The products are kept in the identity cache under the file's stat key: a second command on the
+unchanged run reads nothing (``cached_params``).
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+from collections.abc import Callable
+from concurrent.futures import Future
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import blake3
+
+from gym_artifacts.core.jsonio import open_regular, record_and_canonical
+from gym_artifacts.run.digests import JsonlDigest, LineCounter, hex_digest
+from gym_artifacts.run.nemo_gym_params import ParamsTally
+
+BLOCK = 4 << 20  # a block of the shared buffer: a line longer than this is read the old way
+# The identity cache's entries for the params of the rollouts (beside their identity's)
+PARAMS_ENTRY = "params:"
+
+
+class LineTooLong(Exception):
+    """A line longer than a block: the file is read by the separate passes instead."""
+
+
+@dataclass
+class JsonlRead:
+    """What one read of a JSONL file gave: its bytes' digest and non-blank lines (the send
+    key's), its records' multiset digest up to ``end`` (its identity), and, for the rollouts,
+    what they tell of the run (``params``: None for other files)."""
+
+    bytes_digest: str
+    lines: int
+    records: JsonlDigest
+    params: ParamsTally | None
+
+
+class _Records:
+    """The parse of whole lines: the multiset digest and the params tally."""
+
+    def __init__(self, fpath: Path, tally: bool) -> None:
+        self.fpath = fpath
+        self.digest = JsonlDigest()
+        self.tally = ParamsTally() if tally else None
+
+    def feed(self, block: bytes, terminated: bool = True) -> None:
+        """Records of ``block``'s lines; an unterminated last line (the file's own last line)
+        counts for the identity but tells no params, as ``params_from_files`` reads it."""
+        lines = block.split(b"\n")
+        last = len(lines) - 1
+        for i, raw in enumerate(lines):
+            if not raw.strip():
+                continue
+            value, canonical = record_and_canonical(raw, self.fpath, 0)
+            self.digest.add_record_bytes(canonical)
+            if self.tally is not None and (terminated or i < last):
+                self.tally.add(value)
+
+
+# The buffer a pool's workers parse from: set before they are forked, so every worker maps it.
+_SHARED: mmap.mmap | None = None
+_WORKER_RECORDS: _Records | None = None
+
+
+def _parse_block(fpath: str, tally: bool, start: int, length: int) -> tuple[int, int, ParamsTally | None]:
+    """In a worker: the records of one block of the shared buffer, as mergeable parts."""
+    assert _SHARED is not None
+    records = _Records(Path(fpath), tally)
+    records.feed(_SHARED[start : start + length])
+    return records.digest.count, records.digest.total, records.tally
+
+
+def _workers() -> int:
+    return min(os.cpu_count() or 1, 8)
+
+
+class _Parsers:
+    """Where blocks are parsed: in this process, or by forked workers reading the shared buffer
+    (each block's slot is reused once its worker is done with it)."""
+
+    def __init__(self, fpath: Path, tally: bool, parallel: bool) -> None:
+        import threading
+
+        self.records = _Records(fpath, tally)
+        self.fpath, self.tally = fpath, tally
+        workers = _workers()
+        # forked only while this is the only thread (as the identity's workers are)
+        self.parallel = parallel and workers >= 2 and threading.active_count() == 1
+        self.slots = workers + 2 if self.parallel else 1  # a block for each worker, one filling, one spare
+        self.buffer = mmap.mmap(-1, self.slots * BLOCK)
+        self.pending: list[Future[Any] | None] = [None] * self.slots
+        self._pool: Any = None
+        if self.parallel:
+            import multiprocessing
+            from concurrent.futures import ProcessPoolExecutor
+
+            global _SHARED
+            _SHARED = self.buffer
+            self._pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork"))
+
+    def slot(self, i: int) -> int:
+        """The offset of slot ``i`` once it is free."""
+        self._collect(i)
+        return (i % self.slots) * BLOCK
+
+    def parse(self, i: int, start: int, length: int, terminated: bool = True) -> None:
+        if self._pool is None or not terminated:
+            self.records.feed(self.buffer[start : start + length], terminated)
+            return
+        job = self._pool.submit(_parse_block, str(self.fpath), self.tally, start, length)
+        self.pending[i % self.slots] = job
+
+    def _collect(self, i: int) -> None:
+        future, self.pending[i % self.slots] = self.pending[i % self.slots], None
+        if future is None:
+            return
+        count, total, tally = future.result()
+        self.records.digest.merge(JsonlDigest(count, total))
+        if tally is not None and self.records.tally is not None:
+            self.records.tally.merge(tally)
+
+    def finish(self) -> _Records:
+        for i in range(self.slots):
+            self._collect(i)
+        return self.records
+
+    def close(self) -> None:
+        global _SHARED
+        if self._pool is not None:
+            self._pool.shutdown(wait=True, cancel_futures=True)
+            _SHARED = None
+        self.buffer.close()
+
+
+def read_jsonl_once(
+    fpath: Path, end: int | None = None, *, tally: bool = False, parallel: bool = False
+) -> JsonlRead:
+    """One read of ``fpath``: bytes digest and line count of the whole file, records' digest
+    (and, with ``tally``, the params they tell) of the lines before ``end`` (a torn last line
+    left out); ``parallel``: blocks parsed by forked workers (where there are cores and no other
+    thread). RunError for a malformed line (its line number is not known here: the caller reads
+    the file again in order to name it); LineTooLong for a line longer than a block."""
+    hasher = blake3.blake3(max_threads=blake3.blake3.AUTO)
+    lines = LineCounter()
+    parsers = _Parsers(fpath, tally, parallel)
+    try:
+        with open_regular(fpath) as fh:
+            records = _read(fh, parsers, hasher.update, lines, end)
+    finally:
+        parsers.close()
+    return JsonlRead(hex_digest(hasher), lines.count, records.digest, records.tally)
+
+
+def _read(
+    fh: Any, parsers: _Parsers, hash_bytes: Callable[[bytes], object], lines: LineCounter, end: int | None
+) -> _Records:
+    buf = parsers.buffer
+    carry = b""  # the start of a line the last block ended inside
+    parsed = 0  # the file offset the next block starts at
+    i = 0
+    while True:
+        base = parsers.slot(i)
+        buf[base : base + len(carry)] = carry
+        n = fh.readinto(memoryview(buf)[base + len(carry) : base + BLOCK])
+        if n:
+            fresh = buf[base + len(carry) : base + len(carry) + n]
+            hash_bytes(fresh)
+            lines.feed(fresh)
+        filled = len(carry) + n
+        if n == 0:  # end of file: an unterminated last line, unless it is the torn one left out
+            if carry.strip() and (end is None or parsed < end):
+                parsers.parse(i, base, len(carry), terminated=False)
+            return parsers.finish()
+        newline = buf.rfind(b"\n", base, base + filled)
+        if newline < 0:
+            if filled == BLOCK:
+                raise LineTooLong(f"a line of {parsers.fpath} is longer than {BLOCK >> 20} MiB")
+            carry = buf[base : base + filled]
+            continue
+        complete = newline + 1 - base
+        length = complete if end is None else max(0, min(complete, end - parsed))
+        if length:
+            parsers.parse(i, base, length)
+        carry = buf[base + complete : base + filled]
+        parsed += complete
+        i += 1
+
+
+# The params of the last rollouts read in this process, by path and stat key: what a file too
+# recently written for the identity cache (its racy window) still answers from.
+_LAST_PARAMS: dict[str, tuple[list[int], dict[str, Any] | None]] = {}
+
+
+def remember_params(fpath: Path, key: list[int], params: dict[str, Any] | None) -> None:
+    """Keep the params just read from ``fpath`` (stat key ``key``) for ``remembered_params``."""
+    _LAST_PARAMS.clear()
+    _LAST_PARAMS[str(fpath)] = key, params
+
+
+def remembered_params(fpath: Path, key: list[int]) -> tuple[bool, dict[str, Any] | None]:
+    """``(True, params)`` when this process last read ``fpath`` as it is now (stat key ``key``)."""
+    remembered = _LAST_PARAMS.get(str(fpath))
+    if remembered is None or remembered[0] != key:
+        return False, None
+    return True, remembered[1]
