@@ -119,6 +119,8 @@ class _Parsers:
         return (i % self.slots) * BLOCK
 
     def parse(self, i: int, start: int, length: int, terminated: bool = True) -> None:
+        if not length:
+            return
         if self._pool is None or not terminated:
             self.records.feed(self.buffer[start : start + length], terminated)
             return
@@ -156,49 +158,55 @@ def read_jsonl_once(
     thread). RunError for a malformed line (its line number is not known here: the caller reads
     the file again in order to name it); LineTooLong for a line longer than a block."""
     hasher = blake3.blake3(max_threads=blake3.blake3.AUTO)
-    lines = LineCounter()
+    unparsed = LineCounter()  # the lines past ``end``: each parsed non-blank line is a record
     parsers = _Parsers(fpath, tally, parallel)
     try:
         with open_regular(fpath) as fh:
-            records = _read(fh, parsers, hasher.update, lines, end)
+            records = _read(fh, parsers, hasher.update, unparsed, end)
     finally:
         parsers.close()
-    return JsonlRead(hex_digest(hasher), lines.count, records.digest, records.tally)
+    lines = records.digest.count + unparsed.count
+    return JsonlRead(hex_digest(hasher), lines, records.digest, records.tally)
 
 
 def _read(
-    fh: Any, parsers: _Parsers, hash_bytes: Callable[[bytes], object], lines: LineCounter, end: int | None
+    fh: Any, parsers: _Parsers, hash_bytes: Callable[[Any], object], unparsed: LineCounter, end: int | None
 ) -> _Records:
     buf = parsers.buffer
-    carry = b""  # the start of a line the last block ended inside
-    parsed = 0  # the file offset the next block starts at
-    i = 0
-    while True:
-        base = parsers.slot(i)
-        buf[base : base + len(carry)] = carry
-        n = fh.readinto(memoryview(buf)[base + len(carry) : base + BLOCK])
-        if n:
-            fresh = buf[base + len(carry) : base + len(carry) + n]
-            hash_bytes(fresh)
-            lines.feed(fresh)
-        filled = len(carry) + n
-        if n == 0:  # end of file: an unterminated last line, unless it is the torn one left out
-            if carry.strip() and (end is None or parsed < end):
-                parsers.parse(i, base, len(carry), terminated=False)
-            return parsers.finish()
-        newline = buf.rfind(b"\n", base, base + filled)
-        if newline < 0:
-            if filled == BLOCK:
-                raise LineTooLong(f"a line of {parsers.fpath} is longer than {BLOCK >> 20} MiB")
-            carry = buf[base : base + filled]
-            continue
-        complete = newline + 1 - base
-        length = complete if end is None else max(0, min(complete, end - parsed))
-        if length:
-            parsers.parse(i, base, length)
-        carry = buf[base + complete : base + filled]
-        parsed += complete
-        i += 1
+    view = memoryview(buf)
+    try:
+        carry = b""  # the start of a line the last block ended inside
+        parsed = 0  # the file offset the next block starts at
+        i = 0
+        while True:
+            base = parsers.slot(i)
+            buf[base : base + len(carry)] = carry
+            n = fh.readinto(view[base + len(carry) : base + BLOCK])
+            hash_bytes(view[base + len(carry) : base + len(carry) + n])
+            filled = len(carry) + n
+            if n == 0:  # end of file: an unterminated last line, unless it is the torn one left out
+                if end is None or parsed < end:
+                    parsers.parse(i, base, len(carry), terminated=False)
+                else:
+                    unparsed.feed(carry)
+                return parsers.finish()
+            newline = buf.rfind(b"\n", base, base + filled)
+            if newline < 0:
+                if filled == BLOCK:
+                    raise LineTooLong(f"a line of {parsers.fpath} is longer than {BLOCK >> 20} MiB")
+                carry = buf[base : base + filled]
+                continue
+            complete = newline + 1 - base
+            length = complete if end is None else max(0, min(complete, end - parsed))
+            if length:
+                parsers.parse(i, base, length)
+            if length < complete:
+                unparsed.feed(buf[base + length : base + complete])
+            carry = buf[base + complete : base + filled]
+            parsed += complete
+            i += 1
+    finally:
+        view.release()
 
 
 # The params of the last rollouts read in this process, by path and stat key: what a file too
