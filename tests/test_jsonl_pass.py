@@ -18,12 +18,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from gym_artifacts.core.errors import RunError
-from gym_artifacts.run import jsonl_pass
+from gym_artifacts.run import jsonl_pass, times
 from gym_artifacts.run.artifacts import RunArtifacts
 from gym_artifacts.run.identity import LineCounter, hash_bytes_file, jsonl_digest
 from gym_artifacts.run.jsonl_pass import LineTooLong, read_jsonl_once
 from gym_artifacts.run.nemo_gym_params import params_from_files
-from gym_artifacts.run.rollouts_params import cached_params, run_params
+from gym_artifacts.run.rollouts_facts import cached_facts, run_params
 from gym_artifacts.run.torn import partial_last_line
 
 _rows = st.fixed_dictionaries(
@@ -33,6 +33,8 @@ _rows = st.fixed_dictionaries(
         "response": st.fixed_dictionaries({"model": st.sampled_from(["m1", "m2"])}),
         "reward": st.floats(allow_nan=False, allow_infinity=False),
         "text": st.text(max_size=300),
+        "timestamp": st.one_of(st.none(), st.floats(1e9, 2e9)),
+        "latency_s": st.one_of(st.none(), st.floats(0, 100)),
     }
 )
 _lines = st.lists(
@@ -72,8 +74,16 @@ def test_one_read_gives_what_the_separate_passes_gave(
     assert read.lines == counter.count
     expected = jsonl_digest(fpath, end=end)
     assert (read.records.count, read.records.hexdigest()) == (expected.count, expected.hexdigest())
-    assert read.params is not None
-    assert read.params.params() == params_from_files(RunArtifacts.from_path(fpath))
+    assert read.facts is not None
+    assert read.facts.params.params() == params_from_files(RunArtifacts.from_path(fpath))
+    assert read.facts.as_json()["window"] == _window_read_apart(fpath)
+
+
+def _window_read_apart(fpath: Path) -> list[float] | None:
+    """The rollouts' time window as ``times`` reads it without the one read."""
+    times._ROLLOUT_TIMES.clear()
+    found = times._rollouts(RunArtifacts.from_path(fpath))  # no identity cache here: read
+    return None if found is None else [found.start, found.end]
 
 
 def test_a_malformed_line_is_named(tmp_path: Path) -> None:
@@ -93,13 +103,14 @@ def _rchar() -> int:
 @pytest.mark.skipif(not Path("/proc/self/io").is_file(), reason="reads are counted by Linux's /proc")
 @pytest.mark.parametrize("recent", [False, True], ids=["in-the-identity-cache", "too-new-for-the-cache"])
 def test_the_params_come_from_the_send_key_s_read(tmp_path: Path, recent: bool) -> None:
-    """After the send key's read, the params of the unchanged rollouts are read from nothing (the
+    """After the send key's read, the params and times of the unchanged rollouts are read from nothing (the
     identity cache, or this process's memory for a file inside the cache's racy window); a
     changed file is read again."""
     from gym_artifacts.run.identity import send_key
 
     fpath = tmp_path / "OUT.jsonl"
-    rows = [{"agent_ref": {"name": "ag"}, "_ng_task_index": i // 3, "pad": "x" * 5000} for i in range(300)]
+    rows = [{"agent_ref": {"name": "ag"}, "_ng_task_index": i // 3, "pad": "x" * 5000, "timestamp": 1.7e9 + i,
+             "latency_s": 2.5} for i in range(300)]  # fmt: skip
     fpath.write_text("".join(json.dumps(r) + "\n" for r in rows))
     if not recent:
         old = fpath.stat().st_mtime - 120
@@ -110,8 +121,12 @@ def test_the_params_come_from_the_send_key_s_read(tmp_path: Path, recent: bool) 
     params = run_params(run)
     assert _rchar() - before < 100_000
     assert params == params_from_files(run) == {"agent_name": "ag", "num_repeats": 3}
-    assert cached_params(run)[0]
+    times._ROLLOUT_TIMES.clear()
+    before = _rchar()
+    assert times.run_times(run) == times.RunTimes(1.7e9, 1.7e9 + 299 + 2.5, "rollouts")
+    assert _rchar() - before < 100_000
+    assert cached_facts(run) is not None
     with open(fpath, "a") as fh:
         fh.write(json.dumps({"agent_ref": {"name": "ag"}, "_ng_task_index": 0}) + "\n")
-    assert not cached_params(run)[0]
+    assert cached_facts(run) is None
     assert run_params(run) == {"agent_name": "ag", "num_repeats": 4}

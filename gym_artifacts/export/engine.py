@@ -66,7 +66,7 @@ from gym_artifacts.run.receipts import (
     receipt_for,
     utc_now_iso,
 )
-from gym_artifacts.run.rollouts_params import run_params
+from gym_artifacts.run.rollouts_facts import run_params
 from gym_artifacts.run.run_config import backend_config, load_run_config, run_config_of_export
 
 logger = logging.getLogger(__name__)

@@ -26,7 +26,7 @@ from gym_artifacts.run.identity import content_identities
 from gym_artifacts.run.journal import iter_journal
 from gym_artifacts.run.layout import RECORDING, SESSION_TIMES
 from gym_artifacts.run.names import NO_CONFIG, NO_CONFIG_PARAMS
-from gym_artifacts.run.rollouts_params import run_params
+from gym_artifacts.run.rollouts_facts import run_params
 from gym_artifacts.run.run_config import backend_config, load_run_config
 from gym_artifacts.run.sidecars import iter_nvml_series, nvml_summary
 from gym_artifacts.run.times import run_times

@@ -461,9 +461,10 @@ def _read_jsonl_once(
 ) -> tuple[tuple[str, int], Known] | None:
     """A JSONL file not in the cache, read once (``jsonl_pass``): its bytes digest and line
     count for the send key, and its identity (with its record count) as known for
-    ``content_identities``; the rollouts' params recorded for ``params_from_files``. None when a
-    line is too long for the one read's blocks (the file is then read by the separate passes)."""
-    from gym_artifacts.run.jsonl_pass import PARAMS_ENTRY, LineTooLong, read_jsonl_once, remember_params
+    ``content_identities``; what the rollouts tell (params, times) recorded for
+    ``rollouts_facts``. None when a line is too long for the one read's blocks (the file is then
+    read by the separate passes)."""
+    from gym_artifacts.run.jsonl_pass import FACTS_ENTRY, LineTooLong, read_jsonl_once, remember_facts
 
     end = _complete_bytes(name, fpath)
     large = before.st_size >= PARALLEL_MIN_BYTES
@@ -478,11 +479,11 @@ def _read_jsonl_once(
     identity = read.records.hexdigest()
     cache.store(_BYTES_ENTRY + name, before, after, read.bytes_digest, read.lines)
     cache.store(name, before, after, identity, read.records.count)
-    if read.params is not None:
-        params = read.params.params()
-        cache.store_product(PARAMS_ENTRY + name, before, after, params)
+    if read.facts is not None:
+        facts = read.facts.as_json()
+        cache.store_product(FACTS_ENTRY + name, before, after, facts)
         if stat_key(before) == stat_key(after):
-            remember_params(fpath, stat_key(before), params)
+            remember_facts(fpath, stat_key(before), facts)
     return (read.bytes_digest, read.lines), (stat_key(before), identity, read.records.count)
 
 

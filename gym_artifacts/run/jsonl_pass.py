@@ -28,10 +28,11 @@ import blake3
 from gym_artifacts.core.jsonio import open_regular, record_and_canonical
 from gym_artifacts.run.digests import JsonlDigest, LineCounter, hex_digest
 from gym_artifacts.run.nemo_gym_params import ParamsTally
+from gym_artifacts.run.trajectory import rollout_window
 
 BLOCK = 4 << 20  # a block of the shared buffer: a line longer than this is read the old way
-# The identity cache's entries for the params of the rollouts (beside their identity's)
-PARAMS_ENTRY = "params:"
+# The identity cache's entries for what the rollouts tell (beside their identity's)
+FACTS_ENTRY = "facts:"
 
 
 class LineTooLong(Exception):
@@ -42,25 +43,61 @@ class LineTooLong(Exception):
 class JsonlRead:
     """What one read of a JSONL file gave: its bytes' digest and non-blank lines (the send
     key's), its records' multiset digest up to ``end`` (its identity), and, for the rollouts,
-    what they tell of the run (``params``: None for other files)."""
+    what they tell of the run (``facts``: None for other files)."""
 
     bytes_digest: str
     lines: int
     records: JsonlDigest
-    params: ParamsTally | None
+    facts: RolloutFacts | None
+
+
+class RolloutFacts:
+    """What rollouts tell of their run, tallied a record at a time (parts of a file merge): the
+    params (``ParamsTally``) and the time window (the earliest start and latest end of
+    ``trajectory.rollout_window``, what ``times.run_times`` falls back on)."""
+
+    __slots__ = ("first", "last", "params")
+
+    def __init__(self) -> None:
+        self.params = ParamsTally()
+        self.first: float | None = None
+        self.last: float | None = None
+
+    def add(self, row: Any, terminated: bool = True) -> None:
+        """One record; an unterminated last line tells no params (``params_from_files`` stops
+        before it) but its times count (``times`` reads it)."""
+        if terminated:
+            self.params.add(row)
+        start, end = rollout_window(row)
+        if start is not None:
+            self._widen(start, end if end is not None else start)
+
+    def _widen(self, start: float, end: float) -> None:
+        self.first = start if self.first is None else min(self.first, start)
+        self.last = end if self.last is None else max(self.last, end)
+
+    def merge(self, other: RolloutFacts) -> None:
+        self.params.merge(other.params)
+        if other.first is not None and other.last is not None:
+            self._widen(other.first, other.last)
+
+    def as_json(self) -> dict[str, Any]:
+        """What the identity cache keeps: ``{"params": ..., "window": [start, end] | None}``."""
+        window = None if self.first is None or self.last is None else [self.first, self.last]
+        return {"params": self.params.params(), "window": window}
 
 
 class _Records:
-    """The parse of whole lines: the multiset digest and the params tally."""
+    """The parse of whole lines: the multiset digest and, for the rollouts, their facts."""
 
     def __init__(self, fpath: Path, tally: bool) -> None:
         self.fpath = fpath
         self.digest = JsonlDigest()
-        self.tally = ParamsTally() if tally else None
+        self.tally = RolloutFacts() if tally else None
 
     def feed(self, block: bytes, terminated: bool = True) -> None:
-        """Records of ``block``'s lines; an unterminated last line (the file's own last line)
-        counts for the identity but tells no params, as ``params_from_files`` reads it."""
+        """Records of ``block``'s lines (``terminated``: its last line ends with a newline; else
+        it is the file's own unterminated last line, see ``RolloutFacts.add``)."""
         lines = block.split(b"\n")
         last = len(lines) - 1
         for i, raw in enumerate(lines):
@@ -68,8 +105,8 @@ class _Records:
                 continue
             value, canonical = record_and_canonical(raw, self.fpath, 0)
             self.digest.add_record_bytes(canonical)
-            if self.tally is not None and (terminated or i < last):
-                self.tally.add(value)
+            if self.tally is not None:
+                self.tally.add(value, terminated or i < last)
 
 
 # The buffer a pool's workers parse from: set before they are forked, so every worker maps it.
@@ -77,7 +114,7 @@ _SHARED: mmap.mmap | None = None
 _WORKER_RECORDS: _Records | None = None
 
 
-def _parse_block(fpath: str, tally: bool, start: int, length: int) -> tuple[int, int, ParamsTally | None]:
+def _parse_block(fpath: str, tally: bool, start: int, length: int) -> tuple[int, int, RolloutFacts | None]:
     """In a worker: the records of one block of the shared buffer, as mergeable parts."""
     assert _SHARED is not None
     records = _Records(Path(fpath), tally)
@@ -153,7 +190,7 @@ def read_jsonl_once(
     fpath: Path, end: int | None = None, *, tally: bool = False, parallel: bool = False
 ) -> JsonlRead:
     """One read of ``fpath``: bytes digest and line count of the whole file, records' digest
-    (and, with ``tally``, the params they tell) of the lines before ``end`` (a torn last line
+    (and, with ``tally``, what they tell of the run) of the lines before ``end`` (a torn last line
     left out); ``parallel``: blocks parsed by forked workers (where there are cores and no other
     thread). RunError for a malformed line (its line number is not known here: the caller reads
     the file again in order to name it); LineTooLong for a line longer than a block."""
@@ -209,20 +246,18 @@ def _read(
         view.release()
 
 
-# The params of the last rollouts read in this process, by path and stat key: what a file too
+# What the last rollouts read in this process tell, by path and stat key: what a file too
 # recently written for the identity cache (its racy window) still answers from.
-_LAST_PARAMS: dict[str, tuple[list[int], dict[str, Any] | None]] = {}
+_LAST_FACTS: dict[str, tuple[list[int], dict[str, Any]]] = {}
 
 
-def remember_params(fpath: Path, key: list[int], params: dict[str, Any] | None) -> None:
-    """Keep the params just read from ``fpath`` (stat key ``key``) for ``remembered_params``."""
-    _LAST_PARAMS.clear()
-    _LAST_PARAMS[str(fpath)] = key, params
+def remember_facts(fpath: Path, key: list[int], facts: dict[str, Any]) -> None:
+    """Keep the facts (``RolloutFacts.as_json``) just read from ``fpath`` (stat key ``key``)."""
+    _LAST_FACTS.clear()
+    _LAST_FACTS[str(fpath)] = key, facts
 
 
-def remembered_params(fpath: Path, key: list[int]) -> tuple[bool, dict[str, Any] | None]:
-    """``(True, params)`` when this process last read ``fpath`` as it is now (stat key ``key``)."""
-    remembered = _LAST_PARAMS.get(str(fpath))
-    if remembered is None or remembered[0] != key:
-        return False, None
-    return True, remembered[1]
+def remembered_facts(fpath: Path, key: list[int]) -> dict[str, Any] | None:
+    """The facts this process last read from ``fpath`` when it is as it was (stat key ``key``)."""
+    remembered = _LAST_FACTS.get(str(fpath))
+    return remembered[1] if remembered is not None and remembered[0] == key else None
