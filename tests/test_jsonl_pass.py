@@ -130,3 +130,25 @@ def test_the_params_come_from_the_send_key_s_read(tmp_path: Path, recent: bool) 
         fh.write(json.dumps({"agent_ref": {"name": "ag"}, "_ng_task_index": 0}) + "\n")
     assert cached_facts(run) is None
     assert run_params(run) == {"agent_name": "ag", "num_repeats": 4}
+
+
+def test_a_line_longer_than_a_block_is_read_by_the_separate_passes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A line past the block (here 4 KiB) leaves the file to the separate passes: the same send
+    key, identities and params as with the one read."""
+    from gym_artifacts.run.identity import content_identities, send_key
+
+    fpath = tmp_path / "OUT.jsonl"
+    rows = [{"agent_ref": {"name": "ag"}, "_ng_task_index": i, "pad": "x" * (100 if i % 2 else 9000)} for i in range(20)]
+    fpath.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    run = RunArtifacts.from_path(fpath)
+    key, _ = send_key(run)
+    expected = content_identities(run, use_cache=False), run_params(run)
+    run.identity_cache_fpath.unlink()
+    monkeypatch.setattr(jsonl_pass, "BLOCK", 4096)
+    jsonl_pass._LAST_FACTS.clear()
+    again, known_again = send_key(run)
+    assert again == key and "OUT.jsonl" not in known_again
+    assert cached_facts(run) is None
+    assert (content_identities(run, known=known_again), run_params(run)) == expected
