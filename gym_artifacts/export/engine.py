@@ -66,7 +66,7 @@ from gym_artifacts.run.receipts import (
     receipt_for,
     utc_now_iso,
 )
-from gym_artifacts.run.rollouts_facts import run_params
+from gym_artifacts.run.rollouts_facts import row_values_of_export, run_params
 from gym_artifacts.run.run_config import backend_config, load_run_config, run_config_of_export
 
 logger = logging.getLogger(__name__)
@@ -591,7 +591,8 @@ def export_resolved(
     try:
         signatures = file_signatures(run)
         line_counts: dict[str, int] = {}
-        key, known = send_key(run, line_counts)
+        row_values = any(t.cls is not None and t.cls.reads_row_values for t in resolved.targets)
+        key, known = send_key(run, line_counts, row_values)
         record_counts: dict[str, int] = {}
         if torn is None and _hash_while_sending(run, resolved, known):
             logger.info("hashing the run's content identity while sending it")
@@ -631,7 +632,9 @@ def export_resolved(
     # is about to send (a SKIP answers from stat calls, the identity cache and the receipt).
     reads_params = options.nemo_gym_config is None and not config_for_backends
     results = []
-    with run_config_of_export(run, run_config):  # a backend asking for it gets this one, not a re-read
+    # a backend asking for the run config gets this one, not a re-read; the rows' values the one
+    # read of the rollouts spooled for a backend are let go at the end
+    with run_config_of_export(run, run_config), row_values_of_export():
         for i, target in enumerate(resolved.targets):
             name = target.name
             if progress is not None:

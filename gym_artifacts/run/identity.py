@@ -413,7 +413,7 @@ _BYTES_ENTRY = "bytes:"
 
 
 def send_key(
-    run: RunArtifacts, record_counts: dict[str, int] | None = None
+    run: RunArtifacts, record_counts: dict[str, int] | None = None, row_values: bool = False
 ) -> tuple[str, dict[str, Known]]:
     """A digest of every artifact's name and bytes, and the identities that came with it.
 
@@ -421,7 +421,10 @@ def send_key(
     of them), each file's digest cached by its stat key like an identity. The same bytes give the
     same key from any folder and after a ``touch``. A file whose identity is its bytes
     (``identity_kind`` ``bytes``: a recording, a trace) gets its identity from the same read:
-    returned as ``{name: (stat_key, identity)}`` for ``content_identities(known=...)``.
+    returned as ``{name: (stat_key, identity)}`` for ``content_identities(known=...)``; so does
+    a JSONL file not in the cache, whose records are parsed from the same read (``jsonl_pass``:
+    the rollouts' facts recorded too, and with ``row_values`` each row's values for a backend
+    that asks, ``rollouts_facts.rollout_row_values``).
     ``record_counts``, when given, receives each JSONL file's non-blank lines, counted from the
     same read (its records, unless its last line is torn).
     """
@@ -433,7 +436,7 @@ def send_key(
             before = os.stat(fpath)
             cached = cache.lookup(_BYTES_ENTRY + name, before)
             if cached is None and name.endswith(".jsonl") and cache.lookup(name, before) is None:
-                read = _read_jsonl_once(run, cache, name, fpath, before)
+                read = _read_jsonl_once(run, cache, name, fpath, before, row_values)
                 if read is not None:
                     cached, known[name] = read
             lines = LineCounter() if name.endswith(".jsonl") else None
@@ -457,19 +460,31 @@ def send_key(
 
 
 def _read_jsonl_once(
-    run: RunArtifacts, cache: IdentityCache, name: str, fpath: Path, before: os.stat_result
+    run: RunArtifacts,
+    cache: IdentityCache,
+    name: str,
+    fpath: Path,
+    before: os.stat_result,
+    rows: bool = False,
 ) -> tuple[tuple[str, int], Known] | None:
     """A JSONL file not in the cache, read once (``jsonl_pass``): its bytes digest and line
     count for the send key, and its identity (with its record count) as known for
     ``content_identities``; what the rollouts tell (params, times) recorded for
     ``rollouts_facts``. None when a line is too long for the one read's blocks (the file is then
     read by the separate passes)."""
-    from gym_artifacts.run.jsonl_pass import FACTS_ENTRY, LineTooLong, read_jsonl_once, remember_facts
+    from gym_artifacts.run.jsonl_pass import (
+        FACTS_ENTRY,
+        LineTooLong,
+        read_jsonl_once,
+        remember_facts,
+        remember_rows,
+    )
 
     end = _complete_bytes(name, fpath)
     large = before.st_size >= PARALLEL_MIN_BYTES
     try:
-        read = read_jsonl_once(fpath, end, tally=name == ROLLOUTS, parallel=large)
+        rollouts = name == ROLLOUTS
+        read = read_jsonl_once(fpath, end, tally=rollouts, parallel=large, rows=rows and rollouts)
     except LineTooLong:
         return None
     except RunError:
@@ -484,6 +499,11 @@ def _read_jsonl_once(
         cache.store_product(FACTS_ENTRY + name, before, after, facts)
         if stat_key(before) == stat_key(after):
             remember_facts(fpath, stat_key(before), facts)
+    if read.rows is not None:
+        if stat_key(before) == stat_key(after):
+            remember_rows(fpath, stat_key(before), read.rows)
+        else:
+            read.rows.close()
     return (read.bytes_digest, read.lines), (stat_key(before), identity, read.records.count)
 
 

@@ -15,19 +15,21 @@ unchanged run reads nothing (``cached_params``).
 
 from __future__ import annotations
 
+import marshal
 import mmap
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import blake3
 
 from gym_artifacts.core.jsonio import open_regular, record_and_canonical
 from gym_artifacts.run.digests import JsonlDigest, LineCounter, hex_digest
 from gym_artifacts.run.nemo_gym_params import ParamsTally
+from gym_artifacts.run.rollout_values import row_values
 from gym_artifacts.run.trajectory import rollout_window
 
 BLOCK = 4 << 20  # a block of the shared buffer: a line longer than this is read the old way
@@ -49,6 +51,24 @@ class JsonlRead:
     lines: int
     records: JsonlDigest
     facts: RolloutFacts | None
+    # with ``rows``: each record's values in line order (``RowValues``); the caller closes it
+    rows: RowValues | None = None
+
+
+class RowValues:
+    """Each record's ``rollout_values.row_values`` in line order, spooled to an anonymous file
+    (a few dozen bytes a row) and read back a block at a time: memory constant in rows."""
+
+    def __init__(self, spool: IO[bytes], count: int) -> None:
+        self._spool, self.count = spool, count
+
+    def __iter__(self) -> Iterator[tuple[list[tuple[str, float]], float | None]]:
+        self._spool.seek(0)
+        while header := self._spool.read(8):
+            yield from marshal.loads(self._spool.read(int.from_bytes(header, "big")))
+
+    def close(self) -> None:
+        self._spool.close()
 
 
 class RolloutFacts:
@@ -88,12 +108,21 @@ class RolloutFacts:
 
 
 class _Records:
-    """The parse of whole lines: the multiset digest and, for the rollouts, their facts."""
+    """The parse of whole lines: the multiset digest and, for the rollouts, their facts and
+    (``rows``) each row's values (``rollout_values.row_values``) in line order."""
 
-    def __init__(self, fpath: Path, tally: bool) -> None:
+    def __init__(self, fpath: Path, tally: bool, rows: bool = False) -> None:
         self.fpath = fpath
         self.digest = JsonlDigest()
         self.tally = RolloutFacts() if tally else None
+        self.rows: list[Any] | None = [] if rows else None
+
+    def take_rows(self) -> bytes | None:
+        """The rows' values added since the last call, marshalled (None without ``rows``)."""
+        if self.rows is None:
+            return None
+        taken, self.rows = marshal.dumps(self.rows), []
+        return taken
 
     def feed(self, block: bytes, terminated: bool = True) -> None:
         """Records of ``block``'s lines (``terminated``: its last line ends with a newline; else
@@ -107,19 +136,23 @@ class _Records:
             self.digest.add_record_bytes(canonical)
             if self.tally is not None:
                 self.tally.add(value, terminated or i < last)
+            if self.rows is not None:
+                self.rows.append(row_values(value))
 
 
 # The buffer a pool's workers parse from: set before they are forked, so every worker maps it.
 _SHARED: mmap.mmap | None = None
-_WORKER_RECORDS: _Records | None = None
 
 
-def _parse_block(fpath: str, tally: bool, start: int, length: int) -> tuple[int, int, RolloutFacts | None]:
-    """In a worker: the records of one block of the shared buffer, as mergeable parts."""
+def _parse_block(
+    fpath: str, tally: bool, rows: bool, start: int, length: int
+) -> tuple[int, int, RolloutFacts | None, bytes | None]:
+    """In a worker: the records of one block of the shared buffer, as mergeable parts (and
+    its rows' values, marshalled, to be written in block order)."""
     assert _SHARED is not None
-    records = _Records(Path(fpath), tally)
+    records = _Records(Path(fpath), tally, rows)
     records.feed(_SHARED[start : start + length])
-    return records.digest.count, records.digest.total, records.tally
+    return records.digest.count, records.digest.total, records.tally, records.take_rows()
 
 
 def _workers() -> int:
@@ -130,17 +163,20 @@ class _Parsers:
     """Where blocks are parsed: in this process, or by forked workers reading the shared buffer
     (each block's slot is reused once its worker is done with it)."""
 
-    def __init__(self, fpath: Path, tally: bool, parallel: bool) -> None:
+    def __init__(self, fpath: Path, tally: bool, parallel: bool, rows: bool = False) -> None:
+        import tempfile
         import threading
 
-        self.records = _Records(fpath, tally)
-        self.fpath, self.tally = fpath, tally
+        self.records = _Records(fpath, tally, rows)
+        self.fpath, self.tally, self.rows = fpath, tally, rows
+        # each block's rows' values, in block order: a length, then the marshalled list
+        self.spool = tempfile.TemporaryFile(prefix="gym-artifacts-rows-") if rows else None  # noqa: SIM115
         workers = _workers()
         # forked only while this is the only thread (as the identity's workers are)
         self.parallel = parallel and workers >= 2 and threading.active_count() == 1
         self.slots = workers + 2 if self.parallel else 1  # a block for each worker, one filling, one spare
         self.buffer = mmap.mmap(-1, self.slots * BLOCK)
-        self.pending: list[Future[Any] | None] = [None] * self.slots
+        self.pending: list[tuple[int, Future[Any]] | None] = [None] * self.slots
         self._pool: Any = None
         if self.parallel:
             import multiprocessing
@@ -159,27 +195,41 @@ class _Parsers:
         if not length:
             return
         if self._pool is None or not terminated:
+            self._drain()  # the blocks before this one are written first
             self.records.feed(self.buffer[start : start + length], terminated)
+            self._write_rows(self.records.take_rows())
             return
-        job = self._pool.submit(_parse_block, str(self.fpath), self.tally, start, length)
-        self.pending[i % self.slots] = job
+        job = self._pool.submit(_parse_block, str(self.fpath), self.tally, self.rows, start, length)
+        self.pending[i % self.slots] = i, job
 
     def _collect(self, i: int) -> None:
-        future, self.pending[i % self.slots] = self.pending[i % self.slots], None
-        if future is None:
+        pending, self.pending[i % self.slots] = self.pending[i % self.slots], None
+        if pending is None:
             return
-        count, total, tally = future.result()
+        count, total, tally, rows = pending[1].result()
         self.records.digest.merge(JsonlDigest(count, total))
         if tally is not None and self.records.tally is not None:
             self.records.tally.merge(tally)
+        self._write_rows(rows)
+
+    def _write_rows(self, rows: bytes | None) -> None:
+        if rows is not None and self.spool is not None:
+            self.spool.write(len(rows).to_bytes(8, "big"))
+            self.spool.write(rows)
+
+    def _drain(self) -> None:
+        """Every block handed to a worker, collected in block order."""
+        for _, i in sorted((p[0], n) for n, p in enumerate(self.pending) if p is not None):
+            self._collect(i)
 
     def finish(self) -> _Records:
-        for i in range(self.slots):
-            self._collect(i)
+        self._drain()
         return self.records
 
-    def close(self) -> None:
+    def close(self, keep_rows: bool = False) -> None:
         global _SHARED
+        if self.spool is not None and not keep_rows:
+            self.spool.close()
         if self._pool is not None:
             self._pool.shutdown(wait=True, cancel_futures=True)
             _SHARED = None
@@ -187,23 +237,27 @@ class _Parsers:
 
 
 def read_jsonl_once(
-    fpath: Path, end: int | None = None, *, tally: bool = False, parallel: bool = False
+    fpath: Path, end: int | None = None, *, tally: bool = False, parallel: bool = False, rows: bool = False
 ) -> JsonlRead:
     """One read of ``fpath``: bytes digest and line count of the whole file, records' digest
     (and, with ``tally``, what they tell of the run) of the lines before ``end`` (a torn last line
     left out); ``parallel``: blocks parsed by forked workers (where there are cores and no other
     thread). RunError for a malformed line (its line number is not known here: the caller reads
-    the file again in order to name it); LineTooLong for a line longer than a block."""
+    the file again in order to name it); LineTooLong for a line longer than a block. ``rows``:
+    each record's values too (``JsonlRead.rows``)."""
     hasher = blake3.blake3(max_threads=blake3.blake3.AUTO)
     unparsed = LineCounter()  # the lines past ``end``: each parsed non-blank line is a record
-    parsers = _Parsers(fpath, tally, parallel)
+    parsers = _Parsers(fpath, tally, parallel, rows)
+    done = False
     try:
         with open_regular(fpath) as fh:
             records = _read(fh, parsers, hasher.update, unparsed, end)
+        done = True
     finally:
-        parsers.close()
+        parsers.close(keep_rows=done)
     lines = records.digest.count + unparsed.count
-    return JsonlRead(hex_digest(hasher), lines, records.digest, records.tally)
+    values = RowValues(parsers.spool, records.digest.count) if parsers.spool is not None else None
+    return JsonlRead(hex_digest(hasher), lines, records.digest, records.tally, values)
 
 
 def _read(
@@ -255,6 +309,37 @@ def remember_facts(fpath: Path, key: list[int], facts: dict[str, Any]) -> None:
     """Keep the facts (``RolloutFacts.as_json``) just read from ``fpath`` (stat key ``key``)."""
     _LAST_FACTS.clear()
     _LAST_FACTS[str(fpath)] = key, facts
+
+
+_LAST_ROWS: dict[str, tuple[list[int], RowValues]] = {}
+
+
+def remember_rows(fpath: Path, key: list[int], rows: RowValues) -> None:
+    """Keep the rows' values just read from ``fpath`` (stat key ``key``) for a backend of this
+    export (``rollouts_facts.rollout_row_values``); the previous file's are let go."""
+    import atexit
+
+    forget_rows()
+    if not _LAST_ROWS_AT_EXIT:
+        atexit.register(forget_rows)
+        _LAST_ROWS_AT_EXIT.append(True)
+    _LAST_ROWS[str(fpath)] = key, rows
+
+
+_LAST_ROWS_AT_EXIT: list[bool] = []
+
+
+def forget_rows() -> None:
+    """Let go of the rows' values kept (their spool file closed): the export that read them is over."""
+    for _, old in _LAST_ROWS.values():
+        old.close()
+    _LAST_ROWS.clear()
+
+
+def remembered_rows(fpath: Path, key: list[int]) -> RowValues | None:
+    """The rows' values this process last read from ``fpath`` when it is as it was."""
+    remembered = _LAST_ROWS.get(str(fpath))
+    return remembered[1] if remembered is not None and remembered[0] == key else None
 
 
 def remembered_facts(fpath: Path, key: list[int]) -> dict[str, Any] | None:

@@ -9,12 +9,20 @@ again. Without such a record each is read from the file, as before.
 
 from __future__ import annotations
 
+import contextlib
 import os
+from collections.abc import Iterator
 from typing import Any
 
 from gym_artifacts.run.artifacts import ROLLOUTS, RunArtifacts
 from gym_artifacts.run.identity import IdentityCache, stat_key
-from gym_artifacts.run.jsonl_pass import FACTS_ENTRY, remembered_facts
+from gym_artifacts.run.jsonl_pass import (
+    FACTS_ENTRY,
+    RowValues,
+    forget_rows,
+    remembered_facts,
+    remembered_rows,
+)
 from gym_artifacts.run.nemo_gym_params import params_from_files
 
 
@@ -54,3 +62,25 @@ def cached_window(run: RunArtifacts) -> tuple[bool, tuple[float, float] | None]:
     if isinstance(window, list) and len(window) == 2 and all(isinstance(t, int | float) for t in window):
         return True, (float(window[0]), float(window[1]))
     return True, None
+
+
+def rollout_row_values(run: RunArtifacts) -> RowValues | None:
+    """Each rollout's numbers and end time (``rollout_values.row_values``), in line order, when
+    this process's one read of the rollouts gave them for the file as it is now (an export to a
+    backend that asks for them: ``Exporter.reads_row_values``); else None (read the records)."""
+    fpath = run.rollouts_fpath
+    if fpath is None:
+        return None
+    try:
+        return remembered_rows(fpath, stat_key(os.stat(fpath)))
+    except OSError:
+        return None
+
+
+@contextlib.contextmanager
+def row_values_of_export() -> Iterator[None]:
+    """The span of an export's sends: the rows' values its one read spooled are let go at its end."""
+    try:
+        yield
+    finally:
+        forget_rows()
