@@ -110,7 +110,7 @@ def params_from_files(run: RunArtifacts) -> dict[str, Any] | None:
 
     None when the rollouts tell none of these (the run then has no params, as before). A line
     that is not a JSON object is skipped: the export's own checks report bad files. A full read
-    of the file: ``rollouts_params.run_params`` answers from the export's one read instead.
+    of the file: ``rollouts_facts.run_params`` answers from the export's one read instead.
     """
     fpath = run.rollouts_fpath
     if fpath is None or not fpath.is_file():
