@@ -591,7 +591,7 @@ def export_resolved(
     try:
         signatures = file_signatures(run)
         line_counts: dict[str, int] = {}
-        row_values = any(t.cls is not None and t.cls.reads_row_values for t in resolved.targets)
+        row_values = any(getattr(t.cls, "reads_row_values", False) for t in resolved.targets)
         key, known = send_key(run, line_counts, row_values)
         record_counts: dict[str, int] = {}
         if torn is None and _hash_while_sending(run, resolved, known):
