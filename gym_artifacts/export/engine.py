@@ -634,7 +634,7 @@ def export_resolved(
     results = []
     # a backend asking for the run config gets this one, not a re-read; the rows' values the one
     # read of the rollouts spooled for a backend are let go at the end
-    with run_config_of_export(run, run_config), row_values_of_export():
+    with run_config_of_export(run, run_config), row_values_of_export(run):
         for i, target in enumerate(resolved.targets):
             name = target.name
             if progress is not None:

@@ -15,9 +15,11 @@ unchanged run reads nothing (``cached_params``).
 
 from __future__ import annotations
 
+import atexit
 import marshal
 import mmap
 import os
+import threading
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future
 from dataclasses import dataclass
@@ -165,7 +167,6 @@ class _Parsers:
 
     def __init__(self, fpath: Path, tally: bool, parallel: bool, rows: bool = False) -> None:
         import tempfile
-        import threading
 
         self.records = _Records(fpath, tally, rows)
         self.fpath, self.tally, self.rows = fpath, tally, rows
@@ -311,34 +312,40 @@ def remember_facts(fpath: Path, key: list[int], facts: dict[str, Any]) -> None:
     _LAST_FACTS[str(fpath)] = key, facts
 
 
-_LAST_ROWS: dict[str, tuple[list[int], RowValues]] = {}
+_LAST_ROWS: dict[str, tuple[list[int], RowValues]] = {}  # by path: exports of other runs in threads
+_LAST_ROWS_LOCK = threading.Lock()
 
 
 def remember_rows(fpath: Path, key: list[int], rows: RowValues) -> None:
     """Keep the rows' values just read from ``fpath`` (stat key ``key``) for a backend of this
-    export (``rollouts_facts.rollout_row_values``); the previous file's are let go."""
-    import atexit
-
-    forget_rows()
-    if not _LAST_ROWS_AT_EXIT:
-        atexit.register(forget_rows)
-        _LAST_ROWS_AT_EXIT.append(True)
-    _LAST_ROWS[str(fpath)] = key, rows
+    export (``rollouts_facts.rollout_row_values``), until ``forget_rows(fpath)``; those of an
+    earlier read of the same file are let go."""
+    forget_rows(fpath)
+    with _LAST_ROWS_LOCK:
+        if not _LAST_ROWS_AT_EXIT:
+            atexit.register(forget_rows)
+            _LAST_ROWS_AT_EXIT.append(True)
+        _LAST_ROWS[str(fpath)] = key, rows
 
 
 _LAST_ROWS_AT_EXIT: list[bool] = []
 
 
-def forget_rows() -> None:
-    """Let go of the rows' values kept (their spool file closed): the export that read them is over."""
-    for _, old in _LAST_ROWS.values():
-        old.close()
-    _LAST_ROWS.clear()
+def forget_rows(fpath: Path | None = None) -> None:
+    """Let go of the rows' values kept for ``fpath`` (every file's: None), their spool closed:
+    the export that read them is over."""
+    with _LAST_ROWS_LOCK:
+        names = list(_LAST_ROWS) if fpath is None else [str(fpath)]
+        for name in names:
+            kept = _LAST_ROWS.pop(name, None)
+            if kept is not None:
+                kept[1].close()
 
 
 def remembered_rows(fpath: Path, key: list[int]) -> RowValues | None:
     """The rows' values this process last read from ``fpath`` when it is as it was."""
-    remembered = _LAST_ROWS.get(str(fpath))
+    with _LAST_ROWS_LOCK:
+        remembered = _LAST_ROWS.get(str(fpath))
     return remembered[1] if remembered is not None and remembered[0] == key else None
 
 

@@ -78,9 +78,11 @@ def rollout_row_values(run: RunArtifacts) -> RowValues | None:
 
 
 @contextlib.contextmanager
-def row_values_of_export() -> Iterator[None]:
-    """The span of an export's sends: the rows' values its one read spooled are let go at its end."""
+def row_values_of_export(run: RunArtifacts) -> Iterator[None]:
+    """The span of an export's sends: the rows' values its one read of the run's rollouts
+    spooled are let go at its end."""
     try:
         yield
     finally:
-        forget_rows()
+        if run.rollouts_fpath is not None:
+            forget_rows(run.rollouts_fpath)
