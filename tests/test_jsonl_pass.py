@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -152,3 +153,62 @@ def test_a_line_longer_than_a_block_is_read_by_the_separate_passes(
     assert again == key and "OUT.jsonl" not in known_again
     assert cached_facts(run) is None
     assert (content_identities(run, known=known_again), run_params(run)) == expected
+
+
+@pytest.mark.slow
+def test_two_runs_exported_to_tensorboard_at_once_in_threads(tmp_path: Path, make_run: Any) -> None:
+    """Each export keeps the rows' values of its own rollouts until it ends: another run's export
+    in another thread of the process neither takes nor closes them."""
+    import threading
+
+    from omegaconf import OmegaConf
+
+    from gym_artifacts import export_run
+
+    outs = []
+    for name in ("a", "b"):
+        fpath = make_run(name)  # the quickstart run (its aggregate metrics), rollouts replaced
+        reward = 0.25 if name == "a" else 0.75
+        fpath.write_text("".join(json.dumps({"reward": reward, "i": i, "pad": "x" * 3000}) + "\n" for i in range(400)))
+        old = fpath.stat().st_mtime - 120  # older than the aggregate metrics, as a finished run's
+        os.utime(fpath, (old, old))
+        outs.append(fpath)
+    results: dict[str, list] = {}
+    barrier = threading.Barrier(2, timeout=60)
+
+    def export(fpath: Path) -> None:
+        cfg = {"tensorboard": {"enabled": True, "logdir": str(tmp_path / "tb" / fpath.stem), "table_rows": 3}}
+        barrier.wait()
+        results[fpath.stem] = export_run(fpath, OmegaConf.create({"exporters": cfg}))
+
+    from gym_artifacts._builtin_exporters import tensorboard
+
+    both_read = threading.Barrier(2, timeout=60)
+    own = tensorboard.rollout_row_values
+
+    given: list[bool] = []
+
+    def after_both_reads(run: Any) -> Any:  # each TensorBoard export asks once both runs were read
+        both_read.wait()
+        values = own(run)
+        given.append(values is not None)
+        return values
+
+    threads = [threading.Thread(target=export, args=(f,)) for f in outs]
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(tensorboard, "rollout_row_values", after_both_reads)
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=240)
+            assert not t.is_alive()
+    assert given == [True, True]  # neither export lost its rows' values to the other
+    for name, reward in (("a", 0.25), ("b", 0.75)):
+        [result] = results[name]
+        assert result.status.value == "EXPORTED", result.reason
+        from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+        acc = EventAccumulator(str(tmp_path / "tb" / name / result.backend_run_id))
+        acc.Reload()
+        values = [e.value for e in acc.Scalars("rollout/reward")]
+        assert len(values) == 400 and set(values) == {reward}
