@@ -53,6 +53,7 @@ def _write(tmp: Path, lines: list[bytes], last_newline: bool, torn: bool) -> Pat
     return fpath
 
 
+@pytest.mark.slow
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(lines=_lines, last_newline=st.booleans(), torn=st.booleans(), block=st.sampled_from([512, 4096, 1 << 20]),
        parallel=st.booleans())  # fmt: skip
