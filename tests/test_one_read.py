@@ -106,3 +106,29 @@ def test_a_cold_export_reads_the_rollouts_once(
         f"{'+'.join(backends)}: read {read / size:.2f}x the rollouts ({read:,} bytes; budget "
         f"{budget / size:.2f}x: 1.1x + {shipped} shipped + the other files)"
     )
+
+
+def test_nemo_gym_s_table_is_built_after_the_receipt(tmp_path: Path) -> None:
+    """MLflow's copy of NeMo Gym's ``rollouts.json`` table decides nothing of the receipt (the
+    run's ``rollouts/rollouts.jsonl`` holds every row): it is built once the receipt is written,
+    as the report is, and is in the run when the command returns."""
+    from mlflow.tracking import MlflowClient
+
+    from gym_artifacts._builtin_exporters import mlflow as mlflow_module
+
+    out = _padded_run(tmp_path)
+    receipt_then: list[bool] = []
+    own = mlflow_module.MlflowExporter._upload_nemo_gym_table
+
+    def watched(*args: object, **kwargs: object) -> int:
+        receipt_then.append(any(out.parent.glob("*_export_done.json")))
+        return own(*args, **kwargs)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(mlflow_module.MlflowExporter, "_upload_nemo_gym_table", staticmethod(watched))
+        [result] = export_run(out, OmegaConf.create({"exporters": {"mlflow": _section("mlflow", tmp_path)}}))
+    assert result.status.value == "EXPORTED", result.reason
+    assert any(out.parent.glob("*_export_done.json"))  # the receipt, as the table looked for it
+    assert receipt_then == [True]
+    client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}")
+    assert "rollouts.json" in [f.path for f in client.list_artifacts(result.backend_run_id)]
