@@ -522,12 +522,17 @@ class MlflowExporter(LiveExporter):
         return times.end_ms if times is not None else None
 
     def _after_receipt(self, run: RunArtifacts, plan: ExportPlan, backend_run_id: str | None) -> None:
-        """``report.html`` uploaded to the run, now that it is complete and the receipt written
-        (from the export's identities and coverage: the run is not hashed again); a run that
-        holds one already (another copy of this content exported it) keeps it."""
-        if self.settings.report == "off" or backend_run_id is None:
+        """NeMo Gym's ``rollouts.json`` table and ``report.html`` uploaded to the run, now that it
+        is complete and the receipt written: neither decides the receipt (``rollouts/rollouts.jsonl``
+        holds every row; the report comes from the export's identities and coverage: the run is
+        not hashed again). A run that holds a report already (another copy of this content
+        exported it) keeps it; the table is written again (a completed live run's may lack rows)."""
+        if backend_run_id is None:
             return
         ml = self._client(live=False)
+        self._table_after_receipt(ml, run, plan, backend_run_id)
+        if self.settings.report == "off":
+            return
         if has_report(ml, backend_run_id):
             return
         job = job_for(run, plan, backend_run_id)
@@ -617,7 +622,7 @@ class MlflowExporter(LiveExporter):
             if complete is not None:
                 assert rollouts is not None
                 sent += self._upload_file(ml, run_id, complete, "rollouts.jsonl", "rollouts")
-                sent += self._upload_nemo_gym_table(ml, run_id, complete, payload.secrets)
+                # NeMo Gym's rollouts.json table: after the receipt (``_after_receipt``)
                 if self.settings.log_traces:
                     times = run_times(run)
                     start_ms = times.start_ms if times is not None else int(time.time() * 1000)
@@ -641,6 +646,16 @@ class MlflowExporter(LiveExporter):
         if tags or kept:
             ml.set_tags(run_id, tags, kept)
         return payload.rollout_rows, sent, note
+
+    @classmethod
+    def _table_after_receipt(cls, ml: ScopedMlflow, run: RunArtifacts, plan: ExportPlan, run_id: str) -> None:
+        """NeMo Gym's rollouts table of a run whose rollouts were sent (``_upload_nemo_gym_table``)."""
+        payload = RunPayload.of(run, plan)
+        if not payload.sends_rollouts:
+            return
+        with payload.rollouts_file() as complete:
+            if complete is not None:
+                cls._upload_nemo_gym_table(ml, run_id, complete, payload.secrets)
 
     @staticmethod
     def _upload_nemo_gym_table(

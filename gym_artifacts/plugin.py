@@ -72,6 +72,14 @@ from gym_artifacts.run.rollout_spans import (
     trace_id_for,
     trajectory_trace,
 )
+from gym_artifacts.run.rollout_values import (
+    REQUEST_KEYS,
+    RESPONSE_KEYS,
+    TOKEN_KEYS,
+    rollout_numbers,
+    token_counts,
+)
+from gym_artifacts.run.rollouts_facts import rollout_row_values
 from gym_artifacts.run.sidecars import masked_artifact
 from gym_artifacts.run.spool import RolloutSpool
 from gym_artifacts.run.times import eval_end_s, eval_times, run_times
@@ -120,7 +128,10 @@ __all__ = [
     "NVML_SUMMARY",
     "PLACEMENT_KEYS",
     "RECORDING",
+    "REQUEST_KEYS",
+    "RESPONSE_KEYS",
     "TIMING_PREFIXES",
+    "TOKEN_KEYS",
     "TOOL",
     "CannotCertify",
     "ComparisonPayload",
@@ -181,6 +192,8 @@ __all__ = [
     "repair_partial_last_line",
     "resolved_path",
     "response_text",
+    "rollout_numbers",
+    "rollout_row_values",
     "rollout_trace",
     "rollout_verdicts",
     "rollout_window",
@@ -193,6 +206,7 @@ __all__ = [
     "sync_barrier",
     "table_jsonl",
     "table_split_json",
+    "token_counts",
     "trace_id_for",
     "trajectory_of",
     "trajectory_trace",

@@ -210,8 +210,12 @@ def test_identities_hashed_in_flight_equal_the_identities_hashed_before(
     monkeypatch.setattr(identity, "PARALLEL_MIN_BYTES", 1)
     monkeypatch.setattr(identity, "_workers", lambda: 2)
     _, known = identity.send_key(run)
-    assert set(known) == {"artifacts/recording.mp4"}  # its identity is its bytes: one read for both
-    in_flight = identity.IdentitiesInFlight(run, known)
+    # the recording's identity is its bytes, a JSONL file's its records: one read for both
+    jsonl = {name for name in expected if name.endswith(".jsonl")}
+    assert jsonl and set(known) == {"artifacts/recording.mp4", *jsonl}
+    assert {name: known[name][1] for name in jsonl} == {name: expected[name] for name in jsonl}
+    run.identity_cache_fpath.unlink()  # the JSONL files hashed in flight again
+    in_flight = identity.IdentitiesInFlight(run, {"artifacts/recording.mp4": known["artifacts/recording.mp4"]})
     assert in_flight.result() == (expected, run_identity(expected))
     with open(quickstart_run, "a") as fh:
         fh.write("{not json\n")

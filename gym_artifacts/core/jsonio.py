@@ -224,13 +224,23 @@ def canonical_json(obj: Any) -> bytes:
 
 def canonical_record(raw: bytes, fpath: Path | str, lineno: int, what: str = "JSONL") -> bytes:
     """The canonical bytes of one JSONL line, or a RunError naming the file and line."""
+    return record_and_canonical(raw, fpath, lineno, what)[1]
+
+
+def record_and_canonical(
+    raw: bytes, fpath: Path | str, lineno: int, what: str = "JSONL"
+) -> tuple[Any, bytes]:
+    """One JSONL line's record and its canonical bytes (one parse for both), or a RunError
+    naming the file and line."""
     try:
-        return orjson.dumps(orjson.loads(raw), option=_ORJSON_CANONICAL)
+        value = orjson.loads(raw)
     except orjson.JSONDecodeError:
-        pass
+        value = parse_jsonl_line(raw, fpath, lineno, what)
+        return value, _stdlib_canonical(value)
+    try:
+        return value, orjson.dumps(value, option=_ORJSON_CANONICAL)
     except orjson.JSONEncodeError:
-        return _stdlib_canonical(orjson.loads(raw))
-    return _stdlib_canonical(parse_jsonl_line(raw, fpath, lineno, what))
+        return value, _stdlib_canonical(value)
 
 
 def json_safe(value: Any) -> Any:

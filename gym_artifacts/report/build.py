@@ -26,7 +26,7 @@ from gym_artifacts.run.identity import content_identities
 from gym_artifacts.run.journal import iter_journal
 from gym_artifacts.run.layout import RECORDING, SESSION_TIMES
 from gym_artifacts.run.names import NO_CONFIG, NO_CONFIG_PARAMS
-from gym_artifacts.run.nemo_gym_params import params_from_files
+from gym_artifacts.run.rollouts_facts import run_params
 from gym_artifacts.run.run_config import backend_config, load_run_config
 from gym_artifacts.run.sidecars import iter_nvml_series, nvml_summary
 from gym_artifacts.run.times import run_times
@@ -82,7 +82,7 @@ def _summary(run: RunArtifacts, identities: dict[str, str], coverage: Coverage) 
     if config is not None:
         text = json.dumps(json_safe(config), indent=2, sort_keys=True)
         parts.append(f'<h3>Config (secrets masked)</h3><pre class="config">{_e(text)}</pre>')
-    elif (told := params_from_files(run)) is not None:  # the params an export logs for it
+    elif (told := run_params(run)) is not None:  # the params an export logs for it
         parts.append(_missing(NO_CONFIG_PARAMS))
         parts.append("<h3>Params (from the rollouts)</h3>" + _table(["param", "value"], [[k, v] for k, v in told.items()], "kv"))
     else:
