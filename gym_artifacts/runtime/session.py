@@ -210,7 +210,8 @@ class ExperimentSession:
                     "chunks": report.chunks,
                     "first_index": report.first_index,
                     "last_index": report.last_index,
-                    "missing_indexes": report.missing_indexes,
+                    "missing_ranges": [list(r) for r in report.missing_ranges],
+                    "missing_count": report.missing_count,
                     "bytes": report.bytes,
                     "copy": report.method,
                 }
