@@ -272,7 +272,8 @@ def _bytes_read() -> int:
 NOW_S = int(time.time())
 
 
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@pytest.mark.slow
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(
     mtime_s=st.one_of(
         st.integers(NOW_S + 2, NOW_S + 100 * 365 * 86400),  # a clock ahead: minutes to a century
