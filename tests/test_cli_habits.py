@@ -70,7 +70,7 @@ CONFIG_TYPOS = {  # a typo in a -c file: (the file after the local section, what
     "top-level key": ("upload_rollout: true\n", "unknown key 'upload_rollout'; did you mean 'upload_rollouts'?"),
     "unknown key": ("zzz: 1\n", "unknown key 'zzz'; known keys: exporters"),
     # under a backend, even a disabled one: the key is named, not "no exporter is enabled"
-    "backend setting": ("  mlflow: {rooot: x}\n", "exporters.mlflow.rooot: unknown setting (known: "),
+    "backend setting": ("  mlflow: {rooot: x}\n", "exporters.mlflow.rooot: unknown setting"),
 }
 
 

@@ -126,7 +126,7 @@ def test_invalid_backend_setting_names_key_and_why() -> None:
         validate_settings(LocalSettings, {"enabled": True, "experiment": "../up"}, "local")
     with pytest.raises(
         ConfigError,
-        match=r"exporters\.local\.rooot: unknown setting \(known: enabled, experiment, report, root\)",
+        match=r"exporters\.local\.rooot: unknown setting; did you mean 'root'\? \(known: enabled, experiment, report, root\)",
     ):
         validate_settings(LocalSettings, {"rooot": "x"}, "local")
 

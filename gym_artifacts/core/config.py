@@ -333,7 +333,11 @@ def require_path_arg(value: Any, what: str) -> str:
 
 def unknown_setting(model: type[BaseModel], name: str, key: Any) -> str:
     """The message for a setting that ``exporters.<name>`` does not have."""
-    return f"exporters.{name}.{key}: unknown setting (known: {', '.join(sorted(model.model_fields))})"
+    from gym_artifacts.core.suggest import did_you_mean
+
+    known = sorted(model.model_fields)
+    hint = did_you_mean(str(key), known)
+    return f"exporters.{name}.{key}: unknown setting{hint} (known: {', '.join(known)})"
 
 
 def validate_settings(model: type[SettingsT], section: dict[str, Any], name: str) -> SettingsT:
