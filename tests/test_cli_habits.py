@@ -114,3 +114,23 @@ def test_progress_line_counts_exporters_as_exporters_and_bytes_as_bytes() -> Non
     assert "1/2" in text and "exporter" in text
     assert "1 B/2 B" not in text and "1B/2B" not in text
     assert Progress(stream=io.StringIO()).enabled is False  # never off a terminal
+
+
+def test_every_option_of_every_command_says_what_it_does(capsys: pytest.CaptureFixture[str]) -> None:
+    """``gym-artifacts COMMAND --help`` has a line of text for each of its options
+    (``status --help`` once showed ``--json`` bare)."""
+    import argparse
+
+    from gym_artifacts.cli import build_parser, main
+
+    parser = build_parser()
+    [commands] = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    for command, sub in commands.choices.items():
+        bare = [a.option_strings for a in sub._actions if a.option_strings and not (a.help or "").strip()]
+        assert bare == [], (command, bare)
+        with pytest.raises(SystemExit):
+            main([command, "--help"])
+        text = " ".join(capsys.readouterr().out.split())
+        for action in sub._actions:
+            if action.option_strings and action.help != argparse.SUPPRESS:
+                assert " ".join(action.help.split()[:3]) in text, (command, action.option_strings)
