@@ -171,7 +171,7 @@ def build_parser() -> argparse.ArgumentParser:
         "status", parents=[verbose], help="a run's identities, receipts and what it is missing"
     )
     st.add_argument("run", metavar="OUT.jsonl")
-    st.add_argument("--json", action="store_true")
+    st.add_argument("--json", action="store_true", help="print the same as one JSON object")
     st.add_argument("--verify", action="store_true", help="ask each backend whether its receipted run exists")
 
     rp = sub.add_parser(
@@ -188,7 +188,7 @@ def build_parser() -> argparse.ArgumentParser:
         "exporters", parents=[verbose], help="registered backends and whether their SDK is installed"
     )
     ls.add_argument("-c", "--config", type=Path, help="config whose enabled flags to show")
-    ls.add_argument("--json", action="store_true")
+    ls.add_argument("--json", action="store_true", help="print one JSON array, a backend per object")
     parser.commands = {"export": exp, "status": st, "report": rp, "exporters": ls}
     return parser
 
