@@ -1,0 +1,79 @@
+"""Run folders and files whose names are not UTF-8 (``r\\xe9sultats`` as bytes, what a Latin-1
+system writes): every command works on them, and every file written about them is valid UTF-8."""
+
+from __future__ import annotations
+
+import json
+import os
+import uuid
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from omegaconf import OmegaConf
+
+from gym_artifacts import export_run
+from gym_artifacts.cli import main
+from gym_artifacts.export.status import run_status
+from tests.conftest import copy_quickstart
+
+# Any bytes a POSIX file name may hold: no "/", no NUL, not "." or "..".
+NAME_BYTES = st.binary(min_size=1, max_size=16).filter(lambda b: b"/" not in b and b"\0" not in b and b not in (b".", b".."))
+
+
+def _bytes_run(tmp_path: Path, folder: bytes, stem: bytes | None) -> Path:
+    root = os.path.join(os.fsencode(tmp_path), uuid.uuid4().hex.encode(), folder)
+    return copy_quickstart(Path(os.fsdecode(root)), os.fsdecode(stem) if stem else "eval")
+
+
+def _valid_utf8_files(dpath: Path) -> None:
+    """Every file the commands wrote under ``dpath`` (not the run's own files) is UTF-8 text or
+    binary data, and every JSON file parses."""
+    for fpath in dpath.rglob("*"):
+        if fpath.is_file() and fpath.suffix in (".json", ".html", ".jsonl", ".yaml", ".txt", ".error"):
+            text = fpath.read_bytes().decode("utf-8")  # strict: a surrogate written raw would fail here
+            if fpath.suffix == ".json":
+                json.loads(text)
+
+
+@pytest.mark.slow
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(folder=NAME_BYTES, stem=st.one_of(st.none(), NAME_BYTES.filter(lambda b: not b.startswith(b"."))))
+def test_every_command_works_on_a_run_whose_names_are_not_utf8(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], folder: bytes, stem: bytes | None
+) -> None:
+    run = _bytes_run(tmp_path, folder, stem)
+    store = Path(os.fsdecode(os.path.join(os.fsencode(run.parent.parent), b"store")))
+    state = run_status(run)
+    assert state.missing_for_export is None
+    cfg = OmegaConf.create({"exporters": {"local": {"enabled": True, "root": str(store), "experiment": "t"}}})
+    [result] = export_run(run, cfg)
+    assert result.status.value == "EXPORTED", result.reason
+    [again] = export_run(run, cfg)
+    assert again.status.value == "SKIPPED", again.reason
+    report = run.parent / "out_report.html"
+    assert main(["report", str(run), "-o", str(report)]) == 0, capsys.readouterr().err
+    page = run.parent / "compare.html"
+    assert main(["compare", str(run), str(run), "-o", str(page)]) == 0, capsys.readouterr().err
+    assert main(["status", str(run), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["exporters"]["local"]["receipt"] == "matches"
+    _valid_utf8_files(store)
+    for fpath in (report, page, *run.parent.glob("*.done.json")):
+        fpath.read_bytes().decode("utf-8")
+
+
+@pytest.mark.slow
+def test_mlflow_exports_a_run_whose_folder_name_is_not_utf8(tmp_path: Path) -> None:
+    pytest.importorskip("mlflow")
+    from mlflow.tracking import MlflowClient
+
+    run = _bytes_run(tmp_path, b"r\xe9sultats", None)
+    uri = f"sqlite:///{tmp_path / 'm.db'}"
+    cfg = OmegaConf.create({"exporters": {"mlflow": {
+        "enabled": True, "tracking_uri": uri, "experiment_name": "bytes", "export_deadline": 120}}})  # fmt: skip
+    [result] = export_run(run, cfg)
+    assert result.status.value == "EXPORTED", result.reason
+    name = MlflowClient(uri).get_run(result.backend_run_id).info.run_name
+    name.encode("utf-8")
+    assert "sultats" in name
