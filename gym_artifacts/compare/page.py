@@ -10,7 +10,6 @@ text can close the script or open a comment.
 
 from __future__ import annotations
 
-import html
 import json
 import os
 from pathlib import Path
@@ -20,15 +19,14 @@ from gym_artifacts.compare.comparison import CandidateComparison, Comparison, Ta
 from gym_artifacts.compare.tasks import RunTasks, TaskKey, read_samples
 from gym_artifacts.core.atomic import atomic_write_bytes
 from gym_artifacts.report import charts
-from gym_artifacts.report.page import render_page
+from gym_artifacts.report.page import escape, masking, render_page, shown_values
 
 MAX_FOREST_CHARTS = 12  # metrics drawn; the table below lists every one
 SHOWN_EACH_WAY = 50  # biggest wins, biggest losses (and unpaired tasks) with their responses
 TABLE_ROWS = 5000  # task rows in the page's table per candidate (all are counted)
 
 
-def _e(text: Any) -> str:
-    return html.escape(str(text))
+_e = escape  # secrets masked (the page's ``masking``), surrogates escaped, then HTML-escaped
 
 
 def _num(value: float | None, signed: bool = False) -> str:
@@ -133,7 +131,7 @@ def _task_data(base: RunTasks, c: CandidateComparison) -> dict[str, Any]:
         "wins": [r.key for r in wins],
         "losses": [r.key for r in losses],
         "samples": {
-            json.dumps(k): {"base": base_samples.get(k, []), "candidate": cand_samples.get(k, [])}
+            json.dumps(shown_values(k)): {"base": base_samples.get(k, []), "candidate": cand_samples.get(k, [])}
             for k in shown
         },
     }
@@ -321,26 +319,25 @@ SCRIPT = r"""
 
 def render_compare_page(comparison: Comparison) -> str:
     """The page's HTML text."""
-    data = {"candidates": [_task_data(comparison.base, c) for c in comparison.candidates]}
-    names = ", ".join(c.candidate.name for c in comparison.candidates)
-    sections = [
-        ("verdict", "Verdict", _verdicts(comparison)),
-        ("differences", "Differences by metric", _forest(comparison)),
-        ("tasks", "Per-task differences", _tasks_section(comparison)),
-        ("coverage", "Coverage of each run", _coverage(comparison)),
-    ]
-    element = f'<script type="application/json" id="compare-data">{embed_json(data)}</script>'
-    page = render_page(
-        title=f"gym-artifacts compare: {comparison.base.name} vs {names}",
-        sections=sections,
-        rollout_data=element,
-        script=SCRIPT,
-        extra_style=EXTRA_STYLE,
-    )
-    # Secret values from either run's config never reach the page (it may be logged to a tracker).
-    from gym_artifacts.core.secrets import redact_secret_values
-
-    return redact_secret_values(page, _secrets(comparison))
+    # Secret values from either run's config never reach the page (it may be logged to a
+    # tracker): masked in every value before it is rendered, never in the rendered page.
+    with masking(_secrets(comparison)):
+        data = {"candidates": [_task_data(comparison.base, c) for c in comparison.candidates]}
+        names = ", ".join(c.candidate.name for c in comparison.candidates)
+        sections = [
+            ("verdict", "Verdict", _verdicts(comparison)),
+            ("differences", "Differences by metric", _forest(comparison)),
+            ("tasks", "Per-task differences", _tasks_section(comparison)),
+            ("coverage", "Coverage of each run", _coverage(comparison)),
+        ]
+        element = f'<script type="application/json" id="compare-data">{embed_json(shown_values(data))}</script>'
+        return render_page(
+            title=f"gym-artifacts compare: {comparison.base.name} vs {names}",
+            sections=sections,
+            rollout_data=element,
+            script=SCRIPT,
+            extra_style=EXTRA_STYLE,
+        )
 
 
 def _secrets(comparison: Comparison) -> frozenset[str]:
