@@ -381,8 +381,19 @@ def cmd_exporters(ns: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _printable_streams() -> None:
+    """Standard output and error write a path's undecodable bytes (``r\xe9sultats`` as
+    ``os.fsdecode`` holds it: a lone surrogate) as an escape instead of failing the command."""
+    for stream in (sys.stdout, sys.stderr):
+        reconfigure = getattr(stream, "reconfigure", None)
+        if reconfigure is not None:
+            with contextlib.suppress(Exception):  # a stream that cannot change keeps its own errors
+                reconfigure(errors="backslashreplace")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command; a reader that closes the pipe early (``| head``) ends it quietly."""
+    _printable_streams()
     try:
         code = _main(argv)
         sys.stdout.flush()

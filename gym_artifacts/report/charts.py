@@ -16,6 +16,7 @@ import io
 import itertools
 import math
 import re
+import warnings
 from collections.abc import Sequence
 from typing import Any
 
@@ -65,7 +66,10 @@ def _svg(fig: Any, chart_id: str, ax: Any, points: int, kind: str, title: str) -
 
     ax.patch.set_gid(f"{chart_id}-frame")
     buf = io.StringIO()
-    with matplotlib.rc_context({"svg.fonttype": "none", "svg.hashsalt": chart_id}):
+    with matplotlib.rc_context({"svg.fonttype": "none", "svg.hashsalt": chart_id}), warnings.catch_warnings():
+        # Text stays text: the browser draws it with its own fonts, so a character matplotlib's
+        # font lacks (a CJK run name, a control byte of a folder name) only costs a measurement.
+        warnings.filterwarnings("ignore", message=r"Glyph \d+ .*missing from font", category=UserWarning)
         fig.savefig(buf, format="svg", metadata={"Date": None, "Creator": None})
     # Inline SVG in HTML needs no XML header, namespaces or RDF metadata: the page names no URL.
     svg = _METADATA.sub("", _NAMESPACES.sub("", _XML_HEADER.sub("", buf.getvalue())))
