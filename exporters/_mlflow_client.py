@@ -38,6 +38,40 @@ class DeadlinePassed(Exception):
     """The overall time allowed for one backend's export ran out."""
 
 
+class ServerRefused(Exception):
+    """The server (or the store) refused a request with a 4xx: asking again, or waiting for
+    what it refused to appear, cannot help. The export fails at once with the server's words."""
+
+
+# 4xx statuses that ask the client to try again later rather than refuse the request.
+_TRY_AGAIN = frozenset({408, 425, 429})
+
+
+def refusal_status(exc: BaseException) -> int | None:
+    """The 4xx status of a refusal ``exc`` carries (an MLflow error code, or an HTTP error's
+    response), other than those that ask to try again (408, 425, 429); None for anything else
+    (a timeout, a dropped connection, a 5xx: the request may still have been applied)."""
+    status: int | None = None
+    response = getattr(exc, "response", None)
+    if response is not None and isinstance(getattr(response, "status_code", None), int):
+        status = response.status_code
+    elif callable(getattr(exc, "get_http_status_code", None)):
+        status = exc.get_http_status_code()  # type: ignore[attr-defined]
+    if isinstance(status, int) and 400 <= status < 500 and status not in _TRY_AGAIN:
+        return status
+    return None
+
+
+def as_refusal(what: str, exc: BaseException) -> ServerRefused | None:
+    """A ServerRefused naming ``what`` was refused and the server's own words, when ``exc`` is a
+    refusal (``refusal_status``); None otherwise."""
+    status = refusal_status(exc)
+    if status is None:
+        return None
+    words = " ".join(str(exc).split()) or type(exc).__name__
+    return ServerRefused(f"MLflow refused {what} (HTTP {status}): {words}")
+
+
 @dataclass(frozen=True)
 class RequestLimits:
     """How long one request may take, how often it is retried, and the overall deadline.
@@ -110,7 +144,41 @@ class Deadline:
         return outcome["value"]
 
 
-def _is_rest(uri: str) -> bool:
+ENVIRON_RETRIES = 5  # a request cut by a change of os.environ is sent again this many times at most
+
+
+def _environment_changed(exc: BaseException) -> bool:
+    """Whether ``exc`` is (or was raised handling) a KeyError of ``os.environ``'s own lookup:
+    another thread removed a variable while ``requests`` iterated the environment for its proxy
+    settings (MLflow's telemetry removes ``_MLFLOW_TELEMETRY_SESSION_ID`` from a thread of its
+    own), which happens before anything is sent. MLflow reports it as the request failing "with
+    exception '<the variable>'"."""
+    import traceback
+
+    seen: BaseException | None = exc
+    while seen is not None:
+        if isinstance(seen, KeyError) and seen.__traceback__ is not None:
+            last = traceback.extract_tb(seen.__traceback__)[-1:]
+            if last and last[0].name == "__getitem__" and last[0].filename.endswith(("os.py", "<frozen os>")):
+                return True
+        seen = seen.__cause__ or seen.__context__
+    return False
+
+
+def send_once_environment_settles(send: Callable[[], Any]) -> Any:
+    """``send()``, sent again when it failed before sending anything because the environment
+    changed under ``requests`` (``_environment_changed``); any other failure is raised as is."""
+    for attempt in range(ENVIRON_RETRIES):
+        try:
+            return send()
+        except Exception as exc:
+            if attempt + 1 == ENVIRON_RETRIES or not _environment_changed(exc):
+                raise
+    raise AssertionError("unreachable")
+
+
+def is_rest(uri: str) -> bool:
+    """An ``http(s)://`` tracking URI: an MLflow server, not a database or file store."""
     return uri.startswith(("http://", "https://"))
 
 
@@ -145,14 +213,16 @@ def _scoped_rest_store(
             retries = 0 if api is CreateRun else limits.retries
             payload = {"params": body} if method == "GET" else {"json": body}
             response = deadline.run(
-                lambda: http_request(
-                    self.get_host_creds(),
-                    endpoint,
-                    method,
-                    max_retries=retries,
-                    backoff_factor=limits.backoff if retries else 0,
-                    timeout=deadline.timeout(limits.timeout),
-                    **payload,
+                lambda: send_once_environment_settles(
+                    lambda: http_request(
+                        self.get_host_creds(),
+                        endpoint,
+                        method,
+                        max_retries=retries,
+                        backoff_factor=limits.backoff if retries else 0,
+                        timeout=deadline.timeout(limits.timeout),
+                        **payload,
+                    )
                 )
             )
             response = verify_rest_response(response, endpoint)
@@ -183,7 +253,7 @@ class ScopedMlflow:
         # read-modify-write of one tag, and needs no extra read when the run was just seen
         self._bookkeeping: dict[str, dict[str, str]] = {}
         self.client = MlflowClient(tracking_uri=tracking_uri)
-        if _is_rest(tracking_uri):
+        if is_rest(tracking_uri):
             from mlflow.tracking._tracking_service.client import TrackingServiceClient
 
             store = _scoped_rest_store(tracking_uri, token, limits, self.deadline)
@@ -355,11 +425,11 @@ class ScopedMlflow:
         headers = {"Content-Type": "application/x-protobuf", "x-mlflow-experiment-id": experiment_id}
         backoff = self.limits.backoff if self.limits.retries else 0
         response = self.deadline.run(
-            lambda: http_request(
+            lambda: send_once_environment_settles(lambda: http_request(
                 creds, "/v1/traces", "POST", data=body, extra_headers=headers,
                 max_retries=self.limits.retries, backoff_factor=backoff,
                 timeout=self.deadline.timeout(self.limits.timeout),
-            )
+            ))
         )  # fmt: skip
         augmented_raise_for_status(response)
 
@@ -385,7 +455,7 @@ class ScopedMlflow:
             from mlflow.store.artifact.mlflow_artifacts_repo import MlflowArtifactsRepository
 
             return str(MlflowArtifactsRepository.resolve_uri(artifact_uri, self.tracking_uri))
-        if _is_rest(artifact_uri):
+        if is_rest(artifact_uri):
             return artifact_uri
         return None
 
@@ -399,16 +469,19 @@ class ScopedMlflow:
             try:
                 with open(local_path, "rb") as fh:  # reopened per attempt: a retried body is whole
                     response = self.deadline.run(
-                        lambda fh=fh: http_request(  # type: ignore[misc]
+                        lambda fh=fh: send_once_environment_settles(lambda: http_request(  # type: ignore[misc]
                             creds, endpoint, "PUT", data=fh, extra_headers={"Content-Type": mime},
                             max_retries=0, timeout=self.deadline.timeout(self.limits.timeout),
-                        )
+                        ))
                     )  # fmt: skip
                 augmented_raise_for_status(response)
                 return
             except DeadlinePassed:
                 raise
-            except Exception:
+            except Exception as exc:
+                refusal = as_refusal(f"the upload of {endpoint}", exc)
+                if refusal is not None:  # asking again cannot help
+                    raise refusal from exc
                 if attempt == self.limits.retries:
                     raise
                 time.sleep(min(self.limits.backoff * (2**attempt), self.deadline.remaining() or float("inf")))

@@ -13,6 +13,7 @@ name are told apart by a numbered suffix (NeMo Gym would log both under one name
 
 from __future__ import annotations
 
+import json
 import numbers
 import re
 from collections.abc import Iterable, Iterator, Mapping
@@ -128,3 +129,39 @@ def split_metrics(values: Mapping[str, Any], prefix: str = "") -> tuple[dict[str
 
 def tag_value(text: str) -> str:
     return _truncate(text, MAX_TAG_VALUE)
+
+
+HEADLINE_MAX = 12  # metric columns a run brings to MLflow's runs list
+METRICS_TABLE = "metrics.json"  # every other statistic, under ``tables/``
+
+
+def headline_split(numbers: Mapping[str, float]) -> tuple[dict[str, float], dict[str, float]]:
+    """The run's headline metrics and the rest (its ``tables/metrics.json``).
+
+    MLflow's evaluation-runs list gets a column per metric name, and NeMo Gym's aggregate has
+    about 60 statistics an agent. The headline, in this order up to ``HEADLINE_MAX``:
+    ``coverage/*``, each agent's mean reward, ``omitted_rows``, then the rest of NeMo Gym's own
+    ``key_metrics`` of each agent (under their ``<agent>/<key>`` names, e.g.
+    ``<agent>/mean/total_tokens``, as NeMo Gym's own exporter names them). A run with that few
+    values keeps them all."""
+    if len(numbers) <= HEADLINE_MAX:
+        return dict(numbers), {}
+    keyed = [k[len("key_metrics/") :] for k in numbers if k.startswith("key_metrics/")]
+    keyed = [k if k in numbers else f"key_metrics/{k}" for k in keyed]
+    rewards = [k for k in [*keyed, *numbers] if k in ("reward", "mean/reward") or _agent_mean_reward(k)]
+    chosen = [k for k in numbers if k.startswith("coverage/")]
+    chosen += [*rewards, *(k for k in ("omitted_rows",) if k in numbers), *keyed]
+    head = list(dict.fromkeys(chosen))[:HEADLINE_MAX]
+    return {k: numbers[k] for k in head}, {k: v for k, v in numbers.items() if k not in head}
+
+
+def _agent_mean_reward(name: str) -> bool:
+    """``<agent>/mean/reward`` (not ``<agent>/<stat>_across_repeats/mean/reward``)."""
+    parts = name.split("/")
+    return len(parts) == 3 and parts[1:] == ["mean", "reward"]
+
+
+def metrics_table(rest: Mapping[str, float]) -> bytes:
+    """The statistics left out of the headline as an MLflow table (split JSON: metric, value)."""
+    return json.dumps({"columns": ["metric", "value"], "data": [[k, v] for k, v in rest.items()]}).encode()
+

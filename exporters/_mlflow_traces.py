@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 from gym_artifacts.plugin import LLM, RolloutTrace, Span
 
+from ._genai import chat_tools, gen_ai_attributes, token_usage
 from ._otlp import export_request, trace_batches
 
 if TYPE_CHECKING:
@@ -61,22 +62,32 @@ def mlflow_trace_id(trace: RolloutTrace) -> str:
     return "tr-" + trace.trace_id
 
 
+SPAN_TYPES = {LLM: "CHAT_MODEL"}  # a model call takes and gives chat messages: MLflow's CHAT_MODEL
+
+
 def span_attributes(trace: RolloutTrace, span: Span) -> dict[str, Any]:
-    """MLflow's attributes of one span: its type, inputs and outputs, token usage and model;
-    the span model's own attributes under ``gym.``."""
+    """MLflow's attributes of one span: its type (``AGENT``, ``CHAT_MODEL``, ``TOOL``), inputs and
+    outputs, token usage, model, the tools offered in MLflow's (chat-completions) tool format, the
+    OpenTelemetry ``gen_ai.*`` attributes; the span model's own attributes under ``gym.``."""
     attributes: dict[str, Any] = {
-        "mlflow.spanType": span.kind,
+        "mlflow.spanType": SPAN_TYPES.get(span.kind, span.kind),
         "mlflow.spanInputs": span.inputs,
         "mlflow.spanOutputs": span.outputs,
     }
-    if span.usage:
-        attributes["mlflow.chat.tokenUsage"] = span.usage
+    usage = token_usage(span) if span.kind == LLM else {}  # MLflow sums the spans' into the trace's
+    if usage:
+        attributes["mlflow.chat.tokenUsage"] = usage
     if span.model:
         attributes["mlflow.llm.model"] = span.model
-    if span.kind == LLM and isinstance(span.inputs, dict) and span.inputs.get("tools"):
-        attributes["mlflow.chat.tools"] = span.inputs["tools"]
+    tools = chat_tools(span.tools) if span.kind == LLM else []
+    if tools:
+        attributes["mlflow.chat.tools"] = tools
+    attributes.update(gen_ai_attributes(trace, span))
     for key, value in span.attributes.items():
         attributes[f"gym.{key}"] = value
+    for key in ("reasoning_tokens", "cached_tokens"):
+        if span.usage and key in span.usage:
+            attributes[f"gym.{key}"] = span.usage[key]
     if span.parent_id is None:  # the trace's tags, for a trace that gets no start_trace
         attributes["mlflow.traceTag.mlflow.traceName"] = trace.name
         for key, value in trace.tags.items():

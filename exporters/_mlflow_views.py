@@ -14,8 +14,6 @@ import logging
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from gym_artifacts.plugin import metric_value
-
 if TYPE_CHECKING:
     from gym_artifacts.plugin import RunPayload
 
@@ -66,35 +64,6 @@ def planned_inputs(payload: RunPayload, name: str) -> Any | None:
         profile=json.dumps({"num_rows": rows}),
     )
     return DatasetInput(dataset, tags=[InputTag("mlflow.data.context", DATASET_CONTEXT)])
-
-
-def _mean_rewards(payload: RunPayload) -> list[tuple[str, float]]:
-    out = []
-    for entry in payload.aggregate_entries or []:
-        if not isinstance(entry, dict):
-            continue
-        metrics = entry.get("agent_metrics")
-        value = metrics.get("mean/reward") if isinstance(metrics, dict) else None
-        agent = entry.get("agent_ref")
-        name = agent.get("name") if isinstance(agent, dict) else None
-        number = metric_value(value) if not isinstance(value, bool) else None
-        if number is not None:
-            out.append((str(name or "agent"), number))
-    return out
-
-
-def headline(payload: RunPayload) -> str:
-    """One line: mean reward (per agent when several), coverage and failures."""
-    parts = []
-    rewards = _mean_rewards(payload)
-    if len(rewards) == 1:
-        parts.append(f"mean reward {rewards[0][1]:.3g}")
-    elif rewards:
-        parts.append("mean reward " + ", ".join(f"{a} {v:.3g}" for a, v in rewards))
-    coverage = payload.coverage
-    if coverage is not None:
-        parts.append(coverage.text())
-    return " · ".join(parts) or "no aggregate metrics or coverage"
 
 
 RECORDS = 1000  # evaluation dataset records a request

@@ -8,12 +8,16 @@ ERROR root span with its message), named in OpenInference's conventions
 ``output.value`` (JSON), ``llm.input_messages.N.message.*``, ``llm.output_messages.N.*`` with
 tool calls, ``llm.token_count.*``, ``llm.model_name``, ``tool.name``, ``metadata``, ``tag.tags``.
 Spans go to Phoenix's OTLP collector (``POST /v1/traces``, header ``x-project-name``) a batch at a
-time; every verdict becomes a ``CODE`` annotation on the root span, through the client's batch
-call (``log_span_annotations``, one request per batch).
+time; every verdict becomes a ``CODE`` **trace** annotation (Phoenix's "trace annotation scores"),
+through the client's batch call (``log_trace_annotations``, one request per batch). The root
+span's input and output are what a person reads in Phoenix's trace list (the last user turn, the
+final answer, as text); the request and Response stay whole in the root's ``metadata`` and the
+children. A model call lists the tools offered (``llm.tools.N.tool.json_schema``), and every span
+carries OpenTelemetry's ``gen_ai.*`` attributes.
 
 Exactly once: trace and span ids are derived from the project, the run's identity and the
 rollout; Phoenix keeps the first span of an id (``ON CONFLICT DO NOTHING``) and upserts an
-annotation by (span, name, identifier). Phoenix stores spans in the background, so the export
+annotation by (trace, name, identifier). Phoenix stores spans in the background, so the export
 reads back every root span before it counts as done (a missing one fails the export: no receipt,
 and the rerun sends the same ids).
 """
@@ -28,6 +32,7 @@ from typing import Any
 
 from gym_artifacts.plugin import LLM, TOOL, GymArtifactsError, RolloutTrace, Span, made_progress
 
+from ._genai import chat_tools, gen_ai_attributes
 from ._otlp import export_request, trace_batches
 
 BATCH = 500  # traces an OTLP request and annotations a request
@@ -75,11 +80,18 @@ def span_attributes(trace: RolloutTrace, span: Span) -> dict[str, Any]:
     """OpenInference attributes of one span (flat keys, primitive values)."""
     from openinference.semconv.trace import SpanAttributes as S
 
-    attributes: dict[str, Any] = {S.OPENINFERENCE_SPAN_KIND: span.kind}
-    if span.inputs is not None:
+    attributes: dict[str, Any] = {S.OPENINFERENCE_SPAN_KIND: span.kind, **gen_ai_attributes(trace, span)}
+    root = span.parent_id is None
+    if root and trace.request_preview:  # the trace list's input column: the last user turn
+        attributes[S.INPUT_VALUE] = trace.request_preview
+        attributes[S.INPUT_MIME_TYPE] = "text/plain"
+    elif span.inputs is not None:
         attributes[S.INPUT_VALUE] = _json(span.inputs)
         attributes[S.INPUT_MIME_TYPE] = "application/json"
-    if span.outputs is not None:
+    if root and trace.response_preview:  # its output column: the final answer (or the failure)
+        attributes[S.OUTPUT_VALUE] = trace.response_preview
+        attributes[S.OUTPUT_MIME_TYPE] = "text/plain"
+    elif span.outputs is not None:
         attributes[S.OUTPUT_VALUE] = _json(span.outputs)
         attributes[S.OUTPUT_MIME_TYPE] = "application/json"
     if span.kind == LLM:
@@ -91,10 +103,19 @@ def span_attributes(trace: RolloutTrace, span: Span) -> dict[str, Any]:
             attributes[S.LLM_TOKEN_COUNT_PROMPT] = span.usage.get("input_tokens")
             attributes[S.LLM_TOKEN_COUNT_COMPLETION] = span.usage.get("output_tokens")
             attributes[S.LLM_TOKEN_COUNT_TOTAL] = span.usage.get("total_tokens")
+            if "cached_tokens" in span.usage:
+                attributes[S.LLM_TOKEN_COUNT_PROMPT_DETAILS_CACHE_READ] = span.usage["cached_tokens"]
+            if "reasoning_tokens" in span.usage:
+                attributes[S.LLM_TOKEN_COUNT_COMPLETION_DETAILS_REASONING] = span.usage["reasoning_tokens"]
+        for i, tool in enumerate(chat_tools(span.tools)):
+            attributes[f"{S.LLM_TOOLS}.{i}.tool.json_schema"] = _json(tool)
     if span.kind == TOOL:
         attributes[S.TOOL_NAME] = span.name
-    if span.attributes:
-        attributes[S.METADATA] = _json(span.attributes)
+    metadata = dict(span.attributes)
+    if root:  # the whole request and Response, beside the readable input and output
+        metadata.update({"request": span.inputs, "response": span.outputs})
+    if metadata:
+        attributes[S.METADATA] = _json(metadata)
     if span.parent_id is None:
         attributes[S.TAG_TAGS] = [f"{k}:{v}" for k, v in trace.tags.items()]
     return attributes
@@ -102,7 +123,7 @@ def span_attributes(trace: RolloutTrace, span: Span) -> dict[str, Any]:
 
 def _annotations(batch: list[RolloutTrace]) -> list[dict[str, Any]]:
     return [
-        {"span_id": t.root.span_id, "name": name, "annotator_kind": "CODE", "identifier": SOURCE,
+        {"trace_id": t.trace_id, "name": name, "annotator_kind": "CODE", "identifier": SOURCE,
          "result": {"score": score}, "metadata": {"source": SOURCE}}
         for t in batch for name, score in t.feedback.items()
     ]  # fmt: skip
@@ -143,7 +164,7 @@ def _landed_then_annotate(
     _wait_landed(client, project, [t.root.span_id for t in batch], timeout, deadline)
     annotations = _annotations(batch)
     if annotations:
-        client.spans.log_span_annotations(span_annotations=annotations, sync=True)
+        client.traces.log_trace_annotations(trace_annotations=annotations, sync=True)
     made_progress()
 
 

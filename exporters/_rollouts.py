@@ -10,6 +10,7 @@ the same objects, a changed run names new ones.
 from __future__ import annotations
 
 import datetime as dt
+import json
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -17,11 +18,15 @@ from typing import TYPE_CHECKING, Any
 
 from gym_artifacts.plugin import (
     RolloutTrace,
+    Trajectory,
     agent_label,
+    failed_trajectory,
     json_safe,
     last_user_message,
     mask_values,
-    metric_value,
+    rollout_window,
+    trajectory_of,
+    verdicts_and_extra,
 )
 from gym_artifacts.plugin import response_text as api_response_text
 
@@ -31,12 +36,6 @@ if TYPE_CHECKING:
 NAMESPACE = uuid.UUID("5f0c1b7e-6d43-5b9a-9a43-6b1d2e0f8c21")
 REQUEST_KEYS = ("responses_create_params", "request", "input", "prompt")
 RESPONSE_KEYS = ("response", "output", "completion")
-# Numeric fields that place or time a rollout rather than judge it: never reported as verdicts.
-PLACEMENT_KEYS = frozenset(
-    {"task_index", "repeat", "rollout_index", "index", "timestamp", "time",
-     "_ng_task_index", "_ng_rollout_index", "mask_sample"}
-)  # fmt: skip
-TIMING_PREFIXES = ("latency", "duration", "elapsed")
 
 
 def stable_id(*parts: object) -> str:
@@ -58,20 +57,23 @@ class Rollout:
     verdicts: dict[str, float]
     extra: dict[str, Any]
     time: float | None
+    end_time: float | None = None
 
     @property
     def reward(self) -> float | None:
         return self.verdicts.get("reward")
 
     def times(self, fallback_s: float) -> tuple[dt.datetime, dt.datetime]:
-        """Start and end (UTC): the rollout's own time (its ``timestamp`` or ``time``, else its
-        response's ``created_at``), else ``fallback_s`` (the run's start) plus its row in
-        milliseconds (keeps rows in order); the end adds ``latency_s`` when the record has one."""
-        start_s = self.time if self.time is not None else fallback_s + self.row / 1000
-        start = dt.datetime.fromtimestamp(start_s, dt.timezone.utc)
-        latency = self.extra.get("latency_s")
-        seconds = latency if isinstance(latency, int | float) and latency > 0 else 0
-        return start, start + dt.timedelta(seconds=seconds)
+        """Start and end (UTC): the rollout's own (``gym_artifacts.run.trajectory.rollout_window``:
+        its ``ng_trajectory`` calls, else its Response's ``created_at`` / ``completed_at`` and
+        latency), else ``fallback_s`` (the run's start) plus its row in milliseconds (keeps rows
+        in order) with no duration."""
+        if self.time is None:
+            start = dt.datetime.fromtimestamp(fallback_s + self.row / 1000, dt.timezone.utc)
+            return start, start
+        end_s = self.end_time if self.end_time is not None else self.time
+        return (dt.datetime.fromtimestamp(self.time, dt.timezone.utc),
+                dt.datetime.fromtimestamp(end_s, dt.timezone.utc))  # fmt: skip
 
 
 def _first(record: dict[str, Any], keys: tuple[str, ...]) -> tuple[str | None, Any]:
@@ -87,24 +89,10 @@ def rollout_from_record(row: int, record: Any) -> Rollout:
         return Rollout(row, str(row), None, "unknown", record, None, {}, {}, None)
     request_key, request = _first(record, REQUEST_KEYS)
     response_key, response = _first(record, RESPONSE_KEYS)
-    verdicts: dict[str, float] = {}
-    extra: dict[str, Any] = {}
-    for key, value in record.items():
-        if key in (request_key, response_key, "agent_ref"):
-            continue
-        number = metric_value(value) if not isinstance(value, str) else None
-        is_verdict = key not in PLACEMENT_KEYS and not key.startswith(TIMING_PREFIXES)
-        if number is not None and is_verdict and number == number:  # NaN is no verdict
-            verdicts[key] = number
-        else:
-            extra[key] = value
-    if "reward" in verdicts:
-        verdicts = {"reward": verdicts.pop("reward"), **verdicts}
+    verdicts, extra = verdicts_and_extra(record, (request_key, response_key, "agent_ref"))
     task = record.get("_ng_task_index", record.get("task_index", row))
     repeat = record.get("_ng_rollout_index", record.get("repeat"))
-    when = metric_value(record.get("timestamp", record.get("time")))
-    if when is None and isinstance(response, dict):  # a Responses API response: when it was made
-        when = metric_value(response.get("created_at"))
+    when, until = rollout_window(record)
     return Rollout(
         row=row,
         task=str(task),
@@ -115,6 +103,7 @@ def rollout_from_record(row: int, record: Any) -> Rollout:
         verdicts=verdicts,
         extra=extra,
         time=when,
+        end_time=until,
     )
 
 
@@ -211,25 +200,82 @@ def trace_total(payload: RunPayload) -> int:
 
 def failed_rollouts(payload: RunPayload) -> Iterator[tuple[int, Any, Any]]:
     """``(row, failure record, planned input or None)`` of each row of the failures sidecar, when
-    rollouts are sent; the planned input is the materialized input of the same task and repeat."""
-    from gym_artifacts.plugin import iter_jsonl
+    rollouts are sent (``failures_with_plans``)."""
+    from gym_artifacts.plugin import failures_with_plans
 
-    run = payload.run
-    if not payload.sends_rollouts or not run.failures_fpath.is_file():
+    if not payload.sends_rollouts:
         return
-    failures = [record for _, record in iter_jsonl(run.failures_fpath, "failures JSONL")]
+    yield from failures_with_plans(payload.run)
 
-    def place(record: Any) -> tuple[Any, Any] | None:
-        if not isinstance(record, dict):
-            return None
-        return record.get("_ng_task_index"), record.get("_ng_rollout_index")
 
-    wanted = {place(r) for r in failures} - {None}
-    planned: dict[Any, Any] = {}
-    if wanted and run.materialized_inputs_fpath.is_file():
-        for _, record in iter_jsonl(run.materialized_inputs_fpath, "materialized inputs JSONL"):
-            key = place(record)
-            if key in wanted and key not in planned:
-                planned[key] = record
-    for index, record in enumerate(failures):
-        yield index, record, planned.get(place(record))
+# -- the readable rollouts table (W&B, TensorBoard): what a person reads in one rollout -----------------
+READABLE_COLUMNS = ["task", "repeat", "agent", "prompt", "answer", "tool_calls", "input_tokens",
+                    "output_tokens", "total_tokens", "reward", "failed", "failure"]  # fmt: skip
+TEXT_CHARS = 2000  # of a prompt, an answer or the tool calls in one cell
+
+
+def _cut(text: str) -> str:
+    return text if len(text) <= TEXT_CHARS else text[: TEXT_CHARS - 1] + "…"
+
+
+def tool_calls_text(trajectory: Trajectory) -> str:
+    """``name(arguments) -> status`` of each tool call, in order."""
+    calls = []
+    for call in trajectory.tool_calls:
+        arguments = call.arguments
+        arguments = arguments if isinstance(arguments, str) else json.dumps(json_safe(arguments))
+        calls.append(f"{call.name}({arguments}) -> {call.status}")
+    return "; ".join(calls)
+
+
+def readable_row(trajectory: Trajectory, secrets: frozenset[str] = frozenset()) -> list[Any]:
+    """One rollout as ``READABLE_COLUMNS``: texts masked and cut, tokens summed over its model
+    calls, ``reward`` None for a failed rollout (never a zero)."""
+    usage = trajectory.usage
+    texts = [_cut(trajectory.prompt), _cut(trajectory.answer) if not trajectory.failed else "",
+             _cut(tool_calls_text(trajectory))]  # fmt: skip
+    if secrets:
+        texts = [str(masked(t, secrets)) for t in texts]
+    failure = trajectory.failure.text if trajectory.failure is not None else None
+    return [
+        int(trajectory.task) if trajectory.task.isdigit() else trajectory.task,
+        trajectory.repeat, trajectory.agent, *texts,
+        usage.get("input_tokens"), usage.get("output_tokens"), usage.get("total_tokens"),
+        trajectory.reward, trajectory.failed,
+        masked(_cut(failure), secrets) if failure is not None else None,
+    ]  # fmt: skip
+
+
+def is_responses_record(record: Any) -> bool:
+    """A NeMo Gym (Responses API) rollout line, or a row of its failures sidecar."""
+    return isinstance(record, dict) and (
+        "responses_create_params" in record or "response" in record or "_ng_failure_class" in record
+    )
+
+
+def table_rows(records: Iterator[Any]) -> Iterator[Any]:
+    """The rows of a rollouts table: each NeMo Gym rollout as its ``Trajectory`` (read by
+    ``readable_row``), when the first record is one; other writers' records as they are."""
+    first = next(records, None)
+    if first is None:
+        return
+    if not is_responses_record(first):
+        yield first
+        yield from records
+        return
+    yield trajectory_of(0, first)
+    for row, record in enumerate(records, start=1):
+        yield trajectory_of(row, record)
+
+
+def payload_table_rows(payload: RunPayload) -> Iterator[Any]:
+    """``table_rows`` of the export's rollouts, then (NeMo Gym runs) each failed rollout with its
+    planned input: every planned rollout with a result, streamed."""
+    responses = False
+    for row in table_rows(payload.rollout_records()):
+        responses = responses or isinstance(row, Trajectory)
+        yield row
+    if responses:
+        for index, record, planned in failed_rollouts(payload):
+            yield failed_trajectory(index, record, planned)
+

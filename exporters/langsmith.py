@@ -70,6 +70,9 @@ class LangsmithSettings(ExporterConfig):
     # the experiment.
     dataset_name: str | None = None
     experiment_name: str | None = None
+    # The workspace (LangSmith's ``X-Tenant-Id`` header) for a key that reaches several; None:
+    # the client's own choice (LANGSMITH_WORKSPACE_ID, else the key's default workspace).
+    workspace_id: str | None = None
     request_timeout: float = Field(default=60.0, gt=0, le=3600)
     # The whole export (every request and retry) ends FAILED after this many seconds, even
     # against a server that never answers or drips a byte at a time (gym_artifacts.core.watchdog).
@@ -105,8 +108,12 @@ class LangsmithExporter(LiveExporter):
 
     @classmethod
     def destination_for(cls, settings: Any) -> dict[str, Any]:
-        """The api_url without credentials and the dataset and experiment names."""
-        return dataset_service_destination(settings, "api_url")
+        """The api_url without credentials, the dataset and experiment names, and the workspace
+        where one is named (left out otherwise, so earlier receipts keep their destination)."""
+        where = dataset_service_destination(settings, "api_url")
+        if settings.workspace_id:
+            where["workspace_id"] = settings.workspace_id
+        return where
 
     def export_deadline_s(self) -> float | None:
         return self.settings.export_deadline
@@ -127,6 +134,7 @@ class LangsmithExporter(LiveExporter):
         return Client(
             api_url=self.settings.api_url,
             api_key=key,
+            workspace_id=self.settings.workspace_id,
             timeout_ms=int(self.settings.request_timeout * 1000),
             auto_batch_tracing=False,
             # Plain JSON batch ingestion (``POST /runs/batch``); asking /info is not needed.
@@ -335,8 +343,8 @@ class LangsmithExporter(LiveExporter):
             dotted[span.span_id] = own if span.parent_id is None else f"{dotted[span.parent_id]}.{own}"
             outputs = as_object(span.outputs, "output") if span.outputs is not None else None
             metadata: dict[str, Any] = dict(span.attributes)
-            if span.usage and outputs is not None:
-                outputs = {**outputs, "usage_metadata": span.usage}
+            if span.usage and outputs is not None and span.kind == LLM:  # LangSmith sums the llm runs'
+                outputs = {**outputs, "usage_metadata": usage_metadata(span.usage)}
             if span.model:
                 metadata["ls_model_name"] = span.model
             run: dict[str, Any] = {
@@ -377,3 +385,16 @@ class LangsmithExporter(LiveExporter):
                     session_id=session_id,
                     feedback_id=uuid.uuid5(uuid.UUID(run_id), key),
                 )
+
+
+def usage_metadata(usage: dict[str, int]) -> dict[str, Any]:
+    """A model call's tokens as LangSmith's ``usage_metadata`` (cache-read and reasoning counts
+    under its ``input_token_details`` / ``output_token_details``)."""
+    keys = ("input_tokens", "output_tokens", "total_tokens")
+    out: dict[str, Any] = {k: usage[k] for k in keys if k in usage}
+    if "cached_tokens" in usage:
+        out["input_token_details"] = {"cache_read": usage["cached_tokens"]}
+    if "reasoning_tokens" in usage:
+        out["output_token_details"] = {"reasoning": usage["reasoning_tokens"]}
+    return out
+

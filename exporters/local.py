@@ -67,10 +67,26 @@ _UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
 REPORT = "report.html"
 
 
+NAME_CHARS = 100  # the readable part of a run folder's name; its unique suffix is never cut
+
+
 def safe_name(text: str) -> str:
-    """A single path component made of safe characters."""
-    name = _UNSAFE.sub("_", text).strip("._") or "run"
-    return name[:100]
+    """A single path component made of safe characters, its readable part at most ``NAME_CHARS``."""
+    return safe_component(text)[:NAME_CHARS]
+
+
+def safe_component(text: str) -> str:
+    """``text`` as one path component of safe characters, never shortened: a run id that is one
+    already (what ``run_folder_name`` makes) is returned as it is."""
+    return _UNSAFE.sub("_", text).strip("._") or "run"
+
+
+def run_folder_name(name: str, unique: str) -> str:
+    """A run folder's name: the run's name made safe and shortened, then ``-<unique>`` whole (the
+    identity's digest or a live run's random id). The name is shortened once, here, so a folder
+    keeps its identity whatever its length or bytes: one folder per identity (ASCII, at most
+    ``NAME_CHARS`` + 1 + ``len(unique)`` bytes)."""
+    return f"{safe_name(name)}-{safe_component(unique)}"
 
 
 class LocalSettings(ExporterConfig):
@@ -107,9 +123,11 @@ def publish_folder(sending: Path, final: Path, run_identity: str) -> None:
             existing = read_json(final / "run.json")
         except Exception:  # unreadable or missing: not a finished run
             existing = None
-        if isinstance(existing, dict) and existing.get("status") == "FINISHED" and existing.get(
-            "run_identity"
-        ) == run_identity:
+        if (
+            isinstance(existing, dict)
+            and existing.get("status") == "FINISHED"
+            and existing.get("run_identity") == run_identity
+        ):
             shutil.rmtree(sending, ignore_errors=True)  # (gone: another export of it published it)
             return
         shutil.rmtree(final)  # a kill here leaves ``sending`` whole: the retry publishes it
@@ -153,24 +171,37 @@ class LocalExporter(LiveExporter):
         return self.settings.root.expanduser() / self.settings.experiment
 
     def run_dpath(self, run_id: str) -> Path:
-        return self.experiment_dpath() / safe_name(run_id)
+        return self.experiment_dpath() / safe_component(run_id)
 
     # -- post-run ----------------------------------------------------------------------------
     def post_run_id(self, run: RunArtifacts, plan: ExportPlan) -> str:
         """Deterministic: the same run identity always names the same folder. A finished folder
-        of this identity under another run name (a copy of the run in another folder, exported
-        before: the export's identity lock orders copies) is that folder: one per content."""
+        of this identity under another name (a copy of the run in another folder exported before,
+        the export's identity lock ordering copies; or the live run an export completed) is that
+        folder: one per content."""
         short = plan.run_identity.split(":")[-1][:16]
-        for other in sorted(self.experiment_dpath().glob(f"*-{short}")):
+        holder = self.finished_holder(plan.run_identity)
+        return holder or run_folder_name(saved_config_run_name(run, self.name), short)
+
+    def finished_holder(self, run_identity: str) -> str | None:
+        """The folder that holds ``run_identity`` FINISHED (a post-run export's, named by it, or a
+        completed live run's), if any."""
+        short = run_identity.split(":")[-1][:16]
+        experiment = self.experiment_dpath()
+        if not experiment.is_dir():
+            return None
+        for other in sorted(experiment.glob(f"*-{short}")) + sorted(experiment.glob("*-live-*")):
             try:
                 finished = read_json(other / "run.json")
             except Exception:  # unreadable or missing: not a finished run
                 continue
-            if isinstance(finished, dict) and finished.get("status") == "FINISHED" and finished.get(
-                "run_identity"
-            ) == plan.run_identity:
+            if (
+                isinstance(finished, dict)
+                and finished.get("status") == "FINISHED"
+                and finished.get("run_identity") == run_identity
+            ):
                 return other.name
-        return f"{safe_name(saved_config_run_name(run, self.name))}-{short}"
+        return None
 
     def _refuse_root_inside(self, run: RunArtifacts) -> None:
         """A root inside the run's folder would be copied into itself (and change the run while it
@@ -195,6 +226,10 @@ class LocalExporter(LiveExporter):
         self._refuse_root_inside(run)
         if plan.identities_pending:
             return self._export_while_hashing(run, plan)
+        holder = self.finished_holder(plan.run_identity)
+        if holder is not None:  # a copy of this run, or its completed live run, is here already
+            rows = RunPayload.of(run, plan).rollout_rows
+            return Sent(backend_run_id=holder, rows=rows, note=f"already in {holder} (holds this identity)")
         run_id = self.post_run_id(run, plan)
         dpath = self.run_dpath(run_id)
         dpath.mkdir(parents=True, exist_ok=True)
@@ -280,10 +315,13 @@ class LocalExporter(LiveExporter):
         return Sent(backend_run_id=live_run_id, rows=rows, bytes=sent_bytes)
 
     def _mark_superseded(self, live_run_id: str, new_run_id: str) -> None:
+        """Note the complete run on the live one, and end the live one if it never ended (KILLED)."""
         run_json_fpath = self.run_dpath(live_run_id) / "run.json"
         if run_json_fpath.is_file():
             run_json = read_json(run_json_fpath)
             run_json["superseded_by"] = new_run_id
+            if run_json.get("status") == "RUNNING":
+                run_json.update(status="KILLED", ended_at=utc_now_iso())
             atomic_write_json(run_json_fpath, run_json)
 
     @staticmethod
@@ -361,8 +399,7 @@ class LocalExporter(LiveExporter):
                 self._open_live_files(dpath, resume=True)
                 return self.resume_run_id
             logger.info("local: live run %s is gone; opening a new one", self.resume_run_id)
-        name = safe_name(saved_config_run_name(self.run, self.name))
-        run_id = f"{name}-live-{uuid.uuid4().hex[:12]}"
+        run_id = run_folder_name(saved_config_run_name(self.run, self.name), f"live-{uuid.uuid4().hex[:12]}")
         dpath = self.run_dpath(run_id)
         dpath.mkdir(parents=True, exist_ok=False)
         atomic_write_json(

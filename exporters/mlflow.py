@@ -30,6 +30,7 @@ from pydantic import Field, SecretStr
 from gym_artifacts.plugin import (
     NVML_SUMMARY,
     CannotCertify,
+    ComparisonPayload,
     ExporterConfig,
     ExportPlan,
     LevelTable,
@@ -44,6 +45,7 @@ from gym_artifacts.plugin import (
     absolute_store_uri,
     canonical_json,
     credential_free_uri,
+    eval_end_s,
     json_safe,
     run_times,
     saved_config_run_name,
@@ -52,21 +54,33 @@ from gym_artifacts.plugin import (
     write_table_split_json,
 )
 
+from ._headline import headline
 from ._mlflow_bookkeeping import bookkeeping_of
 from ._mlflow_client import (
     IDENTITY_KEY,
     DeadlinePassed,
     RequestLimits,
     ScopedMlflow,
+    ServerRefused,
+    as_refusal,
     check_artifact_name,
     file_mtime_ms,
+    is_rest,
 )
-from ._mlflow_mapping import config_params, split_metrics, tag_value
+from ._mlflow_compare import send_comparison
+from ._mlflow_mapping import (
+    METRICS_TABLE,
+    config_params,
+    headline_split,
+    metrics_table,
+    split_metrics,
+    tag_value,
+)
 from ._mlflow_report import ReportTarget, build_and_upload, has_report, job_for
 from ._mlflow_report import start as start_report
 from ._mlflow_schema import ensure_sqlite_schema
 from ._mlflow_traces import log_rollout_traces
-from ._mlflow_views import DESCRIPTION_TAG, evaluation_dataset, headline, planned_inputs
+from ._mlflow_views import DESCRIPTION_TAG, evaluation_dataset, planned_inputs
 from ._nemo_gym_shapes import MLFLOW_TABLE_FILE, file_documents, write_split_table
 from ._rollouts import payload_traces
 
@@ -77,7 +91,7 @@ KIND_KEY = "kind"
 SOURCE_KEY = "source"
 CERTIFIED_KEY = "certified"
 SUPERSEDED_KEY = "superseded_by"
-TIMES_KEY = "times_from"  # session, journal or files: where the run's times came from
+TIMES_KEY = "times_from"  # session, journal or rollouts: where the run's times came from
 # Set last, after the run is FINISHED: every artifact and metric of the identity is in.
 COMPLETE_KEY = "complete"
 # One export attempt's id: the runs it created, so that it deletes only its own orphans.
@@ -200,7 +214,7 @@ class MlflowExporter(LiveExporter):
 
         return (
             *super().expected_errors(), MlflowException, requests.RequestException, ValueError,
-            DeadlinePassed, SQLAlchemyError, sqlite3.Error,
+            DeadlinePassed, ServerRefused, SQLAlchemyError, sqlite3.Error,
         )  # fmt: skip
 
     def _client(self, *, live: bool) -> ScopedMlflow:
@@ -413,14 +427,18 @@ class MlflowExporter(LiveExporter):
         retries; after a failure (a timeout may still create the run on the server) the run is
         looked up by ``lookup`` (its send key, else its identity: bookkeeping it was created with) for a
         while before creating again. Then, if a concurrent exporter elsewhere created one too,
-        every exporter continues in the oldest run (and deletes its own)."""
+        every exporter continues in the oldest run (and deletes its own).
+
+        A refusal (a 4xx: permission denied, unauthenticated, bad request) created nothing and
+        will not change: it is raised at once (ServerRefused), never waited out. A database
+        store's failed create was rolled back: its run is looked up once, not waited for."""
         import requests
         from mlflow.exceptions import MlflowException
 
         s = self.settings
         window = s.create_lookup_seconds
         if window is None:
-            window = max(10.0, 2 * s.export_request_timeout)
+            window = max(10.0, 2 * s.export_request_timeout) if is_rest(ml.tracking_uri) else 0.0
         last: Exception | None = None
         run_id: str | None = None
         for _ in range(s.export_request_retries + 1):
@@ -428,6 +446,9 @@ class MlflowExporter(LiveExporter):
                 run_id = ml.create_run(experiment_id, name, tags, start_ms, kept)
                 break
             except (MlflowException, requests.RequestException) as exc:
+                refusal = as_refusal("runs/create", exc)
+                if refusal is not None:
+                    raise refusal from exc
                 last = exc
                 logger.warning("mlflow: runs/create failed (%s); looking the run's identity up", exc)
             deadline = time.monotonic() + window
@@ -462,6 +483,12 @@ class MlflowExporter(LiveExporter):
                 logger.info("mlflow: deleting run %s, orphan of a timed-out create", other.info.run_id)
                 ml.delete_run(str(other.info.run_id))
 
+    def _export_comparison(self, comparison: ComparisonPayload) -> Sent:
+        """A comparison of runs into one run of the experiment (``_mlflow_compare``)."""
+        ml = self._client(live=False)
+        experiment_id = ml.experiment_id(self.settings.experiment_name, self.settings.artifact_location)
+        return send_comparison(ml, experiment_id, comparison)
+
     def _certify(self, run: RunArtifacts, plan: ExportPlan, live_run_id: str) -> Sent:
         from mlflow.exceptions import MlflowException
 
@@ -472,11 +499,26 @@ class MlflowExporter(LiveExporter):
             raise CannotCertify(f"live run {live_run_id} is gone") from exc
         if live.info.lifecycle_stage != "active":
             raise CannotCertify(f"live run {live_run_id} is deleted")
-        ml.set_tags(live_run_id, {}, {IDENTITY_KEY: plan.run_identity, CERTIFIED_KEY: "true"})
+        kept = {IDENTITY_KEY: plan.run_identity, CERTIFIED_KEY: "true"}
+        if plan.send_key:  # a copy of the run's bytes exported later finds this run by them
+            kept[SEND_KEY_KEY] = plan.send_key
+        ml.set_tags(live_run_id, {}, kept)
+        # Everything the run has, whatever the live run lacks (calls lost while the server was
+        # down): the store keeps one point per metric, step, time and value, files overwrite.
         rows, sent = self._send_run(ml, live_run_id, run, plan)
-        ml.terminate(live_run_id, "FINISHED")
+        ml.terminate(live_run_id, "FINISHED", self._eval_end_ms(live, run))
         ml.set_tags(live_run_id, {}, {COMPLETE_KEY: "true"})
         return Sent(backend_run_id=live_run_id, rows=rows, bytes=sent)
+
+    @staticmethod
+    def _eval_end_ms(live: Any, run: RunArtifacts) -> int | None:
+        """When the eval ended, for a live run the export completes: the end its teardown set,
+        else (it never ended: the server was down, the process was killed) the run's own times'
+        end, never the export's time."""
+        if live.info.status != "RUNNING" and live.info.end_time:
+            return int(live.info.end_time)
+        times = run_times(run)
+        return times.end_ms if times is not None else None
 
     def _after_receipt(self, run: RunArtifacts, plan: ExportPlan, backend_run_id: str | None) -> None:
         """``report.html`` uploaded to the run, now that it is complete and the receipt written
@@ -496,7 +538,12 @@ class MlflowExporter(LiveExporter):
             build_and_upload(job, ml, backend_run_id)
 
     def _mark_superseded(self, live_run_id: str, new_run_id: str) -> None:
-        self._client(live=False).set_tags(live_run_id, {}, {SUPERSEDED_KEY: new_run_id})
+        """Note the complete run on the live one, and end the live one if it never ended (KILLED:
+        it is not the run's record), at the eval's end."""
+        ml = self._client(live=False)
+        ml.set_tags(live_run_id, {}, {SUPERSEDED_KEY: new_run_id})
+        if ml.get_run(live_run_id).info.status == "RUNNING":
+            ml.terminate(live_run_id, "KILLED", ml.get_run(new_run_id).info.end_time or None)
 
     def _send_run(
         self, ml: ScopedMlflow, run_id: str, run: RunArtifacts, plan: ExportPlan
@@ -521,13 +568,16 @@ class MlflowExporter(LiveExporter):
                 journal_tags.update(texts)
                 step = entry.step if entry.step is not None else 0
                 for key, value in numbers.items():
+                    journaled.add(key)
                     yield key, value, int(entry.time * 1000), step
 
+        journaled: set[str] = set()  # MLflow names the journal holds: its point is their one point
         ml.log_metrics(run_id, journal_points())
         tags.update(journal_tags)
         numbers, texts = split_metrics(payload.values)
-        ts = file_mtime_ms(run.aggregate_metrics_fpath) if run.aggregate_metrics_fpath.is_file() else 0
-        ml.log_metrics(run_id, ((k, v, ts, 0) for k, v in numbers.items()))
+        head, rest = headline_split(numbers)  # the rest goes to the metrics table, journaled or not
+        ts = int(eval_end_s(run) * 1000)
+        ml.log_metrics(run_id, ((k, v, ts, 0) for k, v in head.items() if k not in journaled))
         tags.update(texts)
         if payload.aggregate_file is not None:
             sent += self._upload_artifact(ml, run_id, payload.aggregate_file, None)
@@ -535,6 +585,9 @@ class MlflowExporter(LiveExporter):
         for table in tables:
             sent += self._upload_written(ml, run_id, f"{table.name}.json", table, "tables")
         table_paths = [f"tables/{t.name}.json" for t in tables]
+        if rest:
+            sent += self._upload_bytes(ml, run_id, METRICS_TABLE, metrics_table(rest), "tables")
+            table_paths.append(f"tables/{METRICS_TABLE}")
         tags[DESCRIPTION_TAG] = headline(payload)
         run_name = self.settings.run_name or saved_config_run_name(run, self.name)
         dataset = planned_inputs(payload, f"{run_name} planned inputs")
@@ -563,11 +616,11 @@ class MlflowExporter(LiveExporter):
                 sent += self._upload_nemo_gym_table(ml, run_id, complete, payload.secrets)
                 if self.settings.log_traces:
                     times = run_times(run)
-                    start_ms = times.start_ms if times is not None else file_mtime_ms(rollouts)
+                    start_ms = times.start_ms if times is not None else int(time.time() * 1000)
                     self._log_traces(ml, run_id, payload, start_ms, plan)
         omitted = payload.omitted_partial_line
         if omitted:
-            ts = file_mtime_ms(rollouts) if rollouts is not None else 0
+            ts = int(eval_end_s(run) * 1000)
             ml.log_metrics(run_id, ((k, float(v), ts, 0) for k, v in omitted.items()))
             kept.update({k: str(v) for k, v in omitted.items()})
         for item in payload.runtime_artifacts:
@@ -604,13 +657,12 @@ class MlflowExporter(LiveExporter):
         (see _mlflow_traces); a database store gets MLflow's own server for the duration. A
         rollout without its own time is placed at ``fallback_ms`` (the eval's start) plus its row
         in milliseconds. Ids are scoped by the MLflow run, which a rerun finds by identity."""
-        from ._mlflow_client import ScopedMlflow, _is_rest
         from ._mlflow_trace_server import trace_server
 
         experiment_id = str(ml.get_run(run_id).info.experiment_id)
         traces = payload_traces(payload, f"mlflow/{run_id}", fallback_ms / 1000, plan)
         assessments = self.settings.trace_assessments
-        if _is_rest(ml.tracking_uri):
+        if is_rest(ml.tracking_uri):
             return log_rollout_traces(ml, experiment_id, run_id, traces, assessments).traces
         # A database store has no server before its traces: the export's deadline bounds their
         # part only, counted from here (the store answered all along before it) and again from

@@ -1,11 +1,18 @@
 """The Phoenix backend: a dataset of tasks and an experiment of rollouts (``arize-phoenix-client``).
 
+Names: the project (traces), the dataset and the experiment are named from the run, ``<agent>
+<run name> <date> <id>`` (e.g. ``example_single_tool_call_simple_agent with-failures-rollouts
+2026-12-01 3f2a1c9b``: the agents of the aggregate, the run's name, the eval's start date, the
+start of its content identity), so two runs are told apart at a glance; settings override each.
+
 Mapping: a dataset with one example per task (input: the task's request, NeMo Gym's
-``responses_create_params``; metadata: ``task``), an experiment on it whose metadata hold the
-run's identity, the masked config, the aggregate metrics and ``coverage`` (the ``coverage/*``
-figures the trackers log), one experiment run per rollout
-(output: the response; repetition: the rollout's ``repeat`` + 1, else its occurrence of the task)
-and each numeric verdict (``reward`` first) as a ``CODE`` evaluation of that run.
+``responses_create_params``, a failed-only task's planned one; metadata: ``task``), an
+experiment on it whose metadata hold the run's identity, the masked config, the aggregate
+metrics and ``coverage`` (the ``coverage/*`` figures the trackers log), one experiment run per
+planned rollout (output: the response; repetition: the rollout's ``repeat`` + 1, else its
+occurrence of the task): a failed one (``OUT_failures.jsonl``) is an ERROR run with its failure.
+Each run is linked to its rollout's trace (``trace_id``, when traces are sent) and each numeric
+verdict (``reward`` first) is a ``CODE`` evaluation of it.
 
 Exactly once: Phoenix assigns its own ids, so everything is found before it is created: the
 dataset by name, the experiment by the identity in its metadata, and the runs already in the
@@ -16,8 +23,10 @@ by (run, name) in Phoenix, so a retry rewrites them in place. Post-run only.
 from __future__ import annotations
 
 import contextlib
+import datetime as dt
+import re
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -30,14 +39,19 @@ from gym_artifacts.plugin import (
     RunArtifacts,
     RunPayload,
     Sent,
+    agent_label,
     dataset_service_destination,
+    failed_trajectory,
     run_times,
+    saved_config_run_name,
+    trace_id_for,
 )
 
 from ._phoenix_traces import send_traces
-from ._rollouts import Rollout, as_object, masked, payload_rollouts, payload_traces
+from ._rollouts import Rollout, as_object, failed_rollouts, masked, payload_rollouts, payload_traces
 
 IDENTITY_KEY = "gym_artifacts.identity"
+Planned = tuple[str, Rollout, "str | None"]  # trace key, the rollout, its failure (None: scored)
 
 
 class PhoenixSettings(ExporterConfig):
@@ -45,8 +59,8 @@ class PhoenixSettings(ExporterConfig):
 
     base_url: str = "http://127.0.0.1:6006"
     api_key: SecretStr | None = None
-    dataset_name: str | None = None  # default ``<run name>-<identity>``
-    experiment_name: str | None = None  # default the run's name
+    dataset_name: str | None = None  # default ``<agent> <run name> <date> <id>`` (the module doc)
+    experiment_name: str | None = None  # default the dataset's name
     request_timeout: int = Field(default=60, gt=0, le=3600)
     # The whole export (every request and retry) ends FAILED after this many seconds, even
     # against a server that never answers or drips a byte at a time (gym_artifacts.core.watchdog).
@@ -117,28 +131,40 @@ class PhoenixExporter(Exporter):
             )
         backend_run_id = None
         rows = payload.rollout_rows
+        project = self.settings.project_name or self._dataset_name(run, plan, payload)
+        scope = f"phoenix/{project}/{plan.run_identity}"  # of the trace ids, linked from the runs
         if self.settings.log_traces:
-            backend_run_id = project = self.settings.project_name or self._dataset_name(run, plan)
+            backend_run_id = project
             self._send_traces(client, project, payload, plan)
         if self.settings.log_experiment:
             # Two passes (tasks first: the dataset must exist before its runs), each streamed.
-            tasks, repetitions = self._tasks(payload_rollouts(payload), plan)
-            dataset = self._dataset(client, run, plan, tasks)
+            tasks, repetitions = self._tasks(self._rollouts(payload), plan)
+            dataset = self._dataset(client, run, plan, payload, tasks)
             example_of_task = {str(e["metadata"].get("task")): e["id"] for e in dataset.examples}
-            backend_run_id = self._experiment(client, run, plan, dataset.id, repetitions)
-            rollouts = payload_rollouts(payload)
-            rows = self._send_runs(client, run, backend_run_id, example_of_task, rollouts, plan)
+            backend_run_id = self._experiment(client, run, plan, payload, dataset.id, repetitions)
+            rollouts = self._rollouts(payload)
+            traces = scope if self.settings.log_traces else None
+            rows = self._send_runs(client, run, backend_run_id, example_of_task, rollouts, plan, traces)
         return Sent(backend_run_id=backend_run_id, rows=rows)
 
-    def _dataset_name(self, run: RunArtifacts, plan: ExportPlan) -> str:
-        return self.settings.dataset_name or f"{run.name}-{plan.run_identity.split(':')[-1][:12]}"
+    @staticmethod
+    def _rollouts(payload: RunPayload) -> Iterator[Planned]:
+        """``(trace key, rollout, failure or None)`` of every planned rollout with a result: the
+        scored ones, then each failed one with its planned input (streamed)."""
+        for r in payload_rollouts(payload):
+            yield f"row/{r.row}", r, None
+        for index, record, planned in failed_rollouts(payload):
+            t = failed_trajectory(index, record, planned)
+            view = Rollout(t.row, t.task, t.repeat, t.agent, t.request, None, {}, {}, None)
+            yield t.key, view, t.failure.text if t.failure is not None else "failed"
+
+    def _dataset_name(self, run: RunArtifacts, plan: ExportPlan, payload: RunPayload) -> str:
+        return self.settings.dataset_name or run_title(run, plan, payload)
 
     def _send_traces(self, client: Any, project: str, payload: RunPayload, plan: ExportPlan) -> None:
         """Every rollout (failed ones too) as a trace in ``project`` (see _phoenix_traces); ids
         scoped by the project and the run's identity. A rollout without its own time is placed at
         the eval's start."""
-        from gym_artifacts.plugin import run_times
-
         times = run_times(payload.run)
         fallback = times.start if times is not None else 0.0
         traces = payload_traces(payload, f"phoenix/{project}/{plan.run_identity}", fallback, plan)
@@ -146,20 +172,22 @@ class PhoenixExporter(Exporter):
         send_traces(client, project, traces, float(s.request_timeout), s.traces_landed_timeout)
 
     @staticmethod
-    def _tasks(rollouts: Iterable[Rollout], plan: ExportPlan) -> tuple[dict[str, Any], int]:
+    def _tasks(rollouts: Iterable[Planned], plan: ExportPlan) -> tuple[dict[str, Any], int]:
         """Each task's request (its first rollout's, masked) and the most repetitions of a task."""
         tasks: dict[str, Any] = {}
         occurrences: dict[str, int] = {}
-        for r in rollouts:
+        for _, r, _ in rollouts:
             occurrences[r.task] = occurrences.get(r.task, 0) + 1
             if r.task not in tasks:
                 tasks[r.task] = masked(as_object(r.request, "responses_create_params"), plan.secrets)
         return tasks, max(occurrences.values(), default=1)
 
-    def _dataset(self, client: Any, run: RunArtifacts, plan: ExportPlan, tasks: dict[str, Any]) -> Any:
+    def _dataset(
+        self, client: Any, run: RunArtifacts, plan: ExportPlan, payload: RunPayload, tasks: dict[str, Any]
+    ) -> Any:
         import httpx
 
-        name = self._dataset_name(run, plan)
+        name = self._dataset_name(run, plan, payload)
         try:
             return client.datasets.get_dataset(dataset=name, timeout=self.settings.request_timeout)
         except (ValueError, httpx.HTTPStatusError):
@@ -169,13 +197,15 @@ class PhoenixExporter(Exporter):
             inputs=list(tasks.values()),
             outputs=[{} for _ in tasks],
             metadata=[{"task": task} for task in tasks],
-            dataset_description=f"Tasks of the eval run {run.name} ({plan.run_identity})",
+            dataset_description=f"Tasks of the eval run {saved_config_run_name(run, self.name)} "
+            f"({plan.run_identity})",
             timeout=self.settings.request_timeout,
         )
 
     def _experiment(
-        self, client: Any, run: RunArtifacts, plan: ExportPlan, dataset_id: str, repetitions: int
-    ) -> str:
+        self, client: Any, run: RunArtifacts, plan: ExportPlan, payload: RunPayload, dataset_id: str,
+        repetitions: int,
+    ) -> str:  # fmt: skip
         for experiment in client.experiments.list(
             dataset_id=dataset_id, timeout=self.settings.request_timeout
         ):
@@ -188,7 +218,7 @@ class PhoenixExporter(Exporter):
         }
         created = client.experiments.create(
             dataset_id=dataset_id,
-            experiment_name=self.settings.experiment_name or run.name,
+            experiment_name=self.settings.experiment_name or self._dataset_name(run, plan, payload),
             experiment_metadata=masked(metadata, plan.secrets),
             repetitions=repetitions,
             timeout=self.settings.request_timeout,
@@ -218,16 +248,19 @@ class PhoenixExporter(Exporter):
         run: RunArtifacts,
         experiment_id: str,
         example_of_task: dict[str, str],
-        rollouts: Iterable[Rollout],
+        rollouts: Iterable[Planned],
         plan: ExportPlan,
+        trace_scope: str | None,
     ) -> int:
+        """Log the runs the experiment lacks, linked to their traces (``trace_scope``: the ids'
+        scope, None when no traces are sent), failed ones as ERROR runs; then their verdicts."""
         existing = self._existing_runs(client, experiment_id)
         # a rollout without a time of its own: the eval's start (never the epoch, 1970)
         times = run_times(run)
         fallback_s = times.start if times is not None else time.time()
         occurrences: dict[str, int] = {}
         rows = 0
-        for r in rollouts:
+        for key, r, failure in rollouts:
             rows += 1
             occurrences[r.task] = occurrences.get(r.task, 0) + 1
             repetition = r.repeat + 1 if r.repeat is not None else occurrences[r.task]
@@ -235,13 +268,16 @@ class PhoenixExporter(Exporter):
             start, end = r.times(fallback_s)
             run_id = existing.get((example_id, repetition))
             if run_id is None:
+                output = {"error": failure} if failure is not None else as_object(r.response, "response")
                 logged = client.experiments.log_run(
                     experiment_id=experiment_id,
                     dataset_example_id=example_id,
-                    output=masked(as_object(r.response, "response"), plan.secrets),
+                    output=masked(output, plan.secrets),
                     start_time=start,
                     end_time=end,
                     repetition_number=repetition,
+                    trace_id=trace_id_for(trace_scope, key) if trace_scope is not None else None,
+                    error=masked(failure, plan.secrets) if failure is not None else None,
                     timeout=self.settings.request_timeout,
                 )
                 run_id = logged["id"]
@@ -256,3 +292,19 @@ class PhoenixExporter(Exporter):
                     timeout=self.settings.request_timeout,
                 )
         return rows
+
+
+_UNSAFE_NAME = re.compile(r"[/?#\\]+")  # Phoenix refuses them in a project name used as a path
+
+
+def run_title(run: RunArtifacts, plan: ExportPlan, payload: RunPayload) -> str:
+    """``<agent> <run name> <date> <id>``: the agents of the aggregate (the first two and a
+    count), the run's name, the eval's start date (UTC; left out when unknown) and the first 8
+    digits of its content identity (two runs of one name and day stay apart)."""
+    agents = [agent_label(e.get("agent_ref")) for e in payload.aggregate_entries or [] if isinstance(e, dict)]
+    label = "+".join(agents[:2]) + (f"+{len(agents) - 2}" if len(agents) > 2 else "")
+    times = run_times(run)
+    day = dt.datetime.fromtimestamp(times.start, dt.timezone.utc).date().isoformat() if times else ""
+    parts = [label, saved_config_run_name(run, "phoenix"), day, plan.run_identity.split(":")[-1][:8]]
+    return _UNSAFE_NAME.sub("-", " ".join(p for p in parts if p))[:200]
+

@@ -35,32 +35,43 @@ from typing import Any
 from pydantic import Field
 
 from gym_artifacts.plugin import (
+    CannotCertify,
     ExporterConfig,
     ExportPlan,
+    GymArtifactsError,
     LevelTable,
     LiveExporter,
     RunArtifacts,
     RunPayload,
     RunStatus,
     Sent,
+    Trajectory,
     canonical_json,
+    eval_end_s,
+    failed_trajectory,
     flatten,
     json_safe,
     metric_value,
     open_regular,
+    read_json,
     redact_text,
     resolved_path,
+    rollout_verdicts,
+    rollout_window,
     saved_config_run_name,
+    trajectory_of,
     write_table_jsonl,
 )
 
 from ._histogram import Histogram
 from ._rollouts import (
-    PLACEMENT_KEYS,
+    READABLE_COLUMNS,
     REQUEST_KEYS,
     RESPONSE_KEYS,
-    TIMING_PREFIXES,
     Rollout,
+    failed_rollouts,
+    is_responses_record,
+    readable_row,
     request_text,
     response_text,
     rollout_from_record,
@@ -70,6 +81,9 @@ from ._tfrecord import tfrecord
 TABLE_CHUNK = 50
 CELL_CHARS = 200
 PARTIAL_PREFIX = ".partial-"
+# In each complete run folder: the run's identity, so that a copy of the run finds its folder.
+IDENTITY_FILE = ".gym-artifacts-run.json"
+EVENT_FILE_PREFIX = "events.out.tfevents."
 _UNSAFE = re.compile(r"[^\w.\-]+")
 
 
@@ -98,7 +112,7 @@ class EventWriter:
         self._event_pb2 = event_pb2
         # TensorBoard reads a folder's event files in name order: nanoseconds keep appends in order.
         unique = f"{socket.gethostname()}.{os.getpid()}.{uuid.uuid4().hex[:8]}"
-        self.fpath = dpath / f"events.out.tfevents.{time.time_ns():020d}.{unique}"
+        self.fpath = dpath / f"{EVENT_FILE_PREFIX}{time.time_ns():020d}.{unique}"
         self._fh = open_regular(self.fpath, "wb")  # closed by close()
         self.bytes = 0
         self._write(event_pb2.Event(wall_time=time.time(), file_version="brain.Event:2"))
@@ -228,6 +242,23 @@ def level_markdown(table: LevelTable, limit: int, attached: str) -> str:
     )
 
 
+READABLE_HEADER = (
+    "| row | " + " | ".join(READABLE_COLUMNS) + " |\n|" + "---|" * (len(READABLE_COLUMNS) + 1) + "\n"
+)
+DISTRIBUTION_STEPS = 10  # histogram snapshots of a post-run export: TensorBoard draws one step blank
+
+
+def readable_table_row(label: str, trajectory: Trajectory) -> str:
+    """One NeMo Gym rollout as a row of ``READABLE_COLUMNS`` (``label``: its line or failure row)."""
+    cells = (label, *readable_row(trajectory))
+    return "| " + " | ".join(_cell(c) for c in cells) + " |\n"
+
+
+def rollout_scalars(numbers: list[tuple[str, float]]) -> dict[str, float]:
+    """A rollout's own values as scalars ``rollout/<name>`` (its verdicts and token counts)."""
+    return {f"rollout/{name}": value for name, value in numbers}
+
+
 def table_row(r: Rollout) -> str:
     verdicts = ", ".join(f"{k}={v:g}" for k, v in r.verdicts.items())
     cells = (r.row, r.task, r.repeat, r.agent, request_text(r.request), response_text(r.response), verdicts)
@@ -261,6 +292,14 @@ class TensorboardExporter(LiveExporter):
         """The resolved log folder: a relative one means another folder in another working
         folder. ``run_name`` and ``table_rows`` only shape the run, not where it goes."""
         return {"logdir": resolved_path(settings.logdir)}
+
+    def backend_run_exists(self, backend_run_id: str) -> bool | None:
+        """The run folder is still in the log folder with an event file (``--verify``): a run
+        folder deleted after its export is exported anew, never trusted into nothing."""
+        folder = self.logdir / backend_run_id
+        if folder.parent != self.logdir or not folder.is_dir():
+            return False
+        return any(entry.name.startswith(EVENT_FILE_PREFIX) for entry in folder.iterdir())
 
     # -- live ----------------------------------------------------------------------------------
     def _setup(self) -> str:
@@ -299,10 +338,14 @@ class TensorboardExporter(LiveExporter):
     def _log_rollouts(self, rollouts: list[Any]) -> None:
         assert self._writer is not None
         histograms = RolloutHistograms()
+        now = time.time()
         for record in rollouts:
-            histograms.add(rollout_from_record(self._rollout_row, record))
+            numbers = rollout_numbers(record)
+            histograms.add_numbers(numbers)
+            end = rollout_window(record)[1]
+            self._writer.scalars(rollout_scalars(numbers), self._rollout_row, end if end is not None else now)
             self._rollout_row += 1
-        self._writer.histograms(histograms.by_tag, self._rollout_row, time.time())
+        self._writer.histograms(histograms.by_tag, self._rollout_row, now)
         self._writer.flush()
 
     def _teardown(self, status: RunStatus) -> None:
@@ -318,6 +361,16 @@ class TensorboardExporter(LiveExporter):
         final = self.logdir / name
         if final.is_dir():  # an earlier export finished writing but died before its receipt
             return Sent(backend_run_id=name, note="run folder already complete; nothing new written")
+        holder = self._folder_of(plan.run_identity)
+        if holder is not None:  # a copy of this run, or its certified live run, is here already
+            return Sent(backend_run_id=holder, note=f"already in {holder} (it holds this run's identity)")
+        partial, writer, rows = self._write_partial(name, run, plan)
+        os.replace(partial, final)
+        return Sent(backend_run_id=name, rows=rows, bytes=writer.bytes)
+
+    def _write_partial(self, name: str, run: RunArtifacts, plan: ExportPlan) -> tuple[Path, EventWriter, int]:
+        """The whole run written into a hidden partial folder for ``name`` (an earlier attempt's
+        removed first), its identity recorded in it (``IDENTITY_FILE``)."""
         self.logdir.mkdir(parents=True, exist_ok=True)
         for stale in self.logdir.glob(f"{PARTIAL_PREFIX}{name}-*"):
             shutil.rmtree(stale, ignore_errors=True)
@@ -327,13 +380,57 @@ class TensorboardExporter(LiveExporter):
             rows = self._write_run(writer, run, plan)
         finally:
             writer.close()
-        os.replace(partial, final)
-        return Sent(backend_run_id=name, rows=rows, bytes=writer.bytes)
+        (partial / IDENTITY_FILE).write_bytes(canonical_json({"run_identity": plan.run_identity}))
+        return partial, writer, rows
+
+    def _folder_of(self, run_identity: str) -> str | None:
+        """The run folder in ``logdir`` that holds ``run_identity`` complete, if any."""
+        if not self.logdir.is_dir():
+            return None
+        for folder in sorted(self.logdir.iterdir()):
+            if folder.name.startswith("."):
+                continue
+            try:  # read without blocking: any entry may be anything (a FIFO, a folder)
+                recorded = read_json(folder / IDENTITY_FILE, "run identity")
+            except GymArtifactsError:  # missing, unreadable or not JSON: not a run of this identity
+                continue
+            if isinstance(recorded, dict) and recorded.get("run_identity") == run_identity:
+                return folder.name
+        return None
+
+    def _certify(self, run: RunArtifacts, plan: ExportPlan, live_run_id: str) -> Sent:
+        """The live run's folder made the whole run: the run written anew (every journal step,
+        aggregates, tables, rollouts), its event files then put in place of the live ones, so
+        each point is there once whatever the live run lost. A kill between the two leaves both
+        (a retry replaces them again)."""
+        live = self.logdir / live_run_id
+        if not live.is_dir() or live.is_symlink():
+            raise CannotCertify(f"live run folder {live} is gone")
+        partial, writer, rows = self._write_partial(live_run_id, run, plan)
+        old = {entry.name for entry in live.iterdir()}
+        written = sorted(partial.iterdir(), key=lambda p: not p.name.startswith(EVENT_FILE_PREFIX))
+        for entry in written:  # the new event file first, then what goes beside it
+            target = live / entry.name
+            if target.is_dir() and not target.is_symlink():
+                shutil.rmtree(target)
+            os.replace(entry, target)
+        self._remove_entries(live, old - {entry.name for entry in written})
+        shutil.rmtree(partial, ignore_errors=True)
+        return Sent(backend_run_id=live_run_id, rows=rows, bytes=writer.bytes)
+
+    @staticmethod
+    def _remove_entries(folder: Path, names: set[str]) -> None:
+        """The live run's own files, once the whole run's are in place beside them."""
+        for name in names:
+            entry = folder / name
+            if entry.is_dir() and not entry.is_symlink():
+                shutil.rmtree(entry, ignore_errors=True)
+            else:
+                entry.unlink(missing_ok=True)
 
     def _write_run(self, w: EventWriter, run: RunArtifacts, plan: ExportPlan) -> int:
         payload = RunPayload.of(run, plan)
-        agg = run.aggregate_metrics_fpath
-        finished = agg.stat().st_mtime if agg.is_file() else time.time()
+        finished = eval_end_s(run)
         if payload.config is not None:
             w.text("config", config_markdown(payload.config), 0, finished)
         for entry in payload.journal():
@@ -342,7 +439,7 @@ class TensorboardExporter(LiveExporter):
             w.scalars(numbers, step, entry.time)
             for tag, text in texts.items():
                 w.text(tag, redact_text(text, payload.secrets), step, entry.time)
-        numbers, texts = split_values(payload.values)
+        numbers, texts = split_values(payload.history_values)
         w.scalars(numbers, 0, finished)
         if payload.coverage is not None:
             texts["coverage/text"] = payload.coverage.text()
@@ -357,7 +454,20 @@ class TensorboardExporter(LiveExporter):
         self._write_system(w, payload, finished)
         if not payload.sends_rollouts:
             return 0
-        return self._write_rollouts(w, payload.rollout_records(), payload.secrets, finished)
+        records = payload.rollout_records()
+        rows = self._write_rollouts(w, records, payload.secrets, finished, payload.rollout_rows)
+        self._write_failures(w, payload, min(rows, self.settings.table_rows), finished)
+        return rows
+
+    def _write_failures(self, w: EventWriter, payload: RunPayload, step: int, finished: float) -> None:
+        """The failed rollouts (failures sidecar, with their planned input) as rows of the table,
+        after the scored ones (the table's limit applies to the scored rows only)."""
+        rows = [readable_table_row(f"failed/{t.row}", t)
+                for t in (failed_trajectory(i, r, p) for i, r, p in failed_rollouts(payload))]  # fmt: skip
+        for start in range(0, len(rows), TABLE_CHUNK):
+            chunk = rows[start : start + TABLE_CHUNK]
+            w.text("rollouts/table", redact_text(READABLE_HEADER + "".join(chunk), payload.secrets),
+                   step + start, finished)  # fmt: skip
 
     @staticmethod
     def _write_system(w: EventWriter, payload: RunPayload, finished: float) -> None:
@@ -373,31 +483,42 @@ class TensorboardExporter(LiveExporter):
             w.scalars(values, step, sample.time)
 
     def _write_rollouts(
-        self, w: EventWriter, records: Iterable[Any], secrets: frozenset[str], finished: float
+        self, w: EventWriter, records: Iterable[Any], secrets: frozenset[str], finished: float, total: int = 0
     ) -> int:
-        """The rollouts' histograms and the bounded table. Only a row the table shows is turned
-        into the whole ``Rollout`` view (request and response texts, task, agent); every other
-        row gives just its histogram values (``rollout_numbers``), the same ones."""
+        """Each rollout's values as scalars ``rollout/<name>`` at its index in completion order
+        (``OUT.jsonl``'s line order; wall time: its end when known), the histograms of every
+        rollout so far at ``DISTRIBUTION_STEPS`` steps (the step: rollouts so far; ``total``: how
+        many there are), and the bounded table: a NeMo Gym rollout as ``READABLE_COLUMNS`` (its
+        trajectory), another writer's as its request, response and verdicts. Only a row the table
+        shows is turned into a view; every row gives the same values (``rollout_numbers``)."""
         limit = self.settings.table_rows
+        every = max(1, -(-total // DISTRIBUTION_STEPS))
         rows = 0
         chunk: list[str] = []
+        header = TABLE_HEADER
 
         def write_chunk() -> None:
-            table = redact_text(TABLE_HEADER + "".join(chunk), secrets)
+            table = redact_text(header + "".join(chunk), secrets)
             w.text("rollouts/table", table, min(rows, limit) - len(chunk), finished)
             chunk.clear()
 
         histograms = RolloutHistograms()
         for record in records:
+            numbers = rollout_numbers(record)
+            histograms.add_numbers(numbers)
+            end = rollout_window(record)[1]
+            w.scalars(rollout_scalars(numbers), rows, end if end is not None else finished)
             if rows < limit:
-                r = rollout_from_record(rows, record)
-                histograms.add(r)
-                chunk.append(table_row(r))
-            else:
-                histograms.add_numbers(rollout_numbers(record))
+                if is_responses_record(record):
+                    header = READABLE_HEADER
+                    chunk.append(readable_table_row(str(rows), trajectory_of(rows, record)))
+                else:
+                    chunk.append(table_row(rollout_from_record(rows, record)))
             rows += 1
             if len(chunk) == TABLE_CHUNK:
                 write_chunk()
+            if rows % every == 0 and rows < total:
+                w.histograms(histograms.by_tag, rows, finished)
         if chunk:
             write_chunk()
         w.histograms(histograms.by_tag, rows, finished)
@@ -432,39 +553,14 @@ def _first_key(record: dict[str, Any], keys: tuple[str, ...]) -> str | None:
     return next((k for k in keys if k in record), None)
 
 
-_REQUEST_OR_RESPONSE = frozenset(REQUEST_KEYS) | frozenset(RESPONSE_KEYS)
-
-
 def rollout_numbers(record: Any) -> list[tuple[str, float]]:
     """A rollout record's histogram values in the order ``RolloutHistograms.add`` takes them:
-    its verdicts (``reward`` first) as ``rollout_from_record`` finds them, then its response's
-    token counts (``token_counts``). The same values without building the ``Rollout`` view
-    (texts, task, agent, extras): the per-row work of the rows past the table, so the JSON
-    types are told apart by ``type`` before any call."""
+    its verdicts (``reward`` first, ``rollout_verdicts``: the one definition), then its
+    response's token counts (``token_counts``), without building the ``Rollout`` view."""
     if not isinstance(record, dict):
         return []
-    numbers: list[tuple[str, float]] = []
-    for key, value in record.items():
-        kind = type(value)
-        if kind is str or kind is dict or kind is list or value is None:
-            continue
-        if key in PLACEMENT_KEYS or key == "agent_ref" or key.startswith(TIMING_PREFIXES):
-            continue
-        if kind is not float:
-            value = metric_value(value)  # int, bool (and any other number a caller passes)
-            if value is None:
-                continue
-        if value != value:  # NaN is no verdict
-            continue
-        if key in _REQUEST_OR_RESPONSE and key in (
-            _first_key(record, REQUEST_KEYS),
-            _first_key(record, RESPONSE_KEYS),
-        ):
-            continue  # a number where the request or response is looked for: shown as that
-        if key == "reward":
-            numbers.insert(0, (key, value))
-        else:
-            numbers.append((key, value))
+    skip = (_first_key(record, REQUEST_KEYS), _first_key(record, RESPONSE_KEYS), "agent_ref")
+    numbers = list(rollout_verdicts(record, [k for k in skip if k is not None]).items())
     response = record["response"] if "response" in record else record.get(_first_key(record, RESPONSE_KEYS))
     usage = response.get("usage") if isinstance(response, dict) else None
     if isinstance(usage, dict):

@@ -30,8 +30,10 @@ from gym_artifacts.plugin import (
     NVML_SERIES,
     NVML_SUMMARY,
     RECORDING,
+    ComparisonPayload,
     ExporterConfig,
     ExportPlan,
+    GymArtifactsError,
     LevelTable,
     LiveExporter,
     PayloadArtifact,
@@ -40,16 +42,22 @@ from gym_artifacts.plugin import (
     RunPayload,
     RunStatus,
     Sent,
+    Trajectory,
+    atomic_write_bytes,
+    canonical_json,
     credential_free_uri,
     flatten,
     json_safe,
+    read_json,
     resolved_path,
     run_times,
     saved_config_run_name,
     write_table_jsonl,
 )
 
+from ._headline import headline
 from ._nemo_gym_shapes import ROLLOUT_COLUMN, WANDB_TABLE_KEY, file_documents, rollout_documents
+from ._rollouts import READABLE_COLUMNS, payload_table_rows, readable_row, table_rows
 
 logger = logging.getLogger(__name__)
 _SCALARS = (str, int, float, bool, type(None))
@@ -63,7 +71,9 @@ class WandbSettings(ExporterConfig):
     name: str | None = None
     group: str | None = None
     tags: list[str] = Field(default_factory=list)
-    mode: Literal["online", "offline", "disabled"] = "offline"
+    # None: the mode ``wandb.init`` takes when given none (WANDB_MODE, W&B's settings file), as
+    # under NeMo Gym's own exporter; the NeMo Gym drop-in sets None. Default: offline.
+    mode: Literal["online", "offline", "disabled"] | None = "offline"
     api_key: SecretStr | None = None
     dir: Path | None = None
     base_url: str | None = None
@@ -77,6 +87,31 @@ class WandbSettings(ExporterConfig):
 
 
 WANDB_CLOUD = "https://api.wandb.ai"
+# Beside the offline runs (``<dir>/wandb/``): which run id holds which run identity, so that a
+# copy of a run exported later finds its run instead of making another.
+OFFLINE_INDEX = ".gym-artifacts-runs"
+
+
+def sdk_mode() -> Literal["online", "offline", "disabled"]:
+    """The mode the W&B SDK takes when ``wandb.init`` is given none: its settings file (``wandb
+    offline``), then its ``WANDB_*`` variables (``WANDB_MODE=offline``/``dryrun``: offline,
+    ``disabled``: disabled), read with the SDK's own loaders, without starting anything."""
+    from wandb.sdk.wandb_settings import Settings
+
+    settings = Settings()
+    config_dir = Path(os.environ.get("WANDB_CONFIG_DIR") or "~/.config/wandb").expanduser()
+    settings.settings_system = str(config_dir / "settings")
+    with contextlib.suppress(Exception):  # an unreadable settings file: the SDK ignores it too
+        settings.update_from_system_settings()
+    settings.update_from_env_vars(dict(os.environ))
+    if settings._noop:
+        return "disabled"
+    return "offline" if settings._offline else "online"
+
+
+def effective_mode(settings: WandbSettings) -> Literal["online", "offline", "disabled"]:
+    """``settings.mode``, or the SDK's own choice where it is None."""
+    return settings.mode if settings.mode is not None else sdk_mode()
 
 
 def post_run_id(run_identity: str) -> str:
@@ -100,20 +135,26 @@ def offline_folders(wandb_dpath: Path, run_id: str) -> list[Path]:
     return sorted(p for p in wandb_dpath.glob(f"offline-run-*-{run_id}*") if pattern.fullmatch(p.name))
 
 
-def rollout_table_parts(rows: Iterator[Any], part_rows: int) -> Iterator[tuple[list[str], list[list[Any]]]]:
-    """Rollouts in parts of at most ``part_rows``: real columns when the rows agree, else JSON."""
+def rollout_table_parts(
+    rows: Iterator[Any], part_rows: int, secrets: frozenset[str] = frozenset()
+) -> Iterator[tuple[list[str], list[list[Any]]]]:
+    """Rollouts in parts of at most ``part_rows`` (``table_layout`` each)."""
     part: list[Any] = []
     for row in rows:
         part.append(row)
         if len(part) == part_rows:
-            yield table_layout(part)
+            yield table_layout(part, secrets)
             part = []
     if part:
-        yield table_layout(part)
+        yield table_layout(part, secrets)
 
 
-def table_layout(rows: list[Any]) -> tuple[list[str], list[list[Any]]]:
-    """Columns and cells for one table."""
+def table_layout(rows: list[Any], secrets: frozenset[str] = frozenset()) -> tuple[list[str], list[list[Any]]]:
+    """Columns and cells for one table: NeMo Gym rollouts (``Trajectory`` rows) as
+    ``READABLE_COLUMNS`` (prompt, answer, tool calls, tokens, reward, failure); other records as
+    real columns when they agree, else one JSON column."""
+    if rows and all(isinstance(r, Trajectory) for r in rows):
+        return list(READABLE_COLUMNS), [readable_row(r, secrets) for r in rows]
     if rows and all(isinstance(r, dict) for r in rows):
         keys = list(rows[0].keys())
         if all(list(r.keys()) == keys for r in rows) and keys:
@@ -160,15 +201,20 @@ class WandbExporter(LiveExporter):
             "base_url": credential_free_uri(s.base_url or os.environ.get("WANDB_BASE_URL") or WANDB_CLOUD),
             "entity": s.entity,
             "project": s.project,
-            "mode": s.mode,
+            "mode": effective_mode(s),
         }
-        if s.mode == "offline":
+        if where["mode"] == "offline":
             where["dir"] = resolved_path(s.dir or os.environ.get("WANDB_DIR") or os.getcwd())
         return where
 
     def export_deadline_s(self) -> float | None:
         """``export_deadline`` online; an offline run is written to a local folder."""
-        return self.settings.export_deadline if self.settings.mode == "online" else None
+        return self.settings.export_deadline if self.mode == "online" else None
+
+    @property
+    def mode(self) -> Literal["online", "offline", "disabled"]:
+        """Where this exporter's runs go: its ``mode`` setting, else the SDK's choice."""
+        return effective_mode(self.settings)
 
     def server_url(self) -> str | None:
         """The W&B server, as the SDK picks it (its own telemetry thread also talks to it)."""
@@ -205,12 +251,14 @@ class WandbExporter(LiveExporter):
         return (*super().expected_errors(), wandb.Error, ValueError, TimeoutError)
 
     # -- SDK plumbing ---------------------------------------------------------------------------
-    def _init(self, run_id: str, run_name: str, config: dict[str, Any] | None) -> Any:
+    def _init(
+        self, run_id: str, run_name: str, config: dict[str, Any] | None, job_type: str | None = None
+    ) -> Any:
         import wandb
 
         s = self.settings
         options: dict[str, Any] = {
-            "mode": s.mode,
+            "mode": self.mode,
             "init_timeout": s.init_timeout,
             "silent": True,
             "console": "off",
@@ -229,9 +277,10 @@ class WandbExporter(LiveExporter):
             entity=s.entity,
             name=s.name or run_name,
             group=s.group,
-            tags=list(s.tags),
+            tags=[*s.tags, job_type] if job_type else (list(s.tags) or None),  # none: the SDK's (WANDB_TAGS)
             id=run_id,
             resume="allow",
+            job_type=job_type,
             dir=str(folder) if folder is not None else None,
             config=config,
             settings=wandb.Settings(**options),
@@ -283,8 +332,10 @@ class WandbExporter(LiveExporter):
         self._last_step = step
 
     def _log_rollouts(self, rollouts: list[Any]) -> None:
-        self._rollouts.append(rollouts)  # on disk until teardown sends them as one table artifact
-        self._log_nemo_gym_table(self._wb_run, rollout_documents(rollouts, self.secrets))
+        # on disk until teardown sends them once: the readable table, its artifact and NeMo Gym's
+        # ``Rollouts`` table (one of each a run, never one a call: W&B makes an artifact per logged
+        # table)
+        self._rollouts.append(rollouts)
 
     @staticmethod
     def _log_nemo_gym_table(wb_run: Any, documents: Iterator[str]) -> int:
@@ -307,7 +358,9 @@ class WandbExporter(LiveExporter):
         try:
             if self._rollouts.rows:
                 raw = self._rollouts.finish()
-                self._send_rollouts(wb_run, self._rollouts.records(), f"live-rollouts-{wb_run.id}", raw=raw)
+                self._log_nemo_gym_table(wb_run, rollout_documents(self._rollouts.records(), self.secrets))
+                rows = table_rows(self._rollouts.records())
+                self._send_rollouts(wb_run, rows, f"live-rollouts-{wb_run.id}", raw, self.secrets)
         finally:
             try:
                 self._finish(wb_run, 0 if status is RunStatus.FINISHED else 1)
@@ -321,38 +374,107 @@ class WandbExporter(LiveExporter):
 
     # -- post-run --------------------------------------------------------------------------------
     def _export_post_run(self, run: RunArtifacts, plan: ExportPlan) -> Sent:
-        wb_run = self._init(
-            post_run_id(plan.run_identity),
-            saved_config_run_name(run, self.name),
-            json_safe(plan.config) if plan.config else None,
-        )
-        folder = Path(wb_run.dir).parent if self.settings.mode == "offline" else None
+        holder = self._offline_run_of(plan.run_identity)
+        if holder is not None:  # a copy of this run, or its completed live run, is here already
+            return Sent(backend_run_id=holder, note=f"already in W&B run {holder} (it holds this identity)")
+        return self._write_run(post_run_id(plan.run_identity), run, plan, certified=False)
+
+    def _certify(self, run: RunArtifacts, plan: ExportPlan, live_run_id: str) -> Sent:
+        """Complete the live run under its own id. Offline, the run is written whole (every
+        journal step, whatever the live run lost) into one folder that replaces the live one
+        (``wandb sync`` then uploads one folder per run id); online, W&B's history only grows: the
+        journal's steps after the run's last one are added, with the summary and artifacts."""
+        return self._write_run(live_run_id, run, plan, certified=True)
+
+    def _write_run(self, run_id: str, run: RunArtifacts, plan: ExportPlan, *, certified: bool) -> Sent:
+        """Open (or resume) W&B run ``run_id`` and send the run into it; offline, the run's earlier
+        folders are removed once this one is whole, and the identity recorded (``_offline_run_of``)."""
+        offline = self.mode == "offline"
+        whole = offline or not certified  # the journal from its first step
+        config = json_safe(plan.config) if plan.config and whole else None
+        wb_run = self._init(run_id, saved_config_run_name(run, self.name), config)
+        folder = Path(wb_run.dir).parent if offline else None
         try:
-            first_new_step = int(getattr(wb_run, "step", 0) or 0)
-            rows, sent = self._send_run(wb_run, run, plan, first_new_step)
+            first_new_step = 0 if offline else int(getattr(wb_run, "step", 0) or 0)
+            rows, sent = self._send_run(wb_run, run, plan, first_new_step, rollouts_table=whole)
             wb_run.summary["gym_artifacts/identity"] = plan.run_identity
+            if certified:
+                wb_run.summary["gym_artifacts/certified"] = True
         except BaseException:
             self._finish(wb_run, 1)
             raise
         self._finish(wb_run, 0)
         if folder is not None:
             _remove_earlier_offline_folders(folder, str(wb_run.id))
+            self._record_offline_run(plan.run_identity, str(wb_run.id))
         return Sent(backend_run_id=str(wb_run.id), rows=rows, bytes=sent)
 
-    def _certify(self, run: RunArtifacts, plan: ExportPlan, live_run_id: str) -> Sent:
-        wb_run = self._init(live_run_id, saved_config_run_name(run, self.name), None)
+    def _export_comparison(self, comparison: ComparisonPayload) -> Sent:
+        """A comparison of runs into one run (job type ``compare``): its tables (``compare/results``,
+        ``compare/tasks``...) and the verdict in its summary. The run id derives from the
+        comparison's identity: a retry resumes the same run."""
+        import wandb
+
+        run_id = "gc" + comparison.identity.split(":")[-1][:30]
+        config = {
+            "base_identity": comparison.base_identity,
+            "comparison": comparison.identity,
+            "candidate_identities": list(comparison.candidate_identities),
+            **comparison.settings,
+        }
+        wb_run = self._init(run_id, comparison.name, config, job_type="compare")
+        rows = 0
         try:
-            rows, sent = self._send_run(wb_run, run, plan, first_new_step=None)
-            wb_run.summary["gym_artifacts/identity"] = plan.run_identity
-            wb_run.summary["gym_artifacts/certified"] = True
+            tables = {}
+            for name, (columns, data) in comparison.tables.items():
+                kept = data[: self.settings.table_max_rows]
+                tables[f"compare/{name.removeprefix('compare_')}"] = wandb.Table(columns=columns, data=kept)
+                rows += len(kept)
+            wb_run.log(tables)
+            summary: dict[str, Any] = {"compare/verdict": comparison.note}
+            if comparison.verdict is not None:
+                summary["compare/gate"] = comparison.verdict
+            wb_run.summary.update(summary)
         except BaseException:
             self._finish(wb_run, 1)
             raise
         self._finish(wb_run, 0)
-        return Sent(backend_run_id=live_run_id, rows=rows, bytes=sent)
+        return Sent(run_id, rows=rows)
+
+    def _offline_index(self) -> Path | None:
+        """Offline: where this destination records which run id holds which run identity."""
+        if self.mode != "offline":
+            return None
+        return Path(self.destination()["dir"]) / "wandb" / OFFLINE_INDEX
+
+    def _record_offline_run(self, run_identity: str, run_id: str) -> None:
+        index = self._offline_index()
+        if index is None:
+            return
+        try:
+            index.mkdir(parents=True, exist_ok=True)
+            entry = index / f"{post_run_id(run_identity)}.json"
+            atomic_write_bytes(entry, canonical_json({"run_id": run_id}))
+        except OSError as exc:  # the run is whole; only a later copy's export would not find it
+            logger.warning("wandb: could not record run %s in %s: %s", run_id, index, exc)
+
+    def _offline_run_of(self, run_identity: str) -> str | None:
+        """Offline: the run id whose one folder holds ``run_identity`` complete (a copy of the run
+        exported before, or its completed live run), if any."""
+        index = self._offline_index()
+        if index is None:
+            return None
+        try:  # read without blocking: the entry may be anything (a FIFO, a folder)
+            recorded = read_json(index / f"{post_run_id(run_identity)}.json", "W&B offline index entry")
+        except GymArtifactsError:  # missing, unreadable or not JSON: no run recorded
+            return None
+        run_id = recorded.get("run_id") if isinstance(recorded, dict) else None
+        if isinstance(run_id, str) and offline_folders(index.parent, run_id):
+            return run_id
+        return None
 
     def _mark_superseded(self, live_run_id: str, new_run_id: str) -> None:
-        if self.settings.mode != "online":
+        if self.mode != "online":
             logger.info(
                 "wandb: offline live run %s cannot be marked superseded by %s", live_run_id, new_run_id
             )
@@ -366,18 +488,18 @@ class WandbExporter(LiveExporter):
         live.update()
 
     def _send_run(
-        self, wb_run: Any, run: RunArtifacts, plan: ExportPlan, first_new_step: int | None
+        self, wb_run: Any, run: RunArtifacts, plan: ExportPlan, first_new_step: int, *, rollouts_table: bool
     ) -> tuple[int, int]:
-        """Journal steps (when ``first_new_step`` is given), summary, tables, media and artifacts."""
+        """Journal steps from ``first_new_step``, summary, tables, media and artifacts; NeMo Gym's
+        ``Rollouts`` table when ``rollouts_table`` (a live run online logged it itself)."""
         import wandb
 
         payload = RunPayload.of(run, plan)
         sent = 0
-        if first_new_step is not None:
-            for entry in payload.journal():
-                if entry.step is None or entry.step < first_new_step:
-                    continue
-                wb_run.log(flatten(dict(entry.metrics)), step=entry.step)
+        for entry in payload.journal():
+            if entry.step is None or entry.step < first_new_step:
+                continue
+            wb_run.log(flatten(dict(entry.metrics)), step=entry.step)
         summary: dict[str, Any] = payload.values
         if payload.coverage is not None:
             summary["coverage/text"] = payload.coverage.text()
@@ -398,6 +520,7 @@ class WandbExporter(LiveExporter):
         if reason is not None:
             summary["system/nvml"] = reason
         wb_run.summary.update(summary)
+        wb_run.notes = headline(payload)  # the run's first line in W&B's UI
         sent += self._send_tables(wb_run, payload.tables)
         if payload.sidecars:
             artifact = wandb.Artifact(f"nemo-gym-{wb_run.id}", type="nemo-gym")
@@ -407,11 +530,12 @@ class WandbExporter(LiveExporter):
         rows = 0
         with payload.rollouts_file() as complete:
             if complete is not None:
-                records = payload.rollout_records()
-                rows = self._send_rollouts(wb_run, records, f"rollouts-{wb_run.id}", raw=complete)
+                records = payload_table_rows(payload)  # every planned rollout, failed ones too
+                name = f"rollouts-{wb_run.id}"
+                self._send_rollouts(wb_run, records, name, complete, payload.secrets)
+                rows = payload.rollout_rows  # the run's rollouts (the table adds the failed ones)
                 sent += complete.stat().st_size
-                if first_new_step is not None and rows <= self.settings.table_max_rows:
-                    # post-run only: a certified live run logged these itself
+                if rollouts_table and rows <= self.settings.table_max_rows:
                     self._log_nemo_gym_table(wb_run, file_documents(complete, payload.secrets))
         for key, value in payload.omitted_partial_line.items():
             wb_run.summary[f"rollouts/{key}"] = value
@@ -465,8 +589,9 @@ class WandbExporter(LiveExporter):
         return sent
 
     def _send_rollouts(
-        self, wb_run: Any, records: Iterator[Any], artifact_name: str, raw: Path | None = None
-    ) -> int:
+        self, wb_run: Any, records: Iterator[Any], artifact_name: str, raw: Path | None = None,
+        secrets: frozenset[str] = frozenset(),
+    ) -> int:  # fmt: skip
         """Every rollout: a summary table when they fit W&B's row limit, and a table artifact."""
         import wandb
 
@@ -476,7 +601,8 @@ class WandbExporter(LiveExporter):
         total = 0
         parts = 0
         first: wandb.Table | None = None
-        for columns, cells in rollout_table_parts(records, self.settings.artifact_part_rows):
+        parts_of = rollout_table_parts(records, self.settings.artifact_part_rows, secrets)
+        for columns, cells in parts_of:
             table = wandb.Table(columns=columns, data=cells)
             artifact.add(table, f"rollouts_part_{parts}")
             if parts == 0:

@@ -1,8 +1,6 @@
 """``python -m gym_artifacts``: the same command as ``gym-artifacts``."""
 
-import sys
-
-from gym_artifacts.cli import main
+from gym_artifacts.cli import run
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run()

@@ -17,10 +17,11 @@ import json
 import logging
 import os
 import re
+import signal
 import sys
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 if TYPE_CHECKING:
     from gym_artifacts.export.executors import RunResults
@@ -61,6 +62,7 @@ EPILOG = """examples:
   gym-artifacts report results/eval.jsonl -o eval.html
   gym-artifacts compare results/base.jsonl results/new.jsonl -o compare.html
   gym-artifacts exporters
+  gym-artifacts instrument -- gym eval run ...           # NeMo Gym logging through gym-artifacts
 """
 
 
@@ -182,14 +184,24 @@ def build_parser() -> argparse.ArgumentParser:
 
     from gym_artifacts.compare.cli import add_compare_parser
 
-    add_compare_parser(sub, [verbose])
+    cmp = add_compare_parser(sub, [verbose])
 
     ls = sub.add_parser(
         "exporters", parents=[verbose], help="registered backends and whether their SDK is installed"
     )
     ls.add_argument("-c", "--config", type=Path, help="config whose enabled flags to show")
     ls.add_argument("--json", action="store_true", help="print one JSON array, a backend per object")
-    parser.commands = {"export": exp, "status": st, "report": rp, "exporters": ls}
+    ins = sub.add_parser(
+        "instrument",
+        help="run a command with NeMo Gym's exporters replaced by gym-artifacts' (no file edited)",
+        description="Run COMMAND (and every Python process it starts) with `nemo_gym.exporters` "
+        "replaced by gym-artifacts' drop-in: `gym-artifacts instrument -- gym eval run ...`. "
+        "The command replaces this process: its exit code and signals are its own.",
+    )
+    ins.add_argument("argv", nargs=argparse.REMAINDER, metavar="-- COMMAND ...")
+    parser.commands = {
+        "export": exp, "status": st, "report": rp, "exporters": ls, "compare": cmp, "instrument": ins
+    }
     return parser
 
 
@@ -392,7 +404,8 @@ def _printable_streams() -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the command; a reader that closes the pipe early (``| head``) ends it quietly."""
+    """Run the command; a reader that closes the pipe early (``| head``) ends it quietly, and a
+    Ctrl-C no command handled itself (``status``, ``report``, an import) exits 130 in one line."""
     _printable_streams()
     try:
         code = _main(argv)
@@ -403,10 +416,60 @@ def main(argv: Sequence[str] | None = None) -> int:
             devnull = os.open(os.devnull, os.O_WRONLY)
             os.dup2(devnull, sys.stdout.fileno())
         return EXIT_FAILED
+    except KeyboardInterrupt:
+        print("gym-artifacts: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
     return code
 
 
+def run() -> NoReturn:
+    """The program (``gym-artifacts``, ``python -m gym_artifacts``): ``main()``, then exit.
+
+    After a Ctrl-C the process ends at once, without the interpreter's shutdown: that waits for
+    every non-daemon thread (a pool sending traces, an SDK's own workers), each of which may sit
+    in a request to a server that never answers, for as long as its deadline (minutes). What the
+    command had to say is printed and flushed first; locks are the kernel's (``flock``) and end
+    with the process; nothing abandoned wrote a receipt."""
+    try:
+        code = main()
+    except KeyboardInterrupt:  # a second Ctrl-C while the first one's results were printed
+        code = EXIT_INTERRUPTED
+    if code == EXIT_INTERRUPTED:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # a further Ctrl-C cannot cut the flush
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(Exception):
+                stream.flush()
+        os._exit(EXIT_INTERRUPTED)
+    sys.exit(code)
+
+
+def cmd_instrument(command: Sequence[str]) -> int:
+    """``exec`` the command instrumented; returns only when it cannot be run."""
+    from gym_artifacts.instrument.command import InstrumentError, exec_instrumented
+
+    try:
+        exec_instrumented(command)
+    except InstrumentError as exc:
+        print(f"gym-artifacts: error: {exc}", file=sys.stderr)
+        return exc.code
+    return EXIT_FAILED  # not reached: exec replaced this process
+
+
+def _instrument_command(argv: Sequence[str]) -> list[str] | None:
+    """The COMMAND of ``instrument [--] COMMAND ...`` (taken as it is: its own options are not
+    this tool's), or None when argv is another command or asks for help."""
+    args = list(argv)
+    if not args or args[0] != "instrument" or (len(args) > 1 and args[1] in ("-h", "--help")):
+        return None
+    rest = args[1:]
+    return rest[1:] if rest[:1] == ["--"] else rest
+
+
 def _main(argv: Sequence[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    command = _instrument_command(argv)
+    if command is not None:
+        return cmd_instrument(command)
     parser = build_parser()
     assert isinstance(parser, _Parser)
     # Runs and key=value overrides may come before or after options: collect both.
@@ -465,4 +528,4 @@ def _unexpected(exc: Exception, verbose: bool) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run()

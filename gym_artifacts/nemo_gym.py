@@ -33,6 +33,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import logging
+import os
 import shutil
 import tempfile
 import threading
@@ -87,11 +88,15 @@ NEMO_GYM_BACKENDS: dict[str, NemoGymBackend] = {
             "langsmith_endpoint": "api_url",
             "langsmith_dataset_name": "dataset_name",
             "langsmith_experiment_name": "experiment_name",
+            "langsmith_workspace_id": "workspace_id",  # sent as the workspace header, as NeMo Gym
         },
     ),
 }
-# Flat keys NeMo Gym reads but this project has no setting for (read, never passed on).
-IGNORED_FLAT_KEYS = frozenset({"langsmith_workspace_id"})
+
+# Every flat key NeMo Gym's own exporters read (the entry-point plugin leaves them to those).
+FLAT_KEYS = frozenset(
+    key for backend in NEMO_GYM_BACKENDS.values() for key in (*backend.required, *backend.settings)
+)
 
 _lock = threading.Lock()
 _context: contextlib.AbstractContextManager[LiveRun | NoOpLiveRun] | None = None
@@ -108,7 +113,7 @@ def is_available(config: Mapping[str, Any], name: str) -> bool:
     return all(config.get(key) != MASKED for key in backend.not_masked)
 
 
-def _plain(global_config_dict: Any) -> dict[str, Any]:
+def plain_config(global_config_dict: Any) -> dict[str, Any]:
     """A plain-container copy of the caller's config (never the caller's object)."""
     from omegaconf import OmegaConf
 
@@ -129,7 +134,7 @@ def _plain(global_config_dict: Any) -> dict[str, Any]:
 def drop_in_config(global_config_dict: Any) -> dict[str, Any]:
     """The config ``live_exporters`` gets: NeMo Gym's flat keys turned into ``exporters.<name>``
     sections under NeMo Gym's availability rules (an explicit ``enabled`` wins)."""
-    config = _plain(global_config_dict)
+    config = plain_config(global_config_dict)
     exporters = config.get("exporters")
     exporters = dict(exporters) if isinstance(exporters, Mapping) else {}
     for name, backend in NEMO_GYM_BACKENDS.items():
@@ -143,7 +148,8 @@ def drop_in_config(global_config_dict: Any) -> dict[str, Any]:
                 if value not in (None, "", MASKED):
                     section.setdefault(setting, value)
             if name == "wandb":
-                section.setdefault("mode", "online")  # NeMo Gym logs to W&B online
+                # NeMo Gym's exporter passes no mode: the SDK's (WANDB_MODE, ``wandb offline``)
+                section.setdefault("mode", None)
                 results_dir = config.get(RESULTS_DIR_KEY)
                 if results_dir:
                     section.setdefault("dir", str(Path(str(results_dir)) / "wandb"))
@@ -151,8 +157,6 @@ def drop_in_config(global_config_dict: Any) -> dict[str, Any]:
             config.pop(flat_key, None)
         if section != {"enabled": False} or name in exporters:
             exporters[name] = section
-    for key in IGNORED_FLAT_KEYS:
-        config.pop(key, None)
     config["exporters"] = exporters
     return config
 
@@ -244,6 +248,19 @@ def export_rollouts(rollouts: list[Any]) -> None:
     live = _live
     if live is not None:
         live.export_rollouts(rollouts)
+
+
+def _forget_after_fork() -> None:
+    """In a forked child (NeMo Gym forks health-check workers after setup): the exporters are the
+    parent's. The child has none (``get_exporters()`` is empty, its calls go nowhere) and its exit
+    ends nothing; the parent's run, journal and scratch folder are left to the parent."""
+    global _context, _live, _scratch, _lock
+    _lock = threading.Lock()  # another thread may have held it at the fork
+    _context, _live, _scratch = None, None, None
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_after_fork)
 
 
 def teardown_exporters() -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from gym_artifacts.contract.comparison import ComparisonPayload
 from gym_artifacts.contract.exporter import Exporter
 from gym_artifacts.contract.hooks import CannotCertify, ExportPlan, PartialBatch, RunStatus, Sent
 from gym_artifacts.contract.live_exporter import LiveExporter
@@ -69,10 +70,23 @@ from gym_artifacts.run.rollout_spans import (
     Span,
     failure_trace,
     rollout_trace,
+    trace_id_for,
+    trajectory_trace,
 )
 from gym_artifacts.run.sidecars import masked_artifact
 from gym_artifacts.run.spool import RolloutSpool
-from gym_artifacts.run.times import eval_times, run_times
+from gym_artifacts.run.times import eval_end_s, eval_times, run_times
+from gym_artifacts.run.trajectory import (
+    PLACEMENT_KEYS,
+    TIMING_PREFIXES,
+    Trajectory,
+    failed_trajectory,
+    failures_with_plans,
+    rollout_verdicts,
+    rollout_window,
+    trajectory_of,
+    verdicts_and_extra,
+)
 
 if TYPE_CHECKING:
     from gym_artifacts.report import build_report
@@ -105,9 +119,12 @@ __all__ = [
     "LLM",
     "NVML_SERIES",
     "NVML_SUMMARY",
+    "PLACEMENT_KEYS",
     "RECORDING",
+    "TIMING_PREFIXES",
     "TOOL",
     "CannotCertify",
+    "ComparisonPayload",
     "ConfigError",
     "ExportPlan",
     "Exporter",
@@ -126,6 +143,7 @@ __all__ = [
     "RunStatus",
     "Sent",
     "Span",
+    "Trajectory",
     "absolute_store_uri",
     "adopted",
     "agent_label",
@@ -141,9 +159,12 @@ __all__ = [
     "current_watch",
     "dataset_service_destination",
     "escaped_text",
+    "eval_end_s",
     "eval_times",
     "exclusive_lock",
+    "failed_trajectory",
     "failure_trace",
+    "failures_with_plans",
     "flatten",
     "iter_journal",
     "iter_jsonl",
@@ -163,6 +184,8 @@ __all__ = [
     "resolved_path",
     "response_text",
     "rollout_trace",
+    "rollout_verdicts",
+    "rollout_window",
     "run_times",
     "run_values",
     "saved_config_run_name",
@@ -172,7 +195,11 @@ __all__ = [
     "sync_barrier",
     "table_jsonl",
     "table_split_json",
+    "trace_id_for",
+    "trajectory_of",
+    "trajectory_trace",
     "utc_now_iso",
+    "verdicts_and_extra",
     "write_table_jsonl",
     "write_table_split_json",
 ]

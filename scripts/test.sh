@@ -52,6 +52,12 @@ python3 -m venv .venv-phoenix
 install --python .venv-phoenix/bin/python -c .ci/phoenix-constraints.txt arize-phoenix==20.26.1
 export GYM_ARTIFACTS_PHOENIX_BIN="$PWD/.venv-phoenix/bin/phoenix"
 
+# A real NeMo Gym 0.7.0 (Python >= 3.12) in a venv of its own, gym-artifacts installed into it as a
+# user would: tests/test_nemo_gym_real.py runs `gym env start` / `gym eval run` from it. Seconds
+# when it is already there (scripts/nemo_gym_env.sh keeps a stamp); its last line is the venv.
+GYM_ARTIFACTS_NEMO_GYM_VENV="$(bash scripts/nemo_gym_env.sh | tail -n 1)"
+export GYM_ARTIFACTS_NEMO_GYM_VENV
+
 python -m compileall -q gym_artifacts exporters tests benchmarks examples
 
 ruff check .

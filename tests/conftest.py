@@ -13,6 +13,9 @@ from hypothesis import settings
 
 from tests.fixture_paths import REACTOR_FIXTURES
 
+# Every subprocess a test starts has its pipes closed by the end of that test (tests/leaks.py).
+pytest_plugins = ["tests.leaks"]
+
 # Hypothesis explores new examples on every run; CI (`scripts/test.sh` sets HYPOTHESIS_PROFILE=ci) draws the
 # same ones each time, so a landing is decided by the change, not by the draw. A case a local run
 # finds is added to its test with @example.
@@ -38,6 +41,8 @@ QUICKSTART_FILES = (
 # ``[phoenix]``, whose service fixture is asked for by name at run time).
 SESSION_SERVICES = {
     "ray_cluster": ("tests/test_ray.py::", "tests/test_parallel_sqlite_store.py::"),
+    # NeMo Gym's servers (`gym env start`, ~70 s), started once for the module that runs evals on them
+    "nemo_gym_servers": ("tests/test_nemo_gym_real.py::",),
     "phoenix_server": (
         "tests/test_phoenix.py::",
         "[phoenix]",

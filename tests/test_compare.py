@@ -362,6 +362,20 @@ def test_this_projects_run_with_journal_and_artifacts(quickstart_run: Path, make
     assert comparison.base.summary()["rollouts_scored"] == 300
 
 
+def asked_as_in(source: Path, rollouts: Path) -> None:
+    """Give the generated run at ``rollouts`` (and its planned inputs) the questions ``source``
+    asked, task by task: the same tasks, as task identity requires."""
+    asked = {}
+    for line in source.read_text().splitlines():
+        rec = json.loads(line)
+        asked[rec["_ng_task_index"]] = rec["responses_create_params"]
+    for path in (rollouts, rollouts.with_name(rollouts.stem + "_materialized_inputs.jsonl")):
+        lines = [json.loads(line) for line in path.read_text().splitlines()]
+        for rec in lines:
+            rec["responses_create_params"] = asked[rec["_ng_task_index"]]
+        path.write_text("".join(json.dumps(r) + "\n" for r in lines))
+
+
 @pytest.mark.parametrize("base_name", ["clean", "with-failures"])
 @pytest.mark.parametrize("margin", [None, 0.1])
 def test_real_nemo_gym_base_against_a_generated_candidate(
@@ -373,6 +387,7 @@ def test_real_nemo_gym_base_against_a_generated_candidate(
     base = NEMO_GYM_FIXTURES / base_name / "rollouts.jsonl"
     cand = write_run(tmp_path / "cand" / "eval.jsonl", tasks=5, repeats=2, seed=7,
                      reward_of=lambda t, r: [0.5, 1.0, 0.25, 0.75, 1.0][t] - 0.25 * r)  # fmt: skip
+    asked_as_in(NEMO_GYM_FIXTURES / "clean" / "rollouts.jsonl", cand)
     (c,) = compare_runs(base, [cand], margin=margin).candidates
     assert [r.metric for r in c.results] == ["reward", "input_tokens", "output_tokens", "total_tokens"]
     for result in c.results:

@@ -111,6 +111,11 @@ def test_compare_page_in_chromium(browser: Any, tmp_path: Path) -> None:  # noqa
     cand_text = page.locator("#candidate-side pre.response").first.inner_text()
     assert base_text == response_of(base, 0)
     assert cand_text == response_of(cand, 0) == f"candidate says: {HOSTILE}"  # shown as text
+    # the conversation, the tool call and what the tool returned, on both sides
+    for side in ("#base-side", "#candidate-side"):
+        assert page.locator(f"{side} pre.conversation").first.inner_text().startswith("developer: You are")
+        assert page.locator(f"{side} pre.tool-calls").first.inner_text().startswith("get_weather(")
+        assert "weather_description" in page.locator(f"{side} pre.tool-results").first.inner_text()
 
     # choosing the failed task shows the failure, never a reward of 0
     page.select_option("#task-select", "4")
@@ -198,4 +203,97 @@ def test_hostile_names_are_text(browser: Any, tmp_path: Path) -> None:  # noqa: 
     svg_text = page.eval_on_selector_all("div.chart svg text", "ts => ts.map(t => t.textContent).join(' ')")
     assert f"{metric}: candidate - base" in svg_text and "$a$/eval" in svg_text
     assert "task <b>t1</b>" in page.locator("#task-select option").all_inner_texts()  # as text
+    page.close()
+
+
+ODD_KEYS: list[Any] = ["tâche-1", "任务-3", 2**53 + 1, 2**53 + 2, 7]
+# candidate - base per key: 2**53 + 2 is the worst regression, then "任务-3"; 2**53 + 1 improves
+ODD_DELTAS = {"tâche-1": 0.1, "任务-3": -0.3, 2**53 + 1: 0.4, 2**53 + 2: -0.5, 7: 0.0}
+
+
+def _odd_run(path: Path, side: str, delta: dict[Any, float]) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    lines = []
+    for key in ODD_KEYS:
+        for repeat in range(2):
+            lines.append({
+                "task_id": key, "repeat": repeat, "reward": 0.5 + delta.get(key, 0.0),
+                "responses_create_params": {"input": [{"role": "user", "content": f"question {key}"}],
+                                            "tools": [{"type": "function", "name": "lookup"}]},
+                "response": {"output": [
+                    {"type": "function_call", "name": "lookup", "arguments": json.dumps({"key": str(key)}, ensure_ascii=False),
+                     "call_id": f"c{repeat}"},
+                    {"type": "message", "role": "assistant",
+                     "content": [{"type": "output_text", "text": f"{side} answers {key}"}]}]},
+            })  # fmt: skip
+    path.write_text("".join(json.dumps(line, ensure_ascii=False) + "\n" for line in lines))
+    return path
+
+
+def test_any_task_key_shows_its_own_rollouts_worst_regression_first(browser: Any, tmp_path: Path) -> None:  # noqa: F811
+    """Non-ASCII keys and integer keys above 2**53 (equal as JavaScript numbers) each show their
+    own two rollouts side by side; the per-task view lists the worst regression first."""
+    base = _odd_run(tmp_path / "base" / "r.jsonl", "base", {})
+    cand = _odd_run(tmp_path / "cand" / "r.jsonl", "candidate", ODD_DELTAS)
+    comparison = compare_runs(base, [cand], metrics=["reward"])
+    opened = open_report(browser, write_compare_page(comparison, tmp_path / "keys.html"))
+    page = opened.page
+    assert opened.errors == []
+    first = page.locator("#tasks-table tbody tr").first.locator("td").first.inner_text()
+    assert first == str(2**53 + 2)  # the worst regression first
+    order = page.locator("#tasks-table tbody tr").evaluate_all("rs => rs.map(r => r.cells[0].textContent)")
+    assert order == [str(k) for k in sorted(ODD_KEYS, key=lambda k: ODD_DELTAS[k])]
+    # the view opens on the worst task
+    assert page.locator("#candidate-side pre.response").first.inner_text() == f"candidate answers {2**53 + 2}"
+    for key in ODD_KEYS:
+        page.select_option("#task-select", label=f"task {key}")
+        for side, box in (("base", "#base-side"), ("candidate", "#candidate-side")):
+            texts = page.locator(f"{box} pre.response").all_inner_texts()
+            assert texts == [f"{side} answers {key}"] * 2, (key, side, texts)
+            assert page.locator(f"{box} pre.conversation").first.inner_text().endswith(f"question {key}")
+            assert f'"key": "{key}"' in page.locator(f"{box} pre.tool-calls").first.inner_text()
+        assert (
+            page.locator("#candidate-side .sample-head")
+            .first.inner_text()
+            .startswith(f"reward {0.5 + ODD_DELTAS[key]:g}")
+        )
+    SCREENSHOTS.mkdir(exist_ok=True)
+    page.screenshot(path=str(SCREENSHOTS / "compare-odd-keys.png"), full_page=True)
+    page.close()
+
+
+@pytest.mark.slow
+def test_three_candidates_under_a_policy_in_one_page(browser: Any, tmp_path: Path) -> None:  # noqa: F811
+    """Three candidates against one base: three verdicts, one gate table (a row per candidate and
+    metric), and the task view follows the chosen candidate."""
+    from gym_artifacts.compare.policy import load_policy
+    from tests.test_compare_gate import POLICY, make_run
+
+    base = make_run(tmp_path / "base", seed=1)
+    cands = [make_run(tmp_path / "better", seed=2, lift=0.1, tokens=-30),
+             make_run(tmp_path / "verbose", seed=3, lift=0.1, tokens=40),
+             make_run(tmp_path / "worse", seed=4, lift=-0.2)]  # fmt: skip
+    policy = tmp_path / "policy.yaml"
+    policy.write_text(POLICY.format(expires="2099-12-31"))
+    comparison = compare_runs(base, cands, policy=load_policy(policy))
+    opened = open_report(browser, write_compare_page(comparison, tmp_path / "gate.html"))
+    page = opened.page
+    assert opened.errors == []
+    verdicts = page.locator("li.verdict").evaluate_all("ls => ls.map(l => l.dataset.verdict)")
+    assert verdicts == ["PASS", "WARN", "FAIL"]
+    rows = page.locator("#gate-table tbody tr")
+    assert rows.count() == 6
+    cells = rows.evaluate_all(
+        "rs => rs.map(r => [r.cells[0].textContent, r.cells[1].textContent, r.cells[6].textContent])"
+    )
+    assert cells[3] == ["verbose/eval", "WARN", "waived"] and cells[4] == ["worse/eval", "FAIL", "regressed"]
+    assert page.locator(".gate-verdict").get_attribute("data-verdict") == "FAIL"
+    # the task view follows the chosen candidate: its worst task first
+    page.select_option("#candidate-select", "2")
+    worst = comparison.candidates[2]
+    first = page.locator("#tasks-table tbody tr").first.locator("td").first.inner_text()
+    assert first == str(min((r for r in worst.rows if r.delta is not None), key=lambda r: r.delta).key)
+    assert page.locator("#candidate-title").inner_text() == "candidate: worse/eval"
+    SCREENSHOTS.mkdir(exist_ok=True)
+    page.screenshot(path=str(SCREENSHOTS / "compare-gate-three-candidates.png"), full_page=True)
     page.close()

@@ -215,7 +215,9 @@ def test_a_backends_context_is_set_once_per_setup_on_its_worker_thread(tmp_path:
         registry.unregister(ContextProbe.name)
 
 
-def test_a_live_run_that_lost_calls_is_superseded_by_the_post_run_policy(tmp_path: Path) -> None:
+def test_a_live_run_that_lost_calls_is_repaired_by_the_post_run_policy(tmp_path: Path) -> None:
+    """Lost calls do not make a second run: the backend's ``_certify`` gets the whole run to
+    send what its live run lacks (issue 38)."""
     out = tmp_path / "eval.jsonl"
     cfg = {"exporters": {"probe": {"enabled": True}}}
     probe_eval(out, cfg)
@@ -223,8 +225,20 @@ def test_a_live_run_that_lost_calls_is_superseded_by_the_post_run_policy(tmp_pat
     marker = read_marker(fpath)
     assert marker is not None
     write_marker(fpath, marker.model_copy(update={"lossless": False, "lost_calls": 3}))
-    [result] = export_run(out, cfg, certify=True)
-    assert (result.status, result.backend_run_id) == (ExportStatus.EXPORTED, "probe-post")
+    [result] = export_run(out, cfg)
+    assert (result.status, result.backend_run_id) == (ExportStatus.EXPORTED, "probe-1")
+    assert [(h, v) for h, v, _ in ProbeLive.calls][-1] == ("certify", "probe-1")
+
+
+def test_a_live_run_whose_files_differ_is_superseded_by_the_post_run_policy(tmp_path: Path) -> None:
+    out = tmp_path / "eval.jsonl"
+    cfg = {"exporters": {"probe": {"enabled": True}}}
+    probe_eval(out, cfg)
+    with open(out, "a") as fh:  # a rollout the live run never logged, after complete()
+        fh.write('{"id": 99}\n')
+    fpath = RunArtifacts.from_path(out).run_id_marker_fpath("probe")
+    [result] = export_run(out, cfg, certify=True, accept_stale_aggregates=True)
+    assert (result.status, result.backend_run_id) == (ExportStatus.EXPORTED, "probe-post"), result.reason
     assert [(h, v) for h, v, _ in ProbeLive.calls][-2:] == [("post_run", None), ("superseded", ("probe-1", "probe-post"))]
     after = read_marker(fpath)
     assert after is not None and after.superseded_by == "probe-post"

@@ -13,6 +13,7 @@ from gym_artifacts import export_run
 from gym_artifacts.contract.hooks import ExportStatus
 from gym_artifacts.run.artifacts import RunArtifacts
 from tests.media import decode_frame_count
+from tests.processes import reaped
 
 
 def local_cfg(root: Path) -> object:
@@ -147,7 +148,8 @@ def test_copies_of_a_run_in_differently_named_folders_end_in_one_local_folder(ma
         "[r] = export_run(sys.argv[1], cfg); print(r.status.value, r.backend_run_id)"
     )
     procs = [subprocess.Popen([sys.executable, "-c", script, str(p)], stdout=subprocess.PIPE, text=True) for p in both]
-    outs = [p.communicate(timeout=180)[0].split() for p in procs]
+    with reaped(procs):
+        outs = [p.communicate(timeout=180)[0].split() for p in procs]
     assert [o[0] for o in outs] == ["EXPORTED", "EXPORTED"] and {o[1] for o in outs} == {a.backend_run_id}, outs
     folders = [p.name for p in (root / "default").iterdir()]
     assert folders == [a.backend_run_id], folders  # one folder, no .sending- left

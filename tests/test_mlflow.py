@@ -30,6 +30,7 @@ from gym_artifacts._builtin_exporters._mlflow_mapping import (
 from gym_artifacts.contract.hooks import ExportStatus
 from gym_artifacts.live import live_exporters
 from gym_artifacts.run.artifacts import RunArtifacts
+from tests.load import scaled
 from tests.mlflow_server import MlflowServer, free_port
 
 REPO = Path(__file__).resolve().parent.parent
@@ -61,12 +62,14 @@ def test_post_run_export_reads_back(quickstart_run: Path, tracking_uri: str, tmp
     # tags: the run's identity
     identity = bookkeeping_of(run.data.tags)["identity"]
     assert identity.startswith("b3:")
-    # aggregate metrics under NeMo Gym's own exporter's names; levels as table artifacts
+    # headline metrics under NeMo Gym's own exporter's names (at most 12: MLflow's runs list), the
+    # other statistics in the metrics table; levels as table artifacts
     agg = json.loads(quickstart_run.with_name("eval_aggregate_metrics.json").read_text())
-    assert run.data.metrics["key_metrics/travel_simple_agent/mean/reward"] == pytest.approx(
-        agg[1]["key_metrics"]["mean/reward"]
-    )
-    assert run.data.metrics["calendar_simple_agent/std/total_tokens"] == pytest.approx(
+    journal_series = {"train/reward", "rollouts_done"}  # the live step metrics, their own series
+    assert len(set(run.data.metrics) - journal_series) <= 12, sorted(run.data.metrics)
+    assert run.data.metrics["travel_simple_agent/mean/reward"] == pytest.approx(agg[1]["key_metrics"]["mean/reward"])
+    table = json.loads(download(client, run.info.run_id, "tables/metrics.json", tmp_path / "m").read_text())
+    assert dict(table["data"])["calendar_simple_agent/std/total_tokens"] == pytest.approx(
         agg[2]["agent_metrics"]["std/total_tokens"]
     )
     assert run.data.tags["weather_simple_agent/_ng_environment_server"] == "weather_environment_server"
@@ -75,6 +78,7 @@ def test_post_run_export_reads_back(quickstart_run: Path, tracking_uri: str, tmp
     assert json.loads(run.data.tags["mlflow.loggedArtifacts"]) == [
         {"path": "tables/group_level_metrics.json", "type": "table"},
         {"path": "tables/repeat_level_metrics.json", "type": "table"},
+        {"path": "tables/metrics.json", "type": "table"},
         {"path": "rollouts.json", "type": "table"},  # NeMo Gym's rollouts table (test_nemo_gym_dropin)
     ]
     groups = json.loads(
@@ -116,7 +120,7 @@ def test_reexport_is_skipped_without_contact(quickstart_run: Path, tmp_path: Pat
     [again] = export_run(quickstart_run, mlflow_cfg(uri))
     assert again.status is ExportStatus.SKIPPED
     assert again.backend_run_id == first.backend_run_id
-    assert time.monotonic() - started < 5 and not (tmp_path / "m.db").exists()
+    assert time.monotonic() - started < scaled(5) and not (tmp_path / "m.db").exists()
     # Another destination is not covered by that receipt: it is sent to (and fails, being closed).
     closed = f"http://127.0.0.1:{free_port()}"
     [elsewhere] = export_run(quickstart_run, mlflow_cfg(closed, export_request_retries=0))
@@ -214,7 +218,7 @@ def test_live_run_then_certify(quickstart_run: Path, tracking_uri: str, tmp_path
     assert result.backend_run_id == report.run_id
     run = client.get_run(report.run_id)
     assert bookkeeping_of(run.data.tags)["certified"] == "true"
-    assert "key_metrics/travel_simple_agent/mean/reward" in run.data.metrics
+    assert "travel_simple_agent/mean/reward" in run.data.metrics
     assert len(client.get_metric_history(report.run_id, "reward")) == 10  # nothing duplicated
 
 
@@ -262,7 +266,7 @@ def test_server_killed_mid_run(quickstart_run: Path, own_mlflow_server: MlflowSe
         stop_started = time.monotonic()
     teardown_seconds = time.monotonic() - stop_started
     assert statistics.median(after) < 100e-6 and statistics.median(before) < 100e-6
-    assert teardown_seconds < 5.0 + 1.0
+    assert teardown_seconds < 5.0 + scaled(1.0)
     [report] = live.reports
     assert report.failed + report.undelivered + report.dropped > 0
     assert time.monotonic() - started < 60

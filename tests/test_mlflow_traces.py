@@ -113,7 +113,7 @@ def test_with_failures_fixture_reads_back_from_a_real_server(mlflow_server: Any,
         assert [(s.name, s.inputs, s.outputs) for s in tools] == [
             (c["name"], json.loads(c["arguments"]), results[c["call_id"]]) for c in calls
         ]
-        llms = [s for s in trace.data.spans if s.span_type == "LLM"]
+        llms = [s for s in trace.data.spans if s.span_type == "CHAT_MODEL"]
         usage = [s.attributes.get("mlflow.chat.tokenUsage") for s in llms]
         summed = {k: sum(u[k] for u in usage if u) for k in ("input_tokens", "output_tokens", "total_tokens")}
         assert summed == {k: record["response"]["usage"][k] for k in summed}

@@ -113,3 +113,59 @@ def test_mlflow_ui_shows_every_rollout_span_tree_tool_calls_and_dataset(
     assert "8 of 10 planned rollouts scored (2 failed)" in text
     assert "gym_artifacts" in text and "gym_artifacts." not in text, text
     page.close()
+
+
+@pytest.mark.slow
+def test_mlflow_ui_short_runs_list_tools_panel_and_measured_spans(
+    mlflow_server: Any, browser: Any, tmp_path: Path  # noqa: F811
+) -> None:
+    """Issue 39 in MLflow's own UI: the runs list carries the headline metrics only (at most 12),
+    a model-call span shows MLflow's Tools panel, and NeMo Gym's observability run (its real
+    fixture) has measured spans with tokens on every model call."""
+
+    client = MlflowClient(mlflow_server.uri)
+    experiment = f"ui39-{uuid.uuid4().hex[:8]}"
+    [result] = export_run(fixture_run(tmp_path), traces_cfg(mlflow_server.uri, experiment))
+    assert result.status is ExportStatus.EXPORTED, result.reason
+    observability = fixture_run(tmp_path, "observability")
+    [observed] = export_run(observability, traces_cfg(mlflow_server.uri, experiment))
+    assert observed.status is ExportStatus.EXPORTED, observed.reason
+    experiment_id = client.get_experiment_by_name(experiment).experiment_id
+    metrics = client.get_run(result.backend_run_id).data.metrics
+    assert len(metrics) <= 12
+    SCREENSHOTS.mkdir(exist_ok=True)
+    page = browser.new_page(viewport={"width": 1600, "height": 950})
+    page.add_init_script(NO_ASSISTANT)
+    base = f"{mlflow_server.uri}/#/experiments/{experiment_id}"
+
+    # the evaluation-runs list: the headline metrics, none of the statistics left to
+    # tables/metrics.json (before: 62 columns, every one headed "example_si...")
+    page.goto(f"{base}/runs")
+    page_text(page, "Evaluation runs")
+    page.get_by_text("Evaluation runs").first.click()
+    text = page_text(page, "coverage")
+    page.screenshot(path=str(SCREENSHOTS / "mlflow-evaluation-runs.png"))
+    assert "coverage" in text and "ci_high_95" not in text and "max_across_repeats" not in text
+
+    # a model-call span: MLflow's Tools panel lists the tool offered
+    page.goto(f"{base}/traces")
+    page_text(page, "what's it like in sf?")
+    page.get_by_text("what's it like in sf?").first.click()
+    text = page_text(page, "get_weather")
+    page.screenshot(path=str(SCREENSHOTS / "mlflow-trace-tree.png"))
+    model = "stub-model" if "stub-model" in text else "fake-model"  # the observability run's, or not
+    in_tree = [m for m in page.get_by_text(model, exact=True).all() if (m.bounding_box() or {}).get("x", 1e9) < 470]
+    in_tree[0].click()
+    text = page_text(page, "Tools\n(")
+    page.screenshot(path=str(SCREENSHOTS / "mlflow-tools-panel.png"))
+    assert "Tools\n(1)" in text and "get_weather" in text  # MLflow's Tools panel, 1 tool
+
+    # the observability run: every span measured, tokens on every model call
+    traces = [t for t in client.search_traces(locations=[experiment_id], run_id=observed.backend_run_id,
+                                              max_results=100, include_spans=True)]  # fmt: skip
+    assert len(traces) == 10
+    for trace in traces:
+        assert all(s.end_time_ns > s.start_time_ns for s in trace.data.spans)
+        models = [s for s in trace.data.spans if s.span_type == "CHAT_MODEL"]
+        assert models and all(s.attributes.get("mlflow.chat.tokenUsage") for s in models)
+    page.close()

@@ -36,7 +36,13 @@ def test_aggregate_metric_names_agree_across_local_mlflow_and_wandb(quickstart_r
     # NeMo Gym's own exporter's names; per-task/per-repeat levels are tables, never names here
     assert "key_metrics/weather_simple_agent/mean/reward" in local and "coverage/scored" in local
     assert not any("[" in k or "level_metrics" in k for k in local)
-    mlflow_metrics = MlflowClient(store).get_run(results["mlflow"].backend_run_id).data.metrics
+    client = MlflowClient(store)
+    run_id = results["mlflow"].backend_run_id
+    mlflow_metrics = dict(client.get_run(run_id).data.metrics)  # the headline (the runs list's columns)
+    table = json.loads(Path(client.download_artifacts(run_id, "tables/metrics.json", str(tmp_path))).read_text())
+    for metric, value in table["data"]:  # every other statistic, under the same name
+        assert metric not in mlflow_metrics, metric
+        mlflow_metrics[metric] = value
     [wb] = offline_runs(tmp_path / "wb")
     for name, value in local.items():
         assert mlflow_metrics[mlflow_name(name)] == value, name

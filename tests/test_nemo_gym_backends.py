@@ -119,6 +119,9 @@ def test_phoenix_experiment_metadata_has_coverage(name: str, tmp_path: Path) -> 
         experiments = Experiments()
 
     exporter = PhoenixExporter(PhoenixExporter.config_model(enabled=True))
-    assert exporter._experiment(RecordingClient(), run, plan, "ds-1", 1) == "exp-1"
+    from gym_artifacts.contract.run_payload import RunPayload
+
+    payload = RunPayload.of(run, plan)
+    assert exporter._experiment(RecordingClient(), run, plan, payload, "ds-1", 1) == "exp-1"
     [sent] = created
     assert sent["experiment_metadata"]["coverage"] == expected_coverage(name)

@@ -14,6 +14,7 @@ import pytest
 from gym_artifacts.runtime.nvml import NVMLSampler
 from gym_artifacts.runtime.stats import SeriesStats, percentile
 from tests.fake_pynvml import FakeGpu, FakeNvml
+from tests.load import scaled
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -138,15 +139,22 @@ def test_stop_and_start_again(monkeypatch: pytest.MonkeyPatch) -> None:
         interval=0.1, nvml=FakeNvml([FakeGpu("GPU-x")]), cuda_uuid=no_torch, publish_otel=False
     )
     sampler.start()
-    time.sleep(0.35)
+    sampled(sampler, 2)  # an event, not a sleep: a loaded machine may take a while per sample
     sampler.stop()
     first = sampler.summary()["samples"]
     time.sleep(0.25)
     assert sampler.summary()["samples"] == first  # stopped means stopped
     sampler.start()
-    time.sleep(0.35)
+    sampled(sampler, first + 2)
     sampler.stop()
     assert first >= 2 and sampler.summary()["samples"] >= first + 2
+
+
+def sampled(sampler: NVMLSampler, at_least: int) -> None:
+    """Wait until ``sampler`` took ``at_least`` samples (bounded, scaled to the machine's load)."""
+    bound = time.monotonic() + scaled(10)
+    while sampler.summary()["samples"] < at_least and time.monotonic() < bound:
+        time.sleep(0.02)
 
 
 def test_interval_below_minimum_is_refused() -> None:

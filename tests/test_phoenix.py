@@ -3,7 +3,10 @@ read back through Phoenix's own client."""
 
 from __future__ import annotations
 
+import datetime as dt
 import json
+import re
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -22,7 +25,9 @@ from gym_artifacts._builtin_exporters.phoenix import PhoenixExporter
 from gym_artifacts.contract.hooks import ExportStatus
 from gym_artifacts.run.artifacts import RunArtifacts
 from gym_artifacts.run.receipts import read_receipts
+from tests.fixture_paths import NEMO_GYM_FIXTURES
 from tests.phoenix_server import PhoenixServer
+from tests.test_report import browser  # noqa: F401 - the shared Chromium fixture
 
 REPO = Path(__file__).resolve().parent.parent
 CANARY = "sk-phoenix-canary-2b7e40"
@@ -170,6 +175,23 @@ def all_spans(client: Client, project: str) -> list[Any]:
         spans = page
 
 
+def trace_annotations(client: Client, project: str) -> list[dict[str, Any]]:
+    """Every trace annotation the export made in ``project`` (identifier ``gym-artifacts``)."""
+    found: list[dict[str, Any]] = []
+    cursor = None
+    while True:
+        params: dict[str, Any] = {"identifier": "gym-artifacts", "limit": 1000}
+        if cursor:
+            params["cursor"] = cursor
+        response = client._client.get(f"v1/projects/{project}/trace_annotations", params=params)
+        response.raise_for_status()
+        body = response.json()
+        found.extend(body["data"])
+        cursor = body.get("next_cursor")
+        if not cursor:
+            return found
+
+
 def test_with_failures_fixture_as_traces(phoenix: PhoenixServer, tmp_path: Path) -> None:
     """NeMo Gym 0.7.0's real run with 2 failed rollouts as Phoenix traces (OpenInference): 10
     root spans, the 2 failed ones ERROR with the failure's message, a TOOL span with its
@@ -201,9 +223,7 @@ def test_with_failures_fixture_as_traces(phoenix: PhoenixServer, tmp_path: Path)
     llms = [s for s in spans if s["span_kind"] == "LLM"]
     total = sum(s["attributes"].get("llm.token_count.total", 0) for s in llms)
     assert total == sum(r["response"]["usage"]["total_tokens"] for r in records)
-    annotations = client.spans.get_span_annotations(
-        span_ids=[s["context"]["span_id"] for s in roots], project_identifier="with-failures-traces"
-    )
+    annotations = trace_annotations(client, "with-failures-traces")  # Phoenix's trace annotation scores
     assert sorted(a["result"]["score"] for a in annotations) == sorted(r["reward"] for r in records)
 
 
@@ -237,10 +257,7 @@ def test_sigkilled_traces_export_rerun_leaves_no_duplicate(quickstart_run: Path,
     spans = all_spans(client, "killed-traces")
     roots = [s for s in spans if not s.get("parent_id")]
     assert len(roots) == len({s["context"]["trace_id"] for s in roots}) == 300
-    annotations = client.spans.get_span_annotations(
-        span_ids=[s["context"]["span_id"] for s in roots], project_identifier="killed-traces", limit=1000
-    )
-    assert len(annotations) == 300
+    assert len(trace_annotations(client, "killed-traces")) == 300
 
 
 def test_a_traces_export_longer_than_its_deadlines_lands_while_batches_keep_landing(
@@ -269,3 +286,120 @@ def test_a_traces_export_longer_than_its_deadlines_lands_while_batches_keep_land
     assert time.monotonic() - start > 15 * 1.5
     roots = [s for s in all_spans(Client(base_url=phoenix.url), "long-traces") if not s.get("parent_id")]
     assert len(roots) == 300
+
+
+# -- what Phoenix shows of a NeMo Gym run (issue 39): names from the run (agent, run name, date), every
+# planned rollout an experiment run (failed ones as ERROR runs) linked to its trace, reward and
+# verdicts as trace annotations, readable root input/output, OpenInference tool lists on model calls
+AGENT = "example_single_tool_call_simple_agent"
+
+
+def _copy_fixture(name: str, tmp_path: Path) -> Path:
+    target = tmp_path / name
+    shutil.copytree(NEMO_GYM_FIXTURES / name, target)
+    return target / "rollouts.jsonl"
+
+
+def _export_default(run: Path, url: str) -> Any:
+    cfg = OmegaConf.create({"exporters": {"phoenix": {"enabled": True, "base_url": url}}})
+    [result] = export_run(run, cfg)
+    assert result.status is ExportStatus.EXPORTED, result.reason
+    return result
+
+
+def test_phoenix_names_runs_errors_links_and_annotations(phoenix: PhoenixServer, tmp_path: Path) -> None:
+    url = phoenix.url
+    client = Client(base_url=url)
+    failing, clean = _copy_fixture("with-failures", tmp_path), _copy_fixture("clean", tmp_path)
+    created = min(json.loads(line)["response"]["created_at"] for line in failing.read_text().splitlines())
+    day = dt.datetime.fromtimestamp(created, dt.timezone.utc).date().isoformat()
+    first = _export_default(failing, url)
+    experiment = client.experiments.get_experiment(experiment_id=first.backend_run_id)
+    info = client.experiments.get(experiment_id=first.backend_run_id)
+    datasets = {d["name"] for d in client.datasets.list()}
+    projects = {p["name"] for p in client.projects.list()}
+    # named from the run: agent, run name (folder), date
+    named = [n for n in datasets if "with-failures" in n]
+    assert len(named) == 1 and AGENT in named[0] and day in named[0], datasets
+    project = named[0]  # traces go to the project of the dataset's name
+    assert project in projects, projects
+    assert "with-failures" in info["name"] and not info["name"].startswith("rollouts")
+    # every planned rollout: 10 runs, the 2 failed ones as ERROR runs with their failure
+    runs = experiment["task_runs"]
+    assert len(runs) == 10
+    errors = [r for r in runs if r.get("error")]
+    assert len(errors) == 2 and all("ClientResponseError" in r["error"] for r in errors)
+    # each linked to its trace, which is in the project
+    spans = all_spans(client, project)
+    roots = {s["context"]["trace_id"]: s for s in spans if not s.get("parent_id")}
+    assert len(roots) == 10 and {r["trace_id"] for r in runs} == set(roots)
+    # reward as a trace annotation of every scored rollout
+    rewards = [a for a in trace_annotations(client, project) if a["name"] == "reward"]
+    assert len(rewards) == 8 and {a["result"]["score"] for a in rewards} == {0.0, 1.0}
+    # the root's input and output are what a person reads: the last user turn, the final answer
+    ok_roots = [s for s in roots.values() if s["status_code"] != "ERROR"]
+    assert all(not s["attributes"]["input.value"].startswith("{") for s in ok_roots)
+    assert {s["attributes"]["input.value"] for s in ok_roots} <= {
+        "what's it like in sf?", "humidity in sf", "going out in sf tonight", "sf weather?", "hello",
+    } or len({s["attributes"]["input.value"] for s in ok_roots}) > 1  # fmt: skip
+    # a model call carries the tools offered (OpenInference llm.tools)
+    llms = [s for s in spans if s["span_kind"] == "LLM"]
+    def tools_of(span: dict[str, Any]) -> str:
+        return json.dumps({k: v for k, v in span["attributes"].items() if k.startswith("llm.tools")})
+
+    assert llms and all("get_weather" in tools_of(s) for s in llms)
+    # a second run: a second, distinct name
+    _export_default(clean, url)
+    again = {p["name"] for p in client.projects.list()}
+    assert len([p for p in again if AGENT in p]) == 2
+    assert any("clean" in p for p in again)
+
+
+
+def test_phoenix_ui_shows_named_runs_errors_and_trace_annotations(
+    phoenix: PhoenixServer, browser: Any, tmp_path: Path  # noqa: F811
+) -> None:
+    """Phoenix's own UI (Chromium) on the exported with-failures run: the project named from the
+    run, its 10 traces (2 errors), the experiment's 10 runs; screenshots in test-artifacts/."""
+    import time
+
+    from tests.test_report import SCREENSHOTS
+
+    run = _copy_fixture("with-failures", tmp_path)
+    result = _export_default(run, phoenix.url)
+    client = Client(base_url=phoenix.url)
+    info = client.experiments.get(experiment_id=result.backend_run_id)
+    SCREENSHOTS.mkdir(exist_ok=True)
+    page = browser.new_page(viewport={"width": 1600, "height": 950})
+
+    def shown(needle: str, times: int = 1) -> str:
+        deadline = time.monotonic() + 60
+        while True:
+            text = str(page.inner_text("body"))
+            if text.count(needle) >= times or time.monotonic() > deadline:
+                return text
+            time.sleep(0.5)
+
+    page.goto(f"{phoenix.url}/projects")
+    text = shown(info["name"][:30])
+    for _ in range(20):  # the session's server holds other tests' projects: the list pages them
+        more = page.get_by_text("Load More")
+        if info["name"][:30] in text or not more.count():
+            break
+        more.first.click()
+        text = shown(info["name"][:30])
+    page.screenshot(path=str(SCREENSHOTS / "phoenix-projects.png"))
+    assert info["name"][:30] in text  # the project, named from the run
+    page.get_by_text(info["name"][:30]).first.click()
+    shown("what's it like in sf?")
+    text = shown("TRACE ANNOTATIONS")
+    page.screenshot(path=str(SCREENSHOTS / "phoenix-traces.png"))
+    # the list's input/output: the last user turn and the final answer, not JSON
+    assert "what's it like in sf?" in text and "{" not in text.split("what's it like in sf?")[0][-200:]
+    assert re.search(r"Total Traces\s+10\b", text) and text.count("ClientResponseError") >= 2
+    assert re.search(r"TRACE ANNOTATIONS\s+reward", text)  # the reward as a trace annotation
+    page.goto(f"{phoenix.url}/datasets/{info['dataset_id']}/experiments")
+    text = shown(info["name"][:30], 2)
+    page.screenshot(path=str(SCREENSHOTS / "phoenix-experiments.png"))
+    assert text.count(info["name"][:30]) >= 2  # the dataset's header and the experiment's row
+    page.close()

@@ -239,14 +239,24 @@ def test_session_times_win_over_the_journal(quickstart_run: Path, tmp_path: Path
     assert bookkeeping_of(run.data.tags)["times_from"] == "session"
 
 
-def test_without_session_or_journal_the_files_give_the_times(quickstart_run: Path, tmp_path: Path) -> None:
+def test_without_session_or_journal_the_rollouts_give_the_times_never_the_files(
+    quickstart_run: Path, tmp_path: Path
+) -> None:
+    """A copy's file times say when it was copied: the run's times come from its rollouts'
+    own times (the Responses' created_at here), whatever the files' times."""
+    from gym_artifacts.run.trajectory import rollout_window
+
     (quickstart_run.with_name("eval_artifacts") / "session_times.json").unlink()
     quickstart_run.with_name("eval_metrics.jsonl").unlink()
-    old = 1_700_000_000
+    lines = quickstart_run.read_text().splitlines()
+    stamped = [json.dumps({**json.loads(line), "timestamp": 1_700_000_000 + 10 * n}) for n, line in enumerate(lines)]
+    quickstart_run.write_text("\n".join(stamped) + "\n")
+    windows = [rollout_window(json.loads(line)) for line in stamped]
     for f in quickstart_run.parent.rglob("*"):
         if f.is_file():
-            os.utime(f, (old, old))
-    os.utime(quickstart_run.with_name("eval_aggregate_metrics.json"), (old + 100, old + 100))
+            os.utime(f, (2_000_000_000, 2_000_000_000))
     run = _mlflow_export(quickstart_run, tmp_path)
-    assert (run.info.start_time, run.info.end_time) == (old * 1000, (old + 100) * 1000)
-    assert bookkeeping_of(run.data.tags)["times_from"] == "files"
+    start = min(w[0] for w in windows if w[0] is not None)
+    end = max(w[1] for w in windows if w[1] is not None)
+    assert (run.info.start_time, run.info.end_time) == (int(start * 1000), int(end * 1000))
+    assert bookkeeping_of(run.data.tags)["times_from"] == "rollouts"

@@ -20,6 +20,7 @@ from gym_artifacts.live import live_exporters
 from gym_artifacts.run.artifacts import RunArtifacts
 from gym_artifacts.run.receipts import RunIdMarker, read_marker, write_marker
 from tests.backends import FailingLive
+from tests.processes import reaped
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -44,12 +45,12 @@ LOGGER = textwrap.dedent(
 def log_steps(store: Path, out: Path, first: int, last: int, *, resume: bool, kill: bool) -> None:
     args = [sys.executable, "-c", LOGGER, str(store), str(out), str(first), str(last), str(resume).lower()]
     proc = subprocess.Popen([*args, "hang" if kill else "exit"], stdout=subprocess.PIPE, text=True, cwd=REPO)
-    assert proc.stdout is not None
-    assert proc.stdout.readline().strip() == "ready"
-    if kill:
-        os.kill(proc.pid, signal.SIGKILL)
-    assert proc.wait(60) == (-9 if kill else 0)
-    proc.stdout.close()
+    with reaped(proc):
+        assert proc.stdout is not None
+        assert proc.stdout.readline().strip() == "ready"
+        if kill:
+            os.kill(proc.pid, signal.SIGKILL)
+        assert proc.wait(60) == (-9 if kill else 0)
 
 
 def marker_of(out: Path) -> RunIdMarker:

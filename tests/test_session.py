@@ -21,6 +21,7 @@ from gym_artifacts.contract.hooks import ExportStatus
 from gym_artifacts.runtime.nvml import NVMLSampler
 from gym_artifacts.runtime.session import ExperimentSession, maybe_build_session
 from tests.fake_pynvml import FakeGpu, FakeNvml
+from tests.processes import reaped
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -186,12 +187,12 @@ def test_killed_session_leaves_no_half_written_artifact(tmp_path: Path, mode: st
         cwd=REPO,
         env=env,
     )
-    assert proc.stdout is not None
-    if mode == "before-finalize":
-        assert proc.stdout.readline().strip() == "ready"
-        os.kill(proc.pid, signal.SIGKILL)
-    assert proc.wait(60) == -9
-    proc.stdout.close()
+    with reaped(proc):
+        assert proc.stdout is not None
+        if mode == "before-finalize":
+            assert proc.stdout.readline().strip() == "ready"
+            os.kill(proc.pid, signal.SIGKILL)
+        assert proc.wait(60) == -9
     folder = tmp_path / "eval_artifacts"
     visible = {p.name for p in folder.iterdir() if not p.name.startswith(".")}
     start = json.loads((folder / "session_start.json").read_text())

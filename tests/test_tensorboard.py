@@ -74,8 +74,12 @@ def assert_histogram_of(histogram: Any, values: list[float]) -> None:
 def assert_quickstart_once(run_dir: Path, quickstart_run: Path) -> None:
     acc = read_run(run_dir)
     records = rollouts(quickstart_run)
-    assert "rollouts/reward" not in acc.Tags()["scalars"]  # no scalar per row: a distribution
-    [rewards] = acc.Histograms("rollouts/reward")  # one step: the whole run
+    # each rollout's reward at its index in completion order; the distribution over the rollouts
+    # so far at several steps, the last one the whole run
+    assert [e.value for e in acc.Scalars("rollout/reward")] == [r["reward"] for r in records]
+    history = acc.Histograms("rollouts/reward")
+    assert len(history) > 1
+    rewards = history[-1]
     assert rewards.step == len(records)
     assert_histogram_of(rewards.histogram_value, [r["reward"] for r in records])
     table = texts(acc, "rollouts/table")
@@ -210,7 +214,7 @@ def test_table_is_bounded_while_every_reward_is_in_the_histogram(quickstart_run:
     [result] = export_run(quickstart_run, tb_cfg(logdir, table_rows=120))
     assert result.status is ExportStatus.EXPORTED, result.reason
     acc = read_run(logdir / result.backend_run_id)
-    [rewards] = acc.Histograms("rollouts/reward")
+    rewards = acc.Histograms("rollouts/reward")[-1]  # the last step: every rollout
     assert rewards.histogram_value.num == 300
     rows = [line for _, chunk in texts(acc, "rollouts/table") for line in chunk.splitlines()[2:]]
     assert len(rows) == 120
@@ -269,7 +273,7 @@ def test_token_distributions_from_the_responses_usage(tmp_path: Path) -> None:
     acc = read_run(tmp_path / "tb" / result.backend_run_id)
     records = rollouts(run / "rollouts.jsonl")
     for key in ("input_tokens", "output_tokens", "total_tokens"):
-        [h] = acc.Histograms(f"rollouts/{key}")
+        h = acc.Histograms(f"rollouts/{key}")[-1]
         assert h.step == len(records)
         assert_histogram_of(h.histogram_value, [float(r["response"]["usage"][key]) for r in records])
 

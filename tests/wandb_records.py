@@ -21,6 +21,7 @@ class OfflineRun:
     summary: dict[str, Any] = field(default_factory=dict)
     artifacts: list[dict[str, Any]] = field(default_factory=list)
     exit_code: int | None = None
+    notes: str = ""
 
     @property
     def steps(self) -> list[int]:
@@ -47,6 +48,7 @@ def read_offline_run(wandb_file: Path) -> OfflineRun:
         body = record.get(kind, {})
         if kind == "run":
             run.config.update(body.get("config", {}).get("update", {}))
+            run.notes = body.get("notes", run.notes) or run.notes
         elif kind == "config":
             run.config.update(body.get("update", {}))
         elif kind == "history":

@@ -4,26 +4,42 @@
 candidate with the base by task key, and tests each metric with ``stats.paired_test``. Tasks in
 only one run, and tasks whose every rollout failed, are counted and listed (never dropped, never
 scored as zero). The result is plain data (``to_json``) that the page, the CLI and ``--log`` show.
+
+Task identity (``tasks.input_digest``): a task whose input differs between the two runs is left
+out of every test and counted (``input_differs``); past ``max_input_mismatch`` of the tasks both
+runs hold, or when the runs are on different benchmarks (disjoint environment servers), the
+comparison is refused (CompareError). With a ``policy`` (``policy.Policy``), each candidate also
+gets the release gate's verdict (``gate.gate``).
 """
 
 from __future__ import annotations
 
+import datetime as dt
+import math
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from gym_artifacts.compare.stats import PairedResult, check_alpha_margin, paired_test
+from gym_artifacts.compare.gate import gate, worst
+from gym_artifacts.compare.policy import DEFAULT_MAX_INPUT_MISMATCH, Policy
+from gym_artifacts.compare.stats import DEFAULT_ALPHA, PairedResult, check_alpha_margin, paired_test
 from gym_artifacts.compare.tasks import PRIMARY_METRIC, RunTasks, TaskKey, read_run_tasks, sort_key
 from gym_artifacts.core.errors import GymArtifactsError
+from gym_artifacts.core.suggest import did_you_mean
 from gym_artifacts.run.artifacts import RunArtifacts
 
-DEFAULT_ALPHA = 0.05
 LISTED_TASKS = 1000  # unpaired tasks listed by key in the JSON (all are counted)
 
 
 class CompareError(GymArtifactsError):
-    """A comparison that cannot be made as asked (an unknown metric, a bad alpha or margin)."""
+    """A comparison that cannot be made as asked (an unknown metric, a bad alpha or margin, runs
+    of different tasks or benchmarks)."""
+
+
+def finite_or_none(value: float | None) -> float | None:
+    """``value`` when it is a finite number, else None: no page, JSON or verdict shows inf/NaN."""
+    return value if value is not None and math.isfinite(value) else None
 
 
 @dataclass
@@ -37,12 +53,14 @@ class TaskRow:
     candidate_value: float | None
     base_failed: int
     candidate_failed: int
+    input_differs: bool = False  # both runs hold the task, with different inputs: never paired
 
     @property
     def delta(self) -> float | None:
-        if self.base_value is None or self.candidate_value is None:
+        """candidate - base; None when not paired or not computable (a difference past float64)."""
+        if self.base_value is None or self.candidate_value is None or self.input_differs:
             return None
-        return self.candidate_value - self.base_value
+        return finite_or_none(self.candidate_value - self.base_value)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -52,6 +70,7 @@ class TaskRow:
             "base_value": self.base_value,
             "candidate_value": self.candidate_value,
             "delta": self.delta,
+            "input_differs": self.input_differs,
             "base_failed_rollouts": self.base_failed,
             "candidate_failed_rollouts": self.candidate_failed,
         }
@@ -66,6 +85,7 @@ class CandidateComparison:
     results: list[PairedResult]
     rows: list[TaskRow]  # every task either run knows of, by key
     verdict: dict[str, Any] = field(default_factory=dict)
+    gate: dict[str, Any] | None = None  # the policy's verdict (``gate.gate``), with a policy only
 
     def rows_where(self, base: set[str] | None = None, candidate: set[str] | None = None) -> list[TaskRow]:
         return [
@@ -77,8 +97,10 @@ class CandidateComparison:
 
     def pairing(self) -> dict[str, Any]:
         """How the tasks paired: counts, and the unpaired and failed tasks listed by key."""
+        differs = [r for r in self.rows if r.input_differs]
         groups = {
-            "paired": self.rows_where({"scored"}, {"scored"}),
+            "paired": [r for r in self.rows_where({"scored"}, {"scored"}) if not r.input_differs],
+            "input_differs": differs,
             "only_in_base": self.rows_where({"scored"}, {"failed", "no result", "absent"}),
             "only_in_candidate": self.rows_where({"failed", "no result", "absent"}, {"scored"}),
             "in_neither": self.rows_where(
@@ -86,7 +108,7 @@ class CandidateComparison:
             ),
         }
         out: dict[str, Any] = {name: len(rows) for name, rows in groups.items()}
-        for name in ("only_in_base", "only_in_candidate", "in_neither"):
+        for name in ("only_in_base", "only_in_candidate", "in_neither", "input_differs"):
             out[f"{name}_tasks"] = [
                 {"task": r.key, "base": r.base_state, "candidate": r.candidate_state}
                 for r in groups[name][:LISTED_TASKS]
@@ -104,13 +126,16 @@ class CandidateComparison:
         return out
 
     def to_json(self) -> dict[str, Any]:
-        return {
+        out = {
             "candidate": self.candidate.summary(),
             "primary_metric": self.primary_metric,
             "verdict": self.verdict,
             "pairing": self.pairing(),
             "results": [r.to_json() for r in self.results],
         }
+        if self.gate is not None:
+            out["gate"] = self.gate
+        return out
 
 
 @dataclass
@@ -122,6 +147,35 @@ class Comparison:
     alpha: float
     margin: float | None
     metrics_requested: list[str] | None
+    policy: Policy | None = None
+    today: dt.date | None = None  # the day waivers were judged on (with a policy)
+
+    def gate(self) -> dict[str, Any] | None:
+        """The policy's overall verdict (the worst candidate's) and the expired waivers; None
+        without a policy."""
+        if self.policy is None or self.today is None:
+            return None
+        today = self.today
+        return {
+            "verdict": worst([c.gate["verdict"] for c in self.candidates if c.gate is not None]),
+            "policy": self.policy.to_json(),
+            "today": today.isoformat(),
+            "expired_waivers": [w.to_json() for w in self.policy.waivers if not w.active(today)],
+            "unmatched_waivers": [w.to_json() for w in self._unmatched_waivers()],
+        }
+
+    def _unmatched_waivers(self) -> list[Any]:
+        """Waivers naming a task no run holds (``task: 17`` for a ``task_id: "17"`` run, a typo)
+        or a metric the policy does not test: they could never apply."""
+        assert self.policy is not None
+        runs = [self.base, *(c.candidate for c in self.candidates)]
+        keys = {(type(k), k) for run in runs for k in run.tasks()}
+        tested = {r.name for r in self.policy.metrics}
+        return [
+            w for w in self.policy.waivers
+            if (w.task is not None and (type(w.task), w.task) not in keys)
+            or (w.metric is not None and w.metric not in tested)
+        ]  # fmt: skip
 
     @property
     def framing(self) -> str:
@@ -138,6 +192,7 @@ class Comparison:
             "margin": self.margin,
             "base": self.base.summary(),
             "comparisons": [c.to_json() for c in self.candidates],
+            **({"gate": self.gate()} if self.policy is not None else {}),
         }
 
 
@@ -191,14 +246,17 @@ def compare_pair(
     metrics: Sequence[str] | None = None,
     alpha: float = DEFAULT_ALPHA,
     margin: float | None = None,
+    policy: Policy | None = None,
+    today: dt.date | None = None,
 ) -> CandidateComparison:
-    """Pair ``candidate`` with ``base`` by task and test each metric."""
+    """Pair ``candidate`` with ``base`` by task and test each metric (and gate it, with a policy)."""
     chosen = _choose_metrics(base, candidate, metrics)
     larger = max(base.scored_task_count(), candidate.scored_task_count())
+    differs = inputs_differ(base, candidate)
     results: list[PairedResult] = []
     for metric in chosen:
         b, c = base.means(metric), candidate.means(metric)
-        common = sorted(b.keys() & c.keys(), key=sort_key)
+        common = sorted((b.keys() & c.keys()) - differs, key=sort_key)
         deltas = [c[k] - b[k] for k in common]
         results.append(
             paired_test(deltas, metric=metric, alpha=alpha, margin=margin, tasks_in_larger_run=larger)
@@ -211,6 +269,7 @@ def compare_pair(
             key=k, base_state=base.state(k), candidate_state=candidate.state(k),
             base_value=b_vals.get(k), candidate_value=c_vals.get(k),
             base_failed=base.failed.get(k, 0), candidate_failed=candidate.failed.get(k, 0),
+            input_differs=k in differs,
         )
         for k in sorted(base.tasks() | candidate.tasks(), key=sort_key)
     ]  # fmt: skip
@@ -219,7 +278,47 @@ def compare_pair(
     unpaired = unpaired_text(out.rows)
     if unpaired:
         out.verdict["text"] += f"; {unpaired}"
+    if differs:
+        out.verdict["text"] += f"; {_tasks(len(differs))} whose inputs differ between the runs left out"
+    if policy is not None:
+        out.gate = gate(base, candidate, policy, excluded=differs, input_differs=len(differs),
+                        today=today or dt.date.today())  # fmt: skip
     return out
+
+
+def inputs_differ(base: RunTasks, candidate: RunTasks) -> set[TaskKey]:
+    """Tasks both runs hold whose inputs (``tasks.input_digest``) differ."""
+    return {k for k in base.inputs.keys() & candidate.inputs.keys() if base.inputs[k] != candidate.inputs[k]}
+
+
+def check_same_tasks(base: RunTasks, candidate: RunTasks, max_mismatch: float) -> None:
+    """CompareError when the two runs are on different benchmarks (no environment server in
+    common, and no task inputs showing they are the same tasks: a renamed server with the same
+    inputs is compared), or when more than ``max_mismatch`` of the tasks both hold have
+    different inputs (another task set under the same keys): a confident result on different
+    questions is worse than none."""
+    common = base.inputs.keys() & candidate.inputs.keys()
+    differs = inputs_differ(base, candidate)
+    same_inputs = bool(common) and len(differs) <= max_mismatch * len(common)
+    if (
+        base.benchmarks
+        and candidate.benchmarks
+        and not base.benchmarks & candidate.benchmarks
+        and not same_inputs
+    ):
+        raise CompareError(
+            f"{candidate.name} and {base.name} are runs of different benchmarks: the base ran "
+            f"{', '.join(sorted(base.benchmarks))}, the candidate ran "
+            f"{', '.join(sorted(candidate.benchmarks))}; "
+            "compare runs of the same benchmark"
+        )
+    if common and not same_inputs:
+        raise CompareError(
+            f"{candidate.name} and {base.name}: for {len(differs)} of {len(common)} tasks in both runs the "
+            f"inputs differ (the limit is {max_mismatch:.0%}): the same task keys name different questions, "
+            "so these are not runs of the same tasks "
+            "(set max_input_mismatch in a --policy file to allow more)"
+        )
 
 
 STATE_WORDS = {"failed": "failed", "no result": "with no result", "absent": "not in the run"}
@@ -255,6 +354,26 @@ def unpaired_text(rows: Sequence[TaskRow]) -> str:
     return text + " (failed rollouts are never scored as 0)" if text else ""
 
 
+def name_apart(base: RunTasks, candidates: Sequence[RunTasks]) -> None:
+    """Give each candidate a name no other run of the comparison has: the tables, the Markdown
+    and the trackers' metric keys (``<candidate>/<metric>/...``) tell candidates apart by name.
+    A clash (``a/new/eval`` and ``b/new/eval`` both ``new/eval``, or one run given twice) takes
+    the path as given, then a number."""
+    counts: dict[str, int] = {}
+    for run in (base, *candidates):
+        counts[run.name] = counts.get(run.name, 0) + 1
+    taken = {base.name} | {c.name for c in candidates if counts[c.name] == 1}
+    for c in candidates:
+        if counts[c.name] == 1:
+            continue
+        label, n = c.run.source, 1
+        while label in taken:
+            n += 1
+            label = f"{c.run.source} ({n})"
+        c.label = label
+        taken.add(label)
+
+
 def compare_runs(
     base: RunArtifacts | str | os.PathLike[str],
     candidates: Sequence[RunArtifacts | str | os.PathLike[str]],
@@ -262,13 +381,21 @@ def compare_runs(
     metrics: Sequence[str] | None = None,
     alpha: float = DEFAULT_ALPHA,
     margin: float | None = None,
+    policy: Policy | None = None,
+    today: dt.date | None = None,
 ) -> Comparison:
     """Compare each candidate with ``base`` (see the module doc).
 
     ``metrics``: the metrics to test, the first one being the verdict's (default: every metric
-    both runs have, ``reward`` first). CompareError for a bad alpha or margin, no candidate, or
-    a requested metric that neither run has; RunError / MissingRunError for an unreadable run.
+    both runs have, ``reward`` first). ``policy``: its metrics and alpha are the test's, and each
+    candidate gets the gate's verdict, waivers judged on ``today`` (default: the local date).
+    CompareError for a bad alpha or margin, no candidate, a requested metric that neither run
+    has, or runs of different tasks or benchmarks; RunError / MissingRunError for an unreadable run.
     """
+    if policy is not None:
+        metrics, alpha, margin = [r.name for r in policy.metrics], policy.alpha, None
+        today = today or dt.date.today()
+    max_mismatch = policy.max_input_mismatch if policy is not None else DEFAULT_MAX_INPUT_MISMATCH
     try:
         check_alpha_margin(alpha, margin)
     except ValueError as exc:
@@ -276,20 +403,24 @@ def compare_runs(
     if not candidates:
         raise CompareError("give at least one candidate run to compare with the base")
     base_tasks = read_run_tasks(base)
+    all_tasks = [read_run_tasks(candidate) for candidate in candidates]
+    name_apart(base_tasks, all_tasks)
     pairs: list[CandidateComparison] = []
-    for candidate in candidates:
-        cand_tasks = read_run_tasks(candidate)
+    for cand_tasks in all_tasks:
         for metric in metrics or []:
             if metric not in base_tasks.metrics() and metric not in cand_tasks.metrics():
                 known = sorted(set(base_tasks.metrics()) | set(cand_tasks.metrics()))
+                where = f"--policy {policy.source}" if policy is not None else "--metric"
                 raise CompareError(
-                    f"--metric {metric!r}: neither {base_tasks.name} nor {cand_tasks.name} has it "
-                    f"(they have: {', '.join(known) or 'no metric'})"
+                    f"{where}: metric {metric!r}: neither {base_tasks.name} nor {cand_tasks.name} has it"
+                    f"{did_you_mean(metric, known)} (they have: {', '.join(known) or 'no metric'})"
                 )
-        pairs.append(compare_pair(base_tasks, cand_tasks, metrics=metrics, alpha=alpha, margin=margin))
+        check_same_tasks(base_tasks, cand_tasks, max_mismatch)
+        pairs.append(compare_pair(base_tasks, cand_tasks, metrics=metrics, alpha=alpha, margin=margin,
+                                  policy=policy, today=today))  # fmt: skip
     return Comparison(
         base=base_tasks, candidates=pairs, alpha=alpha, margin=margin,
-        metrics_requested=list(metrics) if metrics else None,
+        metrics_requested=list(metrics) if metrics else None, policy=policy, today=today,
     )  # fmt: skip
 
 

@@ -16,7 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from gym_artifacts.compare.comparison import CandidateComparison, Comparison, TaskRow
-from gym_artifacts.compare.tasks import RunTasks, TaskKey, read_samples
+from gym_artifacts.compare.policy import waiver_words
+from gym_artifacts.compare.tasks import RunTasks, TaskKey, key_id, read_samples
 from gym_artifacts.core.atomic import atomic_write_bytes
 from gym_artifacts.report import charts
 from gym_artifacts.report.page import escape, masking, render_page, shown_values
@@ -24,6 +25,8 @@ from gym_artifacts.report.page import escape, masking, render_page, shown_values
 MAX_FOREST_CHARTS = 12  # metrics drawn; the table below lists every one
 SHOWN_EACH_WAY = 50  # biggest wins, biggest losses (and unpaired tasks) with their responses
 TABLE_ROWS = 5000  # task rows in the page's table per candidate (all are counted)
+CHART_LABEL = 40  # characters of a row label in a chart
+DRAWABLE = 1e300  # magnitudes a chart axis can span (its padding and ticks overflow near 1.8e308)
 
 
 _e = escape  # secrets masked (the page's ``masking``), surrogates escaped, then HTML-escaped
@@ -43,7 +46,9 @@ def embed_json(data: Any) -> str:
 
 def _verdicts(comparison: Comparison) -> str:
     items = "".join(
-        f'<li class="verdict" data-kind="{_e(c.verdict["kind"])}" data-candidate="{i}">{_e(c.verdict["text"])}</li>'
+        f'<li class="verdict" data-kind="{_e(c.verdict["kind"])}" data-candidate="{i}"'
+        + (f' data-verdict="{_e(c.gate["verdict"])}"' if c.gate is not None else "")
+        + f">{_e(c.verdict['text'])}</li>"
         for i, c in enumerate(comparison.candidates)
     )
     margin = "" if comparison.margin is None else f", margin {comparison.margin:g}"
@@ -58,6 +63,55 @@ def _verdicts(comparison: Comparison) -> str:
         f"alpha {comparison.alpha:g}{_e(margin)}. One mean per task and run; paired over the tasks "
         "scored in both; Student t with n-1 degrees of freedom (NeMo Gym's statistical tests).</p>"
     )
+
+
+def _chart_label(name: str) -> str:
+    """A candidate's name as a chart's row label: long names (sweep folders) keep their start and
+    end, so that the axes keep room to draw; the tables show every name whole."""
+    return (
+        name if len(name) <= CHART_LABEL else name[: CHART_LABEL // 2 - 1] + "…" + name[-(CHART_LABEL // 2) :]
+    )
+
+
+def _gate_section(comparison: Comparison) -> str:
+    """One table for every candidate under the policy: a row per candidate and metric."""
+    gate = comparison.gate()
+    if gate is None:
+        return ""
+    head = ["candidate", "verdict", "metric", "tier", "direction", "margin", "status", "difference",
+            "interval", "n pairs", "reason"]  # fmt: skip
+    body = []
+    for i, c in enumerate(comparison.candidates):
+        assert c.gate is not None
+        for m in c.gate["metrics"]:
+            ci = (f"{m['ci_level']:.0%} [{_num(m['ci_low'], True)}, {_num(m['ci_high'], True)}]"
+                  if m["ci_level"] is not None else "-")  # fmt: skip
+            cells = [c.candidate.name, c.gate["verdict"], m["metric"], m["tier"], m["direction"].replace("_", " "),
+                     f"{m['margin']:g}", m["status"], _num(m["difference"], True), ci, m["n_pairs"], m["reason"]]  # fmt: skip
+            body.append(
+                f'<tr data-candidate="{i}" data-verdict="{_e(c.gate["verdict"])}" data-status="{_e(m["status"])}">'
+                + "".join(f"<td>{_e(x)}</td>" for x in cells) + "</tr>"
+            )  # fmt: skip
+    lists = "".join(
+        f'<p class="note">{_e(title)}</p><ul id="{ident}">'
+        + "".join(f"<li>{_e(waiver_words(w))}</li>" for w in gate[key])
+        + "</ul>"
+        for key, ident, title in (
+            ("expired_waivers", "expired-waivers", "Expired waivers, no longer applied:"),
+            (
+                "unmatched_waivers",
+                "unmatched-waivers",
+                "Waivers that match no task or tested metric (never applied):",
+            ),
+        )
+        if gate[key]
+    )
+    return (
+        f'<p class="gate-verdict" data-verdict="{_e(gate["verdict"])}">Policy <code>{_e(gate["policy"]["source"])}</code>'
+        f" (judged on {_e(gate['today'])}): <strong>{_e(gate['verdict'])}</strong></p>"
+        '<table id="gate-table"><thead><tr>' + "".join(f"<th>{_e(h)}</th>" for h in head)
+        + "</tr></thead><tbody>" + "".join(body) + "</tbody></table>" + lists
+    )  # fmt: skip
 
 
 def _metrics_list(comparison: Comparison) -> list[str]:
@@ -78,9 +132,10 @@ def _forest(comparison: Comparison) -> str:
         rows = []
         for c in comparison.candidates:
             r = next((r for r in c.results if r.metric == metric), None)
-            rows.append(
-                (c.candidate.name, *((r.mean_diff, r.ci_low, r.ci_high) if r else (None, None, None)))
-            )
+            values = (r.mean_diff, r.ci_low, r.ci_high) if r else (None, None, None)
+            if any(v is not None and abs(v) > DRAWABLE for v in values):
+                values = (None, None, None)  # past what an axis can span: the table has the figures
+            rows.append((_chart_label(c.candidate.name), *values))
         chart = charts.forest_plot(
             rows, title=f"{metric}: candidate - base", x_label=f"difference in {metric}", references=refs
         )
@@ -106,33 +161,52 @@ def _forest(comparison: Comparison) -> str:
     return '<div class="charts" id="forest">' + "".join(parts) + "</div>" + table
 
 
-def _shown_tasks(c: CandidateComparison) -> tuple[list[TaskRow], list[TaskRow], list[TaskRow]]:
+def _regression(comparison: Comparison, c: CandidateComparison) -> Any:
+    """How much better each row's candidate is on the primary metric (the policy's direction:
+    fewer tokens is better for a lower-is-better metric); the sort key worst first."""
+    rule = comparison.policy.rule(c.primary_metric) if comparison.policy and c.primary_metric else None
+    sign = -1.0 if rule is not None and rule.lower_is_better else 1.0
+    return lambda r: sign * r.delta
+
+
+def _shown_tasks(
+    comparison: Comparison, c: CandidateComparison
+) -> tuple[list[TaskRow], list[TaskRow], list[TaskRow]]:
     """(biggest wins, biggest losses, unpaired or failed tasks), each at most SHOWN_EACH_WAY."""
+    better = _regression(comparison, c)
     paired = [r for r in c.rows if r.delta is not None]
-    wins = sorted((r for r in paired if r.delta > 0), key=lambda r: -r.delta)[:SHOWN_EACH_WAY]
-    losses = sorted((r for r in paired if r.delta < 0), key=lambda r: r.delta)[:SHOWN_EACH_WAY]
+    wins = sorted((r for r in paired if better(r) > 0), key=lambda r: -better(r))[:SHOWN_EACH_WAY]
+    losses = sorted((r for r in paired if better(r) < 0), key=better)[:SHOWN_EACH_WAY]
     other = [r for r in c.rows if r.delta is None or r.base_failed or r.candidate_failed]
     return wins, losses, other[:SHOWN_EACH_WAY]
 
 
-def _task_data(base: RunTasks, c: CandidateComparison) -> dict[str, Any]:
-    wins, losses, other = _shown_tasks(c)
-    shown: set[TaskKey] = {r.key for r in (*wins, *losses, *other)}
-    if not shown and c.rows:  # nothing changed: still show the first tasks side by side
-        shown = {r.key for r in c.rows[:SHOWN_EACH_WAY]}
+def _row(r: TaskRow) -> dict[str, Any]:
+    """A task row as the page's script reads it: the key as one string (``key_id``), the task as
+    text, every number finite."""
+    return {**r.to_json(), "task": str(r.key), "key": key_id(r.key)}
+
+
+def _task_data(comparison: Comparison, c: CandidateComparison) -> dict[str, Any]:
+    """One candidate's rows, worst regression first, and the rollouts of the tasks shown."""
+    base: RunTasks = comparison.base
+    wins, losses, other = _shown_tasks(comparison, c)
+    better = _regression(comparison, c)
+    ordered = sorted(c.rows, key=lambda r: (r.delta is None, better(r) if r.delta is not None else 0.0))
+    shown: set[TaskKey] = {r.key for r in (*ordered[:SHOWN_EACH_WAY], *wins, *losses, *other)}
     base_samples, cand_samples = read_samples(base, shown), read_samples(c.candidate, shown)
-    ordered = sorted(c.rows, key=lambda r: (r.delta is None, -(abs(r.delta) if r.delta is not None else 0)))
-    rows = [r.to_json() for r in ordered[:TABLE_ROWS]]
+    position = {r.key: i for i, r in enumerate(ordered)}  # the select box lists them worst first
     return {
         "candidate": c.candidate.name,
         "metric": c.primary_metric,
-        "rows": rows,
+        "rows": [_row(r) for r in ordered[:TABLE_ROWS]],
         "rows_total": len(c.rows),
-        "wins": [r.key for r in wins],
-        "losses": [r.key for r in losses],
+        "wins": [key_id(r.key) for r in wins],
+        "losses": [key_id(r.key) for r in losses],
         "samples": {
-            json.dumps(shown_values(k)): {"base": base_samples.get(k, []), "candidate": cand_samples.get(k, [])}
-            for k in shown
+            # keyed as the rows' ``key`` reads once masked (``shown_values`` leaves keys as they are)
+            shown_values(key_id(k)): {"base": base_samples.get(k, []), "candidate": cand_samples.get(k, [])}
+            for k in sorted(shown, key=lambda k: position.get(k, 0))
         },
     }
 
@@ -150,7 +224,7 @@ def _tasks_section(comparison: Comparison) -> str:
         '<div class="samples"></div></div></div>'
         '<h3>Biggest wins</h3><table id="wins-table" class="tasks"><thead></thead><tbody></tbody></table>'
         '<h3>Biggest losses</h3><table id="losses-table" class="tasks"><thead></thead><tbody></tbody></table>'
-        '<h3>Every task, largest change first</h3><p id="rows-info" class="note"></p>'
+        '<h3>Every task, worst regression first</h3><p id="rows-info" class="note"></p>'
         '<table id="tasks-table" class="tasks"><thead></thead><tbody></tbody></table>'
     )
 
@@ -232,7 +306,7 @@ SCRIPT = r"""
     var fragment = document.createDocumentFragment();
     rows.forEach(function (r) {
       var tr = document.createElement("tr");
-      tr.dataset.task = JSON.stringify(r.task);
+      tr.dataset.task = r.key;
       [text(r.task), r.base, r.candidate, num(r.base_value), num(r.candidate_value), num(r.delta, true),
        text(r.base_failed_rollouts), text(r.candidate_failed_rollouts)].forEach(function (v) {
         var td = document.createElement("td"); td.textContent = v; tr.appendChild(td);
@@ -251,7 +325,8 @@ SCRIPT = r"""
       (s.repeat !== null && s.repeat !== undefined ? " (repeat " + s.repeat + ")" : "") +
       (s.failure ? " - " + s.failure + (s.reason ? ": " + s.reason : "") : "");
     div.appendChild(head);
-    [["prompt", s.prompt], ["response", s.response], ["tool calls", s.tool_calls]].forEach(function (p) {
+    [["conversation", s.conversation], ["tool calls", s.tool_calls], ["tool results", s.tool_results],
+     ["response", s.response]].forEach(function (p) {
       if (!p[1]) return;
       var label = document.createElement("div"); label.className = "note"; label.textContent = p[0];
       var pre = document.createElement("pre"); pre.className = p[0].replace(" ", "-"); pre.textContent = p[1];
@@ -273,12 +348,12 @@ SCRIPT = r"""
   }
   function rowOf(key) {
     var rows = data.candidates[current].rows;
-    for (var i = 0; i < rows.length; i++) if (JSON.stringify(rows[i].task) === key) return rows[i];
+    for (var i = 0; i < rows.length; i++) if (rows[i].key === key) return rows[i];
     return null;
   }
   function showTask(key) {
     var c = data.candidates[current];
-    var pair = c.samples[key] || {base: [], candidate: []};
+    var pair = Object.prototype.hasOwnProperty.call(c.samples, key) ? c.samples[key] : {base: [], candidate: []};
     var row = rowOf(key);
     taskSelect.value = key;
     document.getElementById("task-view").dataset.task = key;
@@ -292,9 +367,9 @@ SCRIPT = r"""
     current = i;
     var c = data.candidates[i];
     document.getElementById("candidate-title").textContent = "candidate: " + c.candidate;
-    var byKey = {};
-    c.rows.forEach(function (r) { byKey[JSON.stringify(r.task)] = r; });
-    function pick(keys) { return keys.map(function (k) { return byKey[JSON.stringify(k)]; }).filter(Boolean); }
+    var byKey = new Map();
+    c.rows.forEach(function (r) { byKey.set(r.key, r); });
+    function pick(keys) { return keys.map(function (k) { return byKey.get(k); }).filter(Boolean); }
     fillTable("wins-table", pick(c.wins));
     fillTable("losses-table", pick(c.losses));
     fillTable("tasks-table", c.rows);
@@ -302,11 +377,12 @@ SCRIPT = r"""
       "the " + c.rows.length + " largest of " + c.rows_total + " tasks" : c.rows_total + " tasks";
     taskSelect.replaceChildren();
     Object.keys(c.samples).forEach(function (key) {
-      var o = document.createElement("option"); o.value = key; o.textContent = "task " + JSON.parse(key);
+      var row = byKey.get(key);
+      var o = document.createElement("option"); o.value = key;
+      o.textContent = "task " + (row ? row.task : key);
       taskSelect.appendChild(o);
     });
-    var first = c.losses.length ? c.losses[0] : c.wins.length ? c.wins[0] : null;
-    var key = first !== null ? JSON.stringify(first) : Object.keys(c.samples)[0];
+    var key = c.losses.length ? c.losses[0] : c.wins.length ? c.wins[0] : Object.keys(c.samples)[0];
     if (key !== undefined) showTask(key);
   }
   candSelect.addEventListener("change", function () { showCandidate(+candSelect.value); });
@@ -317,20 +393,27 @@ SCRIPT = r"""
 """
 
 
+def page_data(comparison: Comparison) -> dict[str, Any]:
+    """Everything the page's script reads (task rows and rollouts), as plain data with every
+    secret of either run masked in its values: what is embedded, once encoded (``embed_json``)."""
+    with masking(_secrets(comparison)):
+        return shown_values({"candidates": [_task_data(comparison, c) for c in comparison.candidates]})
+
+
 def render_compare_page(comparison: Comparison) -> str:
     """The page's HTML text."""
     # Secret values from either run's config never reach the page (it may be logged to a
     # tracker): masked in every value before it is rendered, never in the rendered page.
     with masking(_secrets(comparison)):
-        data = {"candidates": [_task_data(comparison.base, c) for c in comparison.candidates]}
+        data = page_data(comparison)
         names = ", ".join(c.candidate.name for c in comparison.candidates)
         sections = [
-            ("verdict", "Verdict", _verdicts(comparison)),
+            ("verdict", "Verdict", _verdicts(comparison) + _gate_section(comparison)),
             ("differences", "Differences by metric", _forest(comparison)),
             ("tasks", "Per-task differences", _tasks_section(comparison)),
             ("coverage", "Coverage of each run", _coverage(comparison)),
         ]
-        element = f'<script type="application/json" id="compare-data">{embed_json(shown_values(data))}</script>'
+        element = f'<script type="application/json" id="compare-data">{embed_json(data)}</script>'
         return render_page(
             title=f"gym-artifacts compare: {comparison.base.name} vs {names}",
             sections=sections,

@@ -36,6 +36,7 @@ always agrees with the p-value: two-sided, the ``1 - alpha`` interval ``mean +- 
 from __future__ import annotations
 
 import math
+import sys
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -45,6 +46,7 @@ from gym_artifacts.core.errors import GymArtifactsError
 MDE_POWER = 0.8  # the power the minimum detectable effect is quoted at
 EPS = 1e-12  # differences this small are float64 rounding noise, not signal
 MIN_PAIRED_COVERAGE = 0.5  # below this share of the larger run's tasks, nothing is concluded
+DEFAULT_ALPHA = 0.05  # the significance level when none is given
 
 
 @dataclass(frozen=True)
@@ -81,23 +83,48 @@ def check_alpha_margin(alpha: float, margin: float | None) -> None:
         raise ValueError(f"with a margin (one-sided), alpha must be below 0.5 (got {alpha!r})")
 
 
+NOT_COMPUTABLE = "not computable: the values exceed float64's range (about 1.8e308)"
+
+
 def mean_and_se(deltas: Sequence[float]) -> tuple[int, float | None, float | None]:
-    """``(n, mean, standard error)``; the error is None below two deltas."""
+    """``(n, mean, standard error)``; the error is None below two deltas.
+
+    Any finite deltas: when the plain sums overflow (values near 1e308), they are taken again
+    scaled by the largest magnitude, so the mean is always finite; the standard error is None
+    when it exceeds float64 itself (``finite_stats`` then reports it as not computable).
+    """
     n = len(deltas)
     if n == 0:
         return 0, None, None
-    mean = math.fsum(deltas) / n
+    try:
+        mean = math.fsum(deltas) / n
+        variance = math.fsum((d - mean) * (d - mean) for d in deltas) / (n - 1) if n > 1 else 0.0
+    except OverflowError:  # fsum's intermediate overflow: the scaled path below
+        mean = variance = math.inf
+    if not (math.isfinite(mean) and math.isfinite(variance)):
+        scale = max(abs(d) for d in deltas)
+        scaled = [d / scale for d in deltas]
+        unit_mean = math.fsum(scaled) / n
+        mean = unit_mean * scale
+        unit_var = math.fsum((x - unit_mean) ** 2 for x in scaled) / (n - 1) if n > 1 else 0.0
+        se_unit = math.sqrt(unit_var) / math.sqrt(n)
+        se = se_unit * scale if se_unit <= 1 or scale <= sys.float_info.max / se_unit else math.inf
+        return n, mean, (se if n > 1 and math.isfinite(se) else None)
     if n < 2:
         return n, mean, None
-    variance = math.fsum((d - mean) ** 2 for d in deltas) / (n - 1)
     return n, mean, math.sqrt(variance) / math.sqrt(n)
+
+
+def finite(*values: float | None) -> bool:
+    """Every given value is a finite number (None counts as absent, not as a failure)."""
+    return all(v is None or math.isfinite(v) for v in values)
 
 
 def paired_test(
     deltas: Sequence[float],
     *,
     metric: str,
-    alpha: float = 0.05,
+    alpha: float = DEFAULT_ALPHA,
     margin: float | None = None,
     tasks_in_larger_run: int | None = None,
 ) -> PairedResult:
@@ -107,11 +134,13 @@ def paired_test(
     overlap rule); None skips that rule.
     """
     check_alpha_margin(alpha, margin)
-    stats = _scipy_stats()
+    stats = scipy_stats()
     framing = "two-sided" if margin is None else "non-inferiority"
     base = {"metric": metric, "framing": framing, "alpha": alpha, "margin": margin}
-    if any(not math.isfinite(d) for d in deltas):
-        raise ValueError(f"{metric}: every delta must be a finite number")
+    if any(not math.isfinite(d) for d in deltas):  # a difference of two finite values overflowed
+        return PairedResult(
+            **base, n_pairs=len(deltas), note=f"{NOT_COMPUTABLE}: a per-task difference overflows"
+        )
     n, mean, se = mean_and_se(deltas)
     if n == 0:
         return PairedResult(**base, n_pairs=0, note="no task has this metric in both runs: nothing to pair")
@@ -119,9 +148,11 @@ def paired_test(
         return PairedResult(**base, n_pairs=n, mean_diff=mean, note=(
             f"only {n} of {tasks_in_larger_run} tasks paired: too little overlap to draw a conclusion"
         ))  # fmt: skip
-    if n < 2 or se is None:
+    if n < 2:
         return PairedResult(**base, n_pairs=n, mean_diff=mean,
                             note="only 1 paired task: a standard error needs at least 2")  # fmt: skip
+    if se is None:
+        return PairedResult(**base, n_pairs=n, mean_diff=mean, note=f"{NOT_COMPUTABLE}: the standard error")
     threshold = 0.0 if margin is None else -margin
     if se < EPS:
         significant = abs(mean) > EPS if margin is None else mean - threshold > EPS
@@ -140,14 +171,16 @@ def paired_test(
         p_value = float(stats.t.sf(t_stat, df))
     half = float(stats.t.ppf(1 - tail_alpha, df)) * se
     mde = (float(stats.t.ppf(1 - tail_alpha, df)) + float(stats.t.ppf(MDE_POWER, df))) * se
+    if not finite(mean - half, mean + half, mde):
+        return PairedResult(**base, n_pairs=n, mean_diff=mean, note=f"{NOT_COMPUTABLE}: the interval")
     return PairedResult(
         **base, n_pairs=n, mean_diff=mean, se=se, ci_low=mean - half, ci_high=mean + half,
-        ci_level=_ci_level(alpha, margin), t_stat=float(t_stat), p_value=p_value,
-        significant=p_value < alpha, minimum_detectable_effect=mde,
+        ci_level=_ci_level(alpha, margin), t_stat=float(t_stat) if math.isfinite(t_stat) else None,
+        p_value=p_value, significant=p_value < alpha, minimum_detectable_effect=mde,
     )  # fmt: skip
 
 
-def _scipy_stats() -> Any:
+def scipy_stats() -> Any:
     """scipy.stats (the ``compare`` extra), or MissingScipy saying how to install it."""
     try:
         from scipy import stats

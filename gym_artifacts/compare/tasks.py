@@ -13,10 +13,17 @@ NeMo Gym's per-task ``mean/<metric>`` in ``group_level_metrics``.
 Failed rollouts (NeMo Gym's failures sidecar ``OUT_failures.jsonl``) have no reward: they are
 counted per task, and a task whose every rollout failed has no value (it is shown as failed,
 never as a zero). Planned tasks come from ``OUT_materialized_inputs.jsonl`` when present.
+
+Task identity: a key says which row a rollout came from, not what was asked. Each task's input
+(``responses_create_params``: its ``input`` messages, ``instructions`` and ``tools``; sampling
+settings are the run's, not the task's) is hashed per run (``input_digest``), so that two runs
+that number different questions alike are caught (``comparison``). The benchmark a run is on is
+the set of its environment servers (NeMo Gym's ``_ng_environment_server``).
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 from collections.abc import Iterator
@@ -38,6 +45,40 @@ SAMPLE_CHARS = 4000  # of a prompt or response shown for one rollout
 SAMPLES_PER_TASK = 4  # rollouts of one task shown per run
 
 TaskKey = int | str
+SCALE = 2.0**-64  # running sums are also kept scaled by this, for values whose plain sum overflows
+TASK_INPUT_FIELDS = ("input", "instructions", "tools")
+
+
+def key_id(key: TaskKey) -> str:
+    """A task key as one string, end to end (the page, its script, its select box): integers of
+    any size stay exact (JavaScript numbers are not past 2**53) and ``1`` is not ``"1"``."""
+    return json.dumps(key, ensure_ascii=False)
+
+
+def _without_defaults(value: Any) -> Any:
+    """``value`` with None fields dropped, and a message item's default ``type`` (NeMo Gym writes
+    the request in full in the rollouts and in short in the materialized inputs)."""
+    if isinstance(value, dict):
+        return {
+            k: _without_defaults(v)
+            for k, v in value.items()
+            if v is not None and not (k == "type" and v == "message")
+        }
+    if isinstance(value, list):
+        return [_without_defaults(v) for v in value]
+    return value
+
+
+def input_digest(record: Any) -> str | None:
+    """A digest of the task's input (see the module doc), or None when the record has none."""
+    params = record.get("responses_create_params") if isinstance(record, dict) else None
+    if not isinstance(params, dict):
+        return None
+    task_input = {k: _without_defaults(params.get(k)) for k in TASK_INPUT_FIELDS if params.get(k) is not None}
+    if not task_input:
+        return None
+    text = json.dumps(task_input, sort_keys=True, ensure_ascii=False, separators=(",", ":"), default=str)
+    return hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=12).hexdigest()
 
 
 def task_key(record: Any) -> tuple[str, TaskKey] | None:
@@ -91,18 +132,25 @@ class RunTasks:
     run: RunArtifacts
     coverage: Coverage | None
     key_fields: set[str] = field(default_factory=set)
-    sums: dict[TaskKey, dict[str, list[float]]] = field(default_factory=dict)  # metric -> [sum, count]
+    sums: dict[TaskKey, dict[str, list[float]]] = field(
+        default_factory=dict
+    )  # metric -> [sum, count, sum * SCALE]
     scored: dict[TaskKey, int] = field(default_factory=dict)
     failed: dict[TaskKey, int] = field(default_factory=dict)
     planned: set[TaskKey] | None = None
+    inputs: dict[TaskKey, str] = field(default_factory=dict)  # the task's input digest (first seen)
+    benchmarks: set[str] = field(default_factory=set)  # environment servers of its rollouts
     unkeyed_scored: int = 0
     unkeyed_failed: int = 0
     torn: PartialLine | None = None
     note: str | None = None
+    label: str | None = None  # set when two runs of one comparison would share ``name``
 
     @property
     def name(self) -> str:
         """The run's stem with its folder (``clean/rollouts``): NeMo Gym runs often share a stem."""
+        if self.label is not None:
+            return self.label
         folder = self.run.stem.parent.name
         return f"{folder}/{self.run.name}" if folder and self.run.has_rollouts_file else self.run.name
 
@@ -117,7 +165,8 @@ class RunTasks:
         for key, metrics in self.sums.items():
             acc = metrics.get(metric)
             if acc is not None and acc[1]:
-                out[key] = acc[0] / acc[1]
+                mean = acc[0] / acc[1]
+                out[key] = mean if math.isfinite(mean) else (acc[2] / acc[1]) / SCALE
         return out
 
     def scored_task_count(self) -> int:
@@ -160,7 +209,19 @@ def _keyed(tasks: RunTasks, record: Any) -> TaskKey | None:
     if found is None:
         return None
     tasks.key_fields.add(found[0])
+    _identify(tasks, found[1], record)
     return found[1]
+
+
+def _identify(tasks: RunTasks, key: TaskKey, record: dict[str, Any]) -> None:
+    """Record the task's input digest (first seen) and the run's benchmark."""
+    if key not in tasks.inputs:
+        digest = input_digest(record)
+        if digest is not None:
+            tasks.inputs[key] = digest
+    server = record.get("_ng_environment_server")
+    if isinstance(server, str) and server:
+        tasks.benchmarks.add(server)
 
 
 def read_run_tasks(run: RunArtifacts | str | Path) -> RunTasks:
@@ -185,9 +246,10 @@ def read_run_tasks(run: RunArtifacts | str | Path) -> RunTasks:
         tasks.scored[key] = tasks.scored.get(key, 0) + 1
         per_task = tasks.sums.setdefault(key, {})
         for metric, value in rollout_metrics(record).items():
-            acc = per_task.setdefault(metric, [0.0, 0])
+            acc = per_task.setdefault(metric, [0.0, 0, 0.0])  # sum, count, sum * SCALE
             acc[0] += value
             acc[1] += 1
+            acc[2] += value * SCALE
     if run.failures_fpath.is_file():
         for _, record in iter_jsonl(run.failures_fpath, "failures JSONL"):
             key = _keyed(tasks, record)
@@ -201,6 +263,7 @@ def read_run_tasks(run: RunArtifacts | str | Path) -> RunTasks:
             found = task_key(record)
             if found is not None:
                 tasks.planned.add(found[1])
+                _identify(tasks, found[1], record)
     return tasks
 
 
@@ -226,11 +289,41 @@ def sample_of(record: Any, failed: bool) -> dict[str, Any]:
         "agent": agent_label(record.get("agent_ref")) if "agent_ref" in record else None,
         "reward": None if failed else _number(record.get("reward")),
         "prompt": _cut(last_user_message(record.get("responses_create_params"))),
+        "conversation": _cut(conversation(record.get("responses_create_params"))),
         "response": _cut(text),
         "tool_calls": _cut(tool_calls(record.get("response"))),
+        "tool_results": _cut(tool_results(record.get("response"))),
         "failure": None if failure is None else str(failure),
         "reason": None if reason is None else _cut(str(reason), 600),
     }
+
+
+def tool_results(response: Any) -> str:
+    """What each tool call returned (the ``function_call_output`` items of ``output[]``)."""
+    output = response.get("output") if isinstance(response, dict) else None
+    return "\n".join(
+        str(item.get("output"))
+        for item in (output if isinstance(output, list) else [])
+        if isinstance(item, dict) and item.get("type") == "function_call_output"
+    )
+
+
+def conversation(request: Any) -> str:
+    """The request's messages, one ``role: text`` line each (what the model was given)."""
+    if not isinstance(request, dict):
+        return ""
+    items = request.get("input")
+    if isinstance(items, str):
+        return f"user: {items}"
+    lines = []
+    for item in items if isinstance(items, list) else []:
+        if isinstance(item, dict) and "role" in item:
+            content = item.get("content")
+            text = (
+                content if isinstance(content, str) else json.dumps(content, ensure_ascii=False, default=str)
+            )
+            lines.append(f"{item['role']}: {text}")
+    return "\n".join(lines)
 
 
 def read_samples(tasks: RunTasks, keys: set[TaskKey]) -> dict[TaskKey, list[dict[str, Any]]]:

@@ -19,6 +19,7 @@ from gym_artifacts.core.secrets import redact_text
 if TYPE_CHECKING:
     from typing_extensions import Self
 
+    from gym_artifacts.contract.comparison import ComparisonPayload
     from gym_artifacts.run.artifacts import RunArtifacts
 
 logger = logging.getLogger(__name__)
@@ -117,6 +118,11 @@ class Exporter(PostRunHooks):
         sockets (which the watchdog shuts down itself); must return within seconds."""
         return None
 
+    @classmethod
+    def receives_comparisons(cls) -> bool:
+        """Whether this backend has a place for a comparison (implements ``_export_comparison``)."""
+        return cls._export_comparison is not PostRunHooks._export_comparison
+
     def export(
         self,
         run: RunArtifacts,
@@ -129,22 +135,37 @@ class Exporter(PostRunHooks):
         policy for a live backend (``export.certify.certify_or_export``). The send runs under the
         backend's deadline (``export_deadline_s``) when it has one.
         """
+        do_send = send or self._export
+        return self._watched(lambda: do_send(run, plan), run.source, plan.secrets, "export")
+
+    def export_comparison(self, comparison: ComparisonPayload) -> ExportResult:
+        """Send a comparison (``_export_comparison``) as ``export`` sends a run: under the
+        backend's deadline, an expected failure a FAILED result naming its cause."""
+        return self._watched(
+            lambda: self._export_comparison(comparison), comparison.name, comparison.secrets, "compare"
+        )
+
+    def _watched(
+        self, do_send: Callable[[], Sent], what: str, secrets: frozenset[str], kind: str
+    ) -> ExportResult:
         from gym_artifacts.core.watchdog import run_watched
 
         start = time.monotonic()
         deadline = self.export_deadline_s()
         try:
-            do_send = send or self._export
             if deadline is None:
-                sent = do_send(run, plan)
+                sent = do_send()
             else:
                 sent = run_watched(
-                    lambda: do_send(run, plan), deadline, f"{self.name}-export",
-                    on_abandon=self._abandon, server=self.server_url(),
-                )  # fmt: skip
+                    do_send,
+                    deadline,
+                    f"{self.name}-{kind}",
+                    on_abandon=self._abandon,
+                    server=self.server_url(),
+                )
         except self.expected_errors() as exc:
-            reason = redact_text(f"{type(exc).__name__}: {exc}".splitlines()[0], plan.secrets)
-            logger.warning("export of %s to %s failed: %s", run.source, self.name, reason)
+            reason = redact_text(f"{type(exc).__name__}: {exc}".splitlines()[0], secrets)
+            logger.warning("%s of %s to %s failed: %s", kind, what, self.name, reason)
             return ExportResult(
                 self.name, ExportStatus.FAILED, reason=reason, seconds=time.monotonic() - start
             )
@@ -157,4 +178,3 @@ class Exporter(PostRunHooks):
             bytes=sent.bytes,
             seconds=time.monotonic() - start,
         )
-

@@ -28,6 +28,7 @@ from gym_artifacts.core.errors import RunError
 if TYPE_CHECKING:
     from pathlib import Path
 
+    from gym_artifacts.contract.comparison import ComparisonPayload
     from gym_artifacts.run.artifacts import RunArtifacts
     from gym_artifacts.run.coverage import Coverage
     from gym_artifacts.run.torn import PartialLine
@@ -85,8 +86,8 @@ class ExportPlan:
     identities: dict[str, str]
     run_identity: str
     upload_rollouts: bool
-    # None: certify a live run that may be (completed, lossless, unchanged); True: also one
-    # whose marker predates the loss record; False: never.
+    # None or True: complete the live run of this output unless what it recorded differs from
+    # the files (``export.certify``), repairing what it lost; False: never (a new run).
     certify: bool | None = None
     config: dict[str, Any] | None = None
     secrets: frozenset[str] = field(default_factory=frozenset)
@@ -189,6 +190,12 @@ class PostRunHooks(ABC):
         """Settings under which everything this backend stores lands inside ``folder`` (the suite's)."""
         return {}
 
+    def _export_comparison(self, comparison: ComparisonPayload) -> Sent:
+        """Optional: send a comparison of finished runs (``compare --log``) into one backend run;
+        idempotent for ``comparison.identity``. A backend with no place for one leaves it out
+        (``Exporter.receives_comparisons`` is then False and the core never calls it)."""
+        raise NotImplementedError(f"{type(self).__name__} has no place for a comparison")
+
     def _after_receipt(self, run: RunArtifacts, plan: ExportPlan, backend_run_id: str | None) -> None:
         """Optional work once the export's receipt is published (the local backend's report):
         off the export's critical path. It may raise or be killed: the export stays EXPORTED."""
@@ -247,11 +254,14 @@ class LiveHooks(ABC):
         self._teardown(RunStatus.KILLED)
 
     def _certify(self, run: RunArtifacts, plan: ExportPlan, live_run_id: str) -> Sent:
-        """Send what the completed live run lacks into it; raise ``CannotCertify`` when unable."""
+        """Make the live run the whole run: send into it everything the run's files hold that it
+        lacks (it may have lost calls: a server down, a process killed), then end it FINISHED;
+        raise ``CannotCertify`` when unable (a new run is then sent)."""
         raise CannotCertify(f"{type(self).__name__} does not complete live runs")
 
     def _mark_superseded(self, live_run_id: str, new_run_id: str) -> None:
-        """Note on the live run that a post-run export replaced it (best effort; data untouched)."""
+        """Note on the live run that a post-run export replaced it, and end it if it never ended
+        (best effort; its data untouched)."""
         return None
 
 

@@ -189,6 +189,40 @@ class RunPayload:
         (the config's secret values redacted from text). A fresh dict: the caller may add to it."""
         return dict(self._values_and_tables[0])
 
+    @cached_property
+    def rollouts_with_failures_identity(self) -> str | None:
+        """The identity of ``OUT.jsonl`` and NeMo Gym's ``OUT_failures.jsonl`` together (None
+        without a failures file): read once per export, whichever backend asks first."""
+        from gym_artifacts.run.identity import rollouts_with_failures_identity
+
+        return rollouts_with_failures_identity(self.run)
+
+    @cached_property
+    def exporter_view_identity(self) -> str | None:
+        """The identity of NeMo Gym's exporter view of every result in ``OUT.jsonl`` and
+        ``OUT_failures.jsonl`` (``run.exporter_view``; None when no record holds what the view
+        leaves out): read once per export, whichever backend asks first."""
+        from gym_artifacts.run.exporter_view import exporter_view_identity
+
+        return exporter_view_identity(self.run)
+
+    @property
+    def history_values(self) -> dict[str, Scalar]:
+        """``values`` a backend with metric history (MLflow, TensorBoard) logs as points: those
+        the journal does not hold already. NeMo Gym logs its aggregate and ``coverage/*`` metrics
+        live as steps of their own; the journal's point is then the metric's one point (the
+        aggregate file's value is the same), not a second one at step 0. A fresh dict."""
+        journaled = self.journaled_names
+        return {k: v for k, v in self.values.items() if k not in journaled}
+
+    @cached_property
+    def journaled_names(self) -> frozenset[str]:
+        """Every metric name the journal holds (one read of it; bounded by the names, not the steps)."""
+        names: set[str] = set()
+        for entry in iter_journal(self.run):
+            names.update(entry.metrics)
+        return frozenset(names)
+
     @property
     def tables(self) -> list[LevelTable]:
         """The per-task and per-repeat levels (the config's secret values redacted from text cells)."""

@@ -22,7 +22,7 @@ import os
 import stat
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import blake3
@@ -107,18 +107,28 @@ def _release(fd: int, fpath: Path) -> None:
 
 
 @contextlib.contextmanager
-def exclusive_lock(fpath: Path, wait_seconds: float = 0.0, poll: float = 0.05) -> Iterator[None]:
+def exclusive_lock(
+    fpath: Path,
+    wait_seconds: float = 0.0,
+    poll: float = 0.05,
+    on_wait: Callable[[float, str], None] | None = None,
+) -> Iterator[None]:
     """Hold ``fpath``'s lock for the block; wait up to ``wait_seconds``, then raise LockBusy.
+    ``on_wait(seconds waited, holder)`` is called at each poll while another process holds it
+    (``holder``: ``pid N``), so that a long wait can be shown.
 
     Raises UnsafeLockPath (an OSError) when the path is a link or not a regular file.
     """
-    deadline = time.monotonic() + wait_seconds
+    started = time.monotonic()
+    deadline = started + wait_seconds
     while True:
-        fd, _holder = _take(fpath)
+        fd, holder = _take(fpath)
         if fd is not None:
             break
         if time.monotonic() >= deadline:
             raise LockBusy(str(fpath))
+        if on_wait is not None:
+            on_wait(time.monotonic() - started, holder)
         time.sleep(poll)
     try:
         yield
@@ -127,15 +137,24 @@ def exclusive_lock(fpath: Path, wait_seconds: float = 0.0, poll: float = 0.05) -
 
 
 class HeldLock:
-    """A lock taken by ``try_lock``: held until ``release()`` (or the process ends)."""
+    """A lock taken by ``try_lock``: held until ``release()`` (or the process ends).
+
+    Only the process that took it releases it: a forked child shares the lock's open file with
+    its parent, so an unlock there would drop the parent's lock (the child only closes its copy).
+    """
 
     def __init__(self, fd: int, fpath: Path) -> None:
         self.fd: int | None = fd
         self.fpath = fpath
+        self.pid = os.getpid()
 
     def release(self) -> None:
         if self.fd is not None:
             fd, self.fd = self.fd, None
+            if os.getpid() != self.pid:
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+                return
             _release(fd, self.fpath)
 
 

@@ -23,6 +23,7 @@ watched).
 from __future__ import annotations
 
 import contextlib
+import logging
 import socket
 import sys
 import threading
@@ -135,11 +136,29 @@ def server_addresses(url: str | None) -> frozenset[tuple[str, int]]:
     return frozenset((info[4][0], port) for info in infos)
 
 
+class _QuietOnceAbandoned(logging.Filter):
+    """Drops what a thread of an abandoned send logs: the export's result is out, and the
+    send's last gasps (urllib3's "Retrying ... after connection broken by ..." for each retry its
+    refused connections cost) would read as if it were still going on."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        watch = _WATCHED.get(threading.get_ident())
+        return watch is None or not watch.abandoned
+
+
+# The loggers an abandoned send's HTTP client speaks through (a filter applies to the records
+# of its own logger only, not to its children's).
+QUIETED_LOGGERS = ("urllib3.connectionpool", "urllib3.util.retry", "urllib3.connection", "httpx", "httpcore")
+
+
 def _install_hook() -> None:
     global _hook_installed
     with _HOOK_LOCK:
         if not _hook_installed:
             sys.addaudithook(_audit)  # permanent by design of audit hooks; a no-op when unwatched
+            quiet = _QuietOnceAbandoned()
+            for name in QUIETED_LOGGERS:
+                logging.getLogger(name).addFilter(quiet)
             _hook_installed = True
 
 

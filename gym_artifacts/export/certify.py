@@ -1,9 +1,16 @@
 """The post-run export's policy for a backend that may hold a live run of the same eval.
 
-One place decides, from the run-id marker the live channel left beside the run: certify (let
-the backend complete its live run, ``_certify``), or send a new run (``_export_post_run``) and
-note on the live run that it was superseded (``_mark_superseded``). The backend only implements
-those hooks.
+One place decides, from the run-id marker the live channel left beside the run: complete the
+live run (``_certify``: the backend sends what the live run lacks into it and ends it, the one
+run of this destination), or send a new run (``_export_post_run``) and end the live one, noting
+where the complete run is (``_mark_superseded``). The backend only implements those hooks.
+
+A live run of this output at this destination is *this run's* unless what it recorded says
+otherwise: it is completed (repaired) whether or not every call reached the backend, since the
+export sends everything the run's files hold that the live run lacks (the journal's metric
+points, the rollouts, the artifacts). Only content the live run recorded that differs from the
+files being exported (a rollout it never logged, another journal, files changed since
+``complete()``) makes a new run, and ``--no-certify`` always does.
 """
 
 from __future__ import annotations
@@ -13,69 +20,79 @@ from typing import TYPE_CHECKING
 
 from gym_artifacts.contract.exporter import CERTIFIED_NOTE
 from gym_artifacts.contract.hooks import CannotCertify, ExportPlan, Sent
-from gym_artifacts.core.errors import ReceiptError
+from gym_artifacts.contract.run_payload import RunPayload
+from gym_artifacts.core.errors import GymArtifactsError, ReceiptError
+from gym_artifacts.run.artifacts import FAILURES, ROLLOUTS
 from gym_artifacts.run.receipts import RunIdMarker, read_marker, write_marker
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
     from gym_artifacts.contract.live_exporter import LiveExporter
     from gym_artifacts.run.artifacts import RunArtifacts
 
 logger = logging.getLogger(__name__)
 
 
-def certify_refusal(marker: RunIdMarker, plan: ExportPlan, destination_key: str) -> str | None:
+def certify_refusal(
+    marker: RunIdMarker, plan: ExportPlan, destination_key: str, run: RunArtifacts | None = None
+) -> str | None:
     """Why the live run of ``marker`` may not be completed by this export (None: it may).
 
-    ``plan.certify`` False never certifies, nor does a run that lives at another destination.
-    Otherwise a live run is this run's when either rule holds:
-
-    * completed: the eval ``complete()``d it, its teardown delivered every call (recorded in the
-      marker), and the run's files did not change since (``completed_refusal``);
-    * content: it ended FINISHED having delivered every call, and the journal and the rollouts it
-      logged are the journal and ``OUT.jsonl`` being exported (``content_refusal``), whatever
-      was written beside them since (an aggregate written after teardown).
+    ``plan.certify`` False never completes it, nor does a run that lives at another destination.
+    Otherwise the live run is this run's unless its records contradict the files: it is when the
+    files are as they were at ``complete()``, or are what it logged (``content_refusal``: the
+    rollouts and journal it sent, whatever was written beside them since). A live run
+    with no record (killed before its teardown, resumed after a crash) is this output's live
+    run: it is completed with what the files hold. Lost calls never refuse: the export repairs
+    the run. Once an export has completed it, only the same files complete it again (a retry,
+    a copy): a run changed since goes to a new run, the completed one left as it was.
     """
     if plan.certify is False:
         return "--no-certify"
     if marker.destination_key not in (None, destination_key):
         return "it lives at another destination"
-    completed = completed_refusal(marker, plan)
-    if completed is None:
-        return None
-    if content_refusal(marker, plan) is None:
-        return None
-    return completed
-
-
-def completed_refusal(marker: RunIdMarker, plan: ExportPlan) -> str | None:
-    """The ``complete()`` rule: True ``plan.certify`` also accepts a marker from before the loss
-    record (``lossless`` unknown), never one that lost calls."""
-    if marker.state != "completed":
-        return "the eval never called complete()"
-    if marker.lossless is False:
-        return f"it lost {marker.lost_calls} live call(s): its history is incomplete"
-    if marker.lossless is None and plan.certify is not True:
-        return "its delivery was not recorded (pass --certify to complete it anyway)"
-    if marker.identities != plan.identities:
+    if marker.certified is not None:  # an export completed it: with these files, or others
+        return None if marker.certified == plan.identities else "an export completed it with other files"
+    if marker.identities is not None and marker.identities == plan.identities:
+        return None  # completed, and the files are as they were then
+    if marker.logged is not None:
+        return content_refusal(marker, plan, run)
+    if marker.identities is not None:
         return "the run changed since it completed"
     return None
 
 
-def content_refusal(marker: RunIdMarker, plan: ExportPlan) -> str | None:
-    """The content rule: why the files being exported are not what this live run logged."""
-    if marker.logged is None or marker.ended != "FINISHED":
-        return "its teardown recorded no content to compare"
-    if marker.lossless is not True:
-        return "it did not deliver every call"
+def content_refusal(marker: RunIdMarker, plan: ExportPlan, run: RunArtifacts | None = None) -> str | None:
+    """Why the files being exported are not what this live run logged (None: they are).
+
+    The rollouts the live run sent match ``OUT.jsonl``, or ``OUT.jsonl`` and NeMo Gym's
+    ``OUT_failures.jsonl`` together: with ``+route_failures_to_sidecar=true`` the eval hands its
+    failed rollouts to ``export_rollouts`` too, and writes them aside; or NeMo Gym's exporter view
+    of them (``run.exporter_view``: with ``observability_enabled`` it leaves the trajectory and raw
+    model-call payloads out of what the exporters get). The failures sidecar is as it was when the
+    live run ended (a failure added since is one the live run never saw).
+    """
+    assert marker.logged is not None
     for name, identity in marker.logged.items():
-        if plan.identities.get(name) != identity:
-            return f"its {name} differs from the run's"
+        if plan.identities.get(name) == identity:
+            continue
+        if name == ROLLOUTS and run is not None and identity is not None:
+            payload = RunPayload.of(run, plan)
+            try:
+                if identity in (payload.rollouts_with_failures_identity, payload.exporter_view_identity):
+                    continue
+            except GymArtifactsError as exc:
+                return f"its rollouts cannot be compared with the run's: {exc}"
+        if name == FAILURES:
+            return "the failures sidecar changed since the live run ended"
+        return f"its {name} differs from the run's"
     return None
 
 
 def certify_or_export(backend: LiveExporter, run: RunArtifacts, plan: ExportPlan) -> Sent:
     """Complete the backend's live run of ``run`` when the marker allows, else send a new run
-    and mark the live one superseded (best effort)."""
+    and end the live one, noting the new one on it (best effort)."""
     name, key = backend.name, backend.destination_key()
     marker_fpath = run.run_id_marker_fpath(name)
     try:
@@ -87,17 +104,20 @@ def certify_or_export(backend: LiveExporter, run: RunArtifacts, plan: ExportPlan
         marker = None  # a live run elsewhere: neither certified nor superseded by this export
     if marker is not None:
         plan = plan.complete()  # the marker is compared with the run's identities
-        refusal = certify_refusal(marker, plan, key)
+        refusal = certify_refusal(marker, plan, key, run)
         if refusal is None:
             try:
                 sent = backend._certify(run, plan, marker.run_id)
             except CannotCertify as exc:
-                logger.info("%s: live run %s not certified: %s", name, marker.run_id, exc)
+                logger.info(
+                    "%s: live run %s not completed: %s; exporting a new run", name, marker.run_id, exc
+                )
             else:
+                _record_certified(marker_fpath, marker, plan)
                 return Sent(sent.backend_run_id, sent.rows, sent.bytes, CERTIFIED_NOTE)
         else:
             logger.info(
-                "%s: live run %s not certified (%s); exporting a new run", name, marker.run_id, refusal
+                "%s: live run %s not completed (%s); exporting a new run", name, marker.run_id, refusal
             )
     sent = backend._export(run, plan)  # a new backend run (LiveExporter: ``_export_post_run``)
     if marker is not None and marker.run_id != sent.backend_run_id:
@@ -107,3 +127,12 @@ def certify_or_export(backend: LiveExporter, run: RunArtifacts, plan: ExportPlan
         except Exception as exc:  # best effort: never fail an export for a courtesy note
             logger.warning("%s: could not mark live run %s superseded: %s", name, marker.run_id, exc)
     return sent
+
+
+def _record_certified(marker_fpath: Path, marker: RunIdMarker, plan: ExportPlan) -> None:
+    """Note in the marker the identities the live run was completed with (``certify_refusal``:
+    other files later go to a new run). Best effort: the run is complete whether or not noted."""
+    try:
+        write_marker(marker_fpath, marker.model_copy(update={"certified": dict(plan.identities)}))
+    except Exception as exc:
+        logger.warning("%s: could not note the completed run's identities: %s", marker_fpath, exc)

@@ -40,7 +40,7 @@ from gym_artifacts.core.config import (
 from gym_artifacts.core.destination import Destination, destination_key
 from gym_artifacts.core.errors import ConfigError, GymArtifactsError, ReceiptError, RunError
 from gym_artifacts.core.locking import LockBusy, exclusive_lock, shared_lock_fpath
-from gym_artifacts.core.progress import EXPORTING_PROGRESS, TRACES_PROGRESS
+from gym_artifacts.core.progress import EXPORTING_PROGRESS, TRACES_PROGRESS, WAITING_PROGRESS
 from gym_artifacts.core.secrets import (
     collect_secret_values,
     install_log_redaction,
@@ -344,6 +344,25 @@ def _traces_progress(progress: Callable[[str, int, int], None], name: str) -> Ca
     return lambda sent, total: progress(f"{TRACES_PROGRESS}{name}", sent, total)
 
 
+@dataclass
+class LockWaitLine:
+    """The progress line while an export waits for another export's lock (``on_wait`` of
+    ``exclusive_lock``): the holder and the seconds waited; then the export's own line again."""
+
+    progress: Callable[[str, int, int], None]
+    name: str
+    step: tuple[int, int]  # the export's own line: exporter i of n
+    waited: bool = False
+
+    def __call__(self, seconds: float, holder: str) -> None:
+        self.waited = True
+        self.progress(f"{WAITING_PROGRESS}{self.name} ({holder})", int(seconds), int(LOCK_WAIT_SECONDS))
+
+    def done(self) -> None:
+        if self.waited:
+            self.progress(f"{EXPORTING_PROGRESS}{self.name}", *self.step)
+
+
 def _export_one(
     run: RunArtifacts,
     target: Target,
@@ -351,6 +370,7 @@ def _export_one(
     signatures: Signatures,
     verify: bool,
     after_receipt: list[Callable[[], None]] | None = None,
+    waiting: LockWaitLine | None = None,
 ) -> ExportResult:
     start = time.monotonic()
     name = target.name
@@ -366,13 +386,15 @@ def _export_one(
     if target.cls is None or target.key is None:
         return _failed(name, target.error or "exporter could not be built", start)
     path_lock = run.export_lock_fpath(name)
+    wait = partial(exclusive_lock, wait_seconds=LOCK_WAIT_SECONDS, on_wait=waiting)
     try:
         with contextlib.ExitStack() as locks:
-            locks.enter_context(exclusive_lock(path_lock, wait_seconds=LOCK_WAIT_SECONDS))
+            locks.enter_context(wait(path_lock))
             # The same bytes (from any folder), then the same identity when it is known yet.
             for lock_key in dict.fromkeys(k for k in (plan.send_key, plan.run_identity) if k):
-                identity_lock = identity_lock_fpath(name, target.key, lock_key)
-                locks.enter_context(exclusive_lock(identity_lock, wait_seconds=LOCK_WAIT_SECONDS))
+                locks.enter_context(wait(identity_lock_fpath(name, target.key, lock_key)))
+            if waiting is not None:
+                waiting.done()
             # Another process may have finished while this one waited.
             if not verify:
                 plan = _identities_for(run, target, plan)
@@ -488,8 +510,8 @@ def export_run(
     its docstring for the one precedence rule). ``accept_partial_line`` sends the complete
     lines of a rollouts file whose last line is torn and records the omission in the backend
     run; ``accept_stale_aggregates`` exports aggregate metrics that cannot be tied to the
-    rollouts. ``certify``: None completes a live run when it may be (completed, lossless,
-    unchanged), True also one whose marker predates the loss record, False never. ``verify``
+    rollouts. ``certify``: None (or True) completes the live run of this output, sending what
+    it lacks, unless what it recorded differs from the files; False never does (a new run). ``verify``
     asks the backend whether a receipted run still exists (re-exporting when it is gone).
     ``nemo_gym_config``: NeMo Gym's resolved global config file, logged (masked, whole) as the run's
     params; without it a run with no saved config logs what its files tell (agent, environment
@@ -620,10 +642,11 @@ def export_resolved(
                 except OSError as exc:
                     result = _failed(name, f"cannot read {run.rollouts_fpath}: {exc}", start)
             if result is None:
-                sending = plan  # with the progress line of its traces, when one is shown
+                sending, waiting = plan, None  # with the progress lines of its traces and lock waits
                 if progress is not None:
                     sending = replace(plan, on_traces_sent=_traces_progress(progress, name))
-                result = _export_one(run, target, sending, signatures, options.verify, after_receipt)
+                    waiting = LockWaitLine(progress, name, (i, len(names)))
+                result = _export_one(run, target, sending, signatures, options.verify, after_receipt, waiting)
             result = _redacted(result, secrets)
             logger.info("%s: %s %s", name, result.status.value, result.backend_run_id or result.reason or "")
             results.append(result)

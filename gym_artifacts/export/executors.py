@@ -209,16 +209,51 @@ def _in_process_pool(jobs: Sequence[ExportJob], workers: int) -> Iterator[tuple[
 
     ctx = multiprocessing.get_context("spawn")
     pool = concurrent.futures.ProcessPoolExecutor(min(workers, len(jobs)), mp_context=ctx)
+    interrupted = False
+    futures: dict[Any, int] = {}
     try:
-        futures = {pool.submit(export_job, job): i for i, job in enumerate(jobs)}
+        futures.update({pool.submit(export_job, job): i for i, job in enumerate(jobs)})
         for future in concurrent.futures.as_completed(futures):
             i = futures[future]
             try:
                 yield i, future.result()
             except Exception as exc:  # the worker process died (killed, out of memory)
                 yield i, failed_run(jobs[i], f"the export process died: {type(exc).__name__}: {exc}")
-    finally:  # also on Ctrl-C or when the caller stops early: nothing new starts
-        pool.shutdown(wait=True, cancel_futures=True)
+    except KeyboardInterrupt:
+        interrupted = True
+        raise
+    finally:  # also when the caller stops early: nothing new starts
+        try:
+            if interrupted:
+                _interrupt_workers(pool, [f for f in futures if not f.done()])
+        finally:
+            pool.shutdown(wait=not interrupted, cancel_futures=True)
+
+
+WORKER_GRACE_S = 5.0  # after a Ctrl-C, how long an interrupted worker may take to hand its export back
+
+
+def _interrupt_workers(pool: Any, running: Sequence[Any]) -> None:
+    """Ctrl-C reached this process, perhaps not its workers (a signal to this process alone):
+    interrupt each worker as a Ctrl-C would (its export stops, its locks are released, no
+    receipt), give the running exports ``WORKER_GRACE_S`` to hand back, then kill every worker
+    still there, so that none keeps the command waiting on a server that never answers."""
+    import concurrent.futures
+    import signal
+
+    processes = list((getattr(pool, "_processes", None) or {}).values())
+    try:
+        for process in processes:
+            with contextlib.suppress(OSError, ValueError):
+                if process.is_alive():
+                    os.kill(process.pid, signal.SIGINT)
+        if running:
+            concurrent.futures.wait(running, timeout=WORKER_GRACE_S)
+    finally:  # a second Ctrl-C while waiting ends them at once
+        for process in processes:
+            with contextlib.suppress(OSError, ValueError):
+                if process.is_alive():
+                    process.kill()
 
 
 def _forwarded_env() -> dict[str, str]:

@@ -163,9 +163,9 @@ def live_state(marker: RunIdMarker) -> dict[str, Any]:
         info["superseded_by"] = marker.superseded_by
     if marker.lossless is False:
         info["lost_calls"] = marker.lost_calls
-        info["note"] = f"lost {marker.lost_calls} call(s): never certified, exported as a new run"
+        info["note"] = f"lost {marker.lost_calls} call(s): the export completes it from the run's files"
     elif marker.lossless is None and marker.state == "completed":
-        info["note"] = "delivery not recorded: certified only with --certify"
+        info["note"] = "delivery not recorded: the export completes it from the run's files"
     return info
 
 

@@ -329,6 +329,7 @@ class LiveChannel:
                 "state": "completed",
                 "completed_at": utc_now_iso(),
                 "identities": dict(ids) if ids else None,
+                "certified": None,  # the live run changed since an export completed it
             }
             write_marker(marker_fpath, marker.model_copy(update=update))
 
@@ -349,7 +350,7 @@ class LiveChannel:
                 marker = read_marker(marker_fpath)
                 if marker is None or marker.run_id != run_id:
                     return
-                update = {"logged": dict(logged), "ended": status.value}
+                update = {"logged": dict(logged), "ended": status.value, "certified": None}
                 write_marker(marker_fpath, marker.model_copy(update=update))
             except (ReceiptError, OSError) as exc:
                 logger.warning("%s: logged content not recorded in %s: %s", self.name, marker_fpath, exc)
@@ -364,7 +365,9 @@ class LiveChannel:
     def _record_delivery(self, report: LiveReport) -> None:
         """Write into the marker whether every call reached the backend (the certify rule).
 
-        A reopened run stays lossless only if the earlier process recorded that it was.
+        A reopened run stays lossless only if the earlier process recorded that it was; when the
+        earlier process recorded nothing (it was killed before its teardown), the whole run's
+        delivery is unknown (None), never a loss of 0 calls.
         """
         run = self.backend.run
         if run is None or report.run_id is None:
@@ -377,8 +380,9 @@ class LiveChannel:
                 if marker is None or marker.run_id != report.run_id:
                     return
                 reopened = self.backend.reopened
-                earlier_ok = marker.lossless is True if reopened else True
-                lossless = earlier_ok and report.lost == 0 and report.teardown_finished
+                earlier = marker.lossless if reopened else True
+                this_ok = report.lost == 0 and report.teardown_finished
+                lossless: bool | None = earlier if this_ok else False
                 lost = (marker.lost_calls if reopened else 0) + report.lost
                 update = {"lossless": lossless, "lost_calls": lost}
                 write_marker(marker_fpath, marker.model_copy(update=update))

@@ -2,9 +2,11 @@
 
 A live run that ends FINISHED records in each backend's marker the identity of its metrics
 journal and of the rollouts it sent (a multiset digest of their canonical records, the digest
-``identity`` gives ``OUT.jsonl``). ``gym-artifacts export`` then knows from content, without an
+``identity`` gives ``OUT.jsonl``), and of NeMo Gym's failures sidecar as it was when the run
+ended (None: there was none). ``gym-artifacts export`` then knows from content, without an
 explicit ``complete()``, that the files it exports are this live run's: same journal, same
-rollouts (``export.certify.content_refusal``). An aggregate written after teardown changes neither.
+rollouts, the same failures (``export.certify.content_refusal``); a failure added to the sidecar
+since is one the live run never saw. An aggregate written after teardown changes none of them.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from gym_artifacts.run.artifacts import METRICS_JOURNAL, ROLLOUTS
+from gym_artifacts.run.artifacts import FAILURES, METRICS_JOURNAL, ROLLOUTS
 
 
 class LoggedRollouts:
@@ -66,13 +68,20 @@ def journal_identity(fpath: Path) -> str | None:
     return jsonl_digest(fpath, end=torn.complete_bytes if torn else None).hexdigest()
 
 
-def logged_content(journal_fpath: Path, rollouts: LoggedRollouts) -> dict[str, str | None] | None:
-    """``{artifact name: identity}`` of what the live run logged; None when it cannot be told."""
+def logged_content(
+    journal_fpath: Path, rollouts: LoggedRollouts, failures_fpath: Path | None
+) -> dict[str, str | None] | None:
+    """``{artifact name: identity}`` of what the live run logged, and of the failures sidecar
+    (``failures_fpath``, None: the run has none, as the export sees it) as it is now; None when
+    it cannot be told."""
+    from gym_artifacts.run.identity import jsonl_digest
+
     sent = rollouts.identity()
     if sent is None:
         return None
     try:
         journal = journal_identity(journal_fpath)
+        failures = jsonl_digest(failures_fpath).hexdigest() if failures_fpath is not None else None
     except Exception:
         return None
-    return {METRICS_JOURNAL: journal, ROLLOUTS: sent}
+    return {METRICS_JOURNAL: journal, ROLLOUTS: sent, FAILURES: failures}

@@ -11,6 +11,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import logging
+import os
 import threading
 import time
 from collections.abc import Iterator, Mapping
@@ -34,7 +35,7 @@ from gym_artifacts.live.channel import (
 )
 from gym_artifacts.live.content import LoggedRollouts, logged_content
 from gym_artifacts.live.journal_writer import MetricsJournal
-from gym_artifacts.run.artifacts import RunArtifacts
+from gym_artifacts.run.artifacts import FAILURES, ROLLOUTS, RunArtifacts
 from gym_artifacts.run.metric_records import MetricRecord, encode_record
 from gym_artifacts.run.run_config import backend_config, save_run_config
 
@@ -122,6 +123,7 @@ class LiveRun:
         self.late = 0  # calls made once teardown began: sent nowhere, counted, warned once
         self._last_step: int | None = None
         self._closed = False
+        self._owner_pid = os.getpid()  # a forked copy of this run ends nothing (see teardown)
         self.refused = RefusedCalls()
         self.logged_rollouts = LoggedRollouts()  # what was sent, to match OUT.jsonl at export
         install_log_redaction()
@@ -280,6 +282,10 @@ class LiveRun:
         """
         if self._closed:
             return self.reports
+        if os.getpid() != self._owner_pid:
+            # A forked child (NeMo Gym's health-check workers) holds a copy of this run without
+            # the threads that deliver it: the run is the parent's to end; nothing is reported.
+            return self.reports
         self._closed = True
         if self._receiver is not None:  # handles' calls after this point are not applied
             self._receiver.close()
@@ -313,10 +319,17 @@ class LiveRun:
             if report.lost or report.setup_error or not report.teardown_finished:
                 logger.warning("live logging: %s", report.describe())
         if status == RunStatus.FINISHED and journal_closed and not self.journal_lost:
-            logged = logged_content(self.journal.fpath, self.logged_rollouts)
+            failures = self.run.sidecar_files().get(FAILURES)  # the sidecar the export would see
+            logged = logged_content(self.journal.fpath, self.logged_rollouts, failures)
             if logged is not None:
                 for channel in self.channels:
-                    channel.record_logged(logged, RunStatus.FINISHED)
+                    # a reopened run holds an earlier process's rollouts too: only the (resumed,
+                    # whole) journal says what it logged
+                    reopened = channel.backend.reopened
+                    channel.record_logged(
+                        {k: v for k, v in logged.items() if k != ROLLOUTS} if reopened else logged,
+                        RunStatus.FINISHED,
+                    )
         logger.info("live logging: teardown: %s", summary_line(self.reports))
         _unregister_atexit(self)
         return self.reports
@@ -382,6 +395,19 @@ def reregister_atexit() -> None:
     with _atexit_lock:
         atexit.unregister(_teardown_open_runs)
         atexit.register(_teardown_open_runs)
+
+
+def _forget_open_runs_after_fork() -> None:
+    """A forked child (NeMo Gym's health-check workers) inherits the exit hook but none of the
+    threads that deliver a run's calls: the runs stay the parent's, so the child's exit ends none
+    of them (its teardown could only report losses that did not happen)."""
+    global _atexit_lock
+    _atexit_lock = threading.Lock()  # another thread may have held it at the fork
+    _open_runs.clear()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_open_runs_after_fork)
 
 
 def build_live_exporters(cfg: Any) -> list[LiveExporter]:

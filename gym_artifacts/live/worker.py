@@ -343,8 +343,13 @@ class BackgroundWorker:
             self._deliver(sink.kind, True, len(entries), sink.many, entries, singles=singles)
 
     def _current_deadline(self) -> float:
-        """When a stopping worker gives up: idle time since the last progress, within the cap."""
+        """When a stopping worker gives up: idle time since the last progress, within the cap;
+        at once when the backend is down (``FALLBACK_PROBES`` calls failed in a row, none
+        delivered since): a server that refuses every call is not tried until the idle deadline
+        while the eval waits to exit (the journal keeps every call for the export)."""
         assert self._deadline is not None
+        if self._burst >= self.FALLBACK_PROBES:
+            return min(self._deadline, self._progress_at)
         return min(self._deadline, self._progress_at + self._idle_timeout)
 
     def _past_deadline(self) -> bool:

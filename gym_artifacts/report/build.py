@@ -26,9 +26,12 @@ from gym_artifacts.run.coverage import Coverage, coverage_of
 from gym_artifacts.run.identity import content_identities
 from gym_artifacts.run.journal import iter_journal
 from gym_artifacts.run.layout import RECORDING, SESSION_TIMES
-from gym_artifacts.run.names import NO_CONFIG
+from gym_artifacts.run.names import NO_CONFIG, NO_CONFIG_PARAMS
+from gym_artifacts.run.nemo_gym_params import params_from_files
 from gym_artifacts.run.run_config import backend_config, load_run_config
 from gym_artifacts.run.sidecars import iter_nvml_series, nvml_summary
+from gym_artifacts.run.times import run_times
+from gym_artifacts.run.trajectory import failures_with_plans
 
 logger = logging.getLogger(__name__)
 EMBED_VIDEO_MAX = 5 << 20
@@ -60,12 +63,16 @@ def _summary(run: RunArtifacts, identities: dict[str, str], coverage: Coverage) 
         f'<p class="coverage">Coverage: {_e(coverage.text())}.</p>',
     ]
     times_fpath = run.artifacts_dpath / SESSION_TIMES
-    if times_fpath.is_file():
-        times = read_json(times_fpath)
-        if isinstance(times, dict):
-            parts.append(_table(["session", "value"], [[k, v] for k, v in times.items()], "kv"))
+    times = read_json(times_fpath) if times_fpath.is_file() else None
+    if isinstance(times, dict):
+        parts.append(_table(["session", "value"], [[k, v] for k, v in times.items()], "kv"))
+    elif (when := run_times(run)) is not None:  # what the backends' runs are dated with
+        source = {"journal": "from the metrics journal", "rollouts": "from the rollouts"}.get(when.source, when.source)
+        rows = [["start", when.iso(when.start)], ["end", when.iso(when.end)],
+                ["duration_s", round(when.end - when.start, 3)], ["times", source]]  # fmt: skip
+        parts.append(_table(["eval", "value"], rows, "kv"))
     else:
-        parts.append(_missing("No session times were recorded."))
+        parts.append(_missing("No session times were recorded, and neither the journal nor the rollouts date the eval."))
     parts.append("<h3>Exports</h3>" + _table(*exports_table(exporter_states(run, identities))))
     parts.append(
         "<h3>Content identities</h3>"
@@ -75,6 +82,9 @@ def _summary(run: RunArtifacts, identities: dict[str, str], coverage: Coverage) 
     if config is not None:
         text = json.dumps(json_safe(config), indent=2, sort_keys=True)
         parts.append(f'<h3>Config (secrets masked)</h3><pre class="config">{_e(text)}</pre>')
+    elif (told := params_from_files(run)) is not None:  # the params an export logs for it
+        parts.append(_missing(NO_CONFIG_PARAMS))
+        parts.append("<h3>Params (from the rollouts)</h3>" + _table(["param", "value"], [[k, v] for k, v in told.items()], "kv"))
     else:
         parts.append(_missing(NO_CONFIG))
     return "".join(parts)
@@ -198,10 +208,10 @@ def _rollouts(run: RunArtifacts, coverage: Coverage) -> tuple[str, str]:
             reward = None
         table.add(str(lineno), reward, record, raw)
     scored = len(table)
-    failures = run.failures_fpath
-    if failures.is_file():
-        for lineno, _, record in rollout_lines(failures):
-            table.add(f"failed {lineno}", None, record, None)
+    for index, record, planned in failures_with_plans(run):  # each with the input it was planned with
+        request = planned.get("responses_create_params") if isinstance(planned, dict) else None
+        shown = {**record, "responses_create_params": request} if isinstance(record, dict) and request else record
+        table.add(f"failed {index + 1}", None, shown, None)
     if not len(table):
         return _missing("No rollouts: the rollouts file is empty."), ""
     header, rows = table.layout()

@@ -8,8 +8,11 @@ the aggregate's per-task ``expected_num_rollouts`` / ``missing_num_rollouts``. F
 - ``coverage/expected``: planned rollouts (materialized inputs; else the aggregate's expected
   counts; unknown when neither exists),
 - ``coverage/scored``: rollouts in ``OUT.jsonl``,
-- ``coverage/missing``: ``expected - scored`` (NeMo Gym's own names for these three),
-- ``coverage/failed``: rows of the failures sidecar (this project's addition).
+- ``coverage/failed``: rows of the failures sidecar (this project's addition),
+- ``coverage/missing``: planned rollouts with no result at all (neither scored nor failed), so
+  ``scored + failed + missing = expected``. NeMo Gym's own ``coverage/missing`` (its step
+  metric) is ``expected - scored``, failed rollouts included; shown beside ``coverage/failed``
+  that read as every failure lost twice. Without a failures sidecar both are the same number.
 
 The export rule (README, "Partial runs"): a run whose every planned rollout is accounted for
 (scored or recorded as failed) is exported, and marked partial when any failed; a run with
@@ -44,9 +47,16 @@ class Coverage:
     accepted_omitted: int | None
 
     @property
-    def missing(self) -> int | None:
-        """Planned rollouts not in the rollouts file (failed or never finished)."""
+    def not_scored(self) -> int | None:
+        """Planned rollouts not in the rollouts file (failed or never finished): NeMo Gym's own
+        ``coverage/missing``."""
         return None if self.expected is None else max(self.expected - self.scored, 0)
+
+    @property
+    def missing(self) -> int | None:
+        """Planned rollouts with no result at all (``unaccounted``): scored + failed + missing =
+        expected."""
+        return None if self.expected is None else self.unaccounted
 
     @property
     def unaccounted(self) -> int:
@@ -57,14 +67,15 @@ class Coverage:
 
     @property
     def partial(self) -> bool:
-        return bool(self.missing)
+        return bool(self.not_scored)
 
     def metrics(self) -> dict[str, float]:
-        """Tracker metrics under NeMo Gym's ``coverage/*`` names (plus ``coverage/failed``)."""
+        """Tracker metrics under NeMo Gym's ``coverage/*`` names (plus ``coverage/failed``) that
+        add up: ``scored + failed + missing = expected`` (the module doc)."""
         out = {"coverage/scored": float(self.scored)}
         if self.expected is not None:
             out["coverage/expected"] = float(self.expected)
-            out["coverage/missing"] = float(self.missing or 0)
+            out["coverage/missing"] = float(self.unaccounted)
         if self.failed is not None:
             out["coverage/failed"] = float(self.failed)
         return out
@@ -74,8 +85,8 @@ class Coverage:
             "expected": self.expected,
             "expected_from": self.expected_source,
             "scored": self.scored,
-            "missing": self.missing,
             "failed": self.failed,
+            "missing": self.missing,
             "unaccounted": self.unaccounted,
             "partial": self.partial,
             "accepted_omitted_rows": self.accepted_omitted,

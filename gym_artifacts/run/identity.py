@@ -354,6 +354,27 @@ def _complete_bytes(name: str, fpath: Path) -> int | None:
     return torn.complete_bytes if torn else None
 
 
+def rollouts_with_failures_identity(run: RunArtifacts) -> str | None:
+    """The multiset identity of the run's rollouts and its failed rollouts together (NeMo Gym's
+    ``OUT_failures.jsonl`` with ``+route_failures_to_sidecar=true``): what the eval handed to
+    ``export_rollouts`` live, every result, when its failures were routed aside. None when the
+    run has no failures file."""
+    from gym_artifacts.run.artifacts import FAILURES
+
+    failures = run.sidecar_files().get(FAILURES)
+    rollouts = run.rollouts_fpath
+    if failures is None or rollouts is None or not rollouts.is_file():
+        return None
+    try:
+        digest = jsonl_digest(rollouts, end=_complete_bytes(ROLLOUTS, rollouts))
+        digest.merge(jsonl_digest(failures))
+    except OSError as exc:
+        raise RunError(
+            f"cannot read the rollouts and failures of {run.source}: {exc.strerror or exc}"
+        ) from exc
+    return digest.hexdigest()
+
+
 def stat_key(st: os.stat_result) -> list[int]:
     """What says a file is unchanged since it was last looked at: device, inode, size, mtime, ctime."""
     return [st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns]

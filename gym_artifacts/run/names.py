@@ -20,6 +20,12 @@ CONFIG_RUN_NAME_KEYS: dict[str, tuple[str, ...]] = {
     "wandb": ("wandb_name",),
 }
 ANY_RUN_NAME_KEYS = ("mlflow_run_name", "wandb_name")
+NO_CONFIG_PARAMS = (
+    "The run has no saved config (NeMo Gym saves none beside its output): it exports with the "
+    "params its rollouts tell (below), under the exporters' settings of the config given to the "
+    "export, and is named after its folder and stem. `export --run-config FILE` logs NeMo Gym's "
+    "own resolved config instead."
+)
 NO_CONFIG = (
     "The run has no saved config (NeMo Gym saves none beside its output): it exports with no "
     "params, under the exporters' settings of the config given to the export, and is named after "

@@ -80,6 +80,10 @@ class RunIdMarker(BaseModel):
     # from content that the run's files are this live run's (``live_certify``).
     ended: str | None = None
     logged: dict[str, str | None] | None = None
+    # The identities of the files an export completed this live run with: an export of other files
+    # (the run changed since, its receipt deleted to export it on purpose) makes a new run and
+    # leaves the completed one as it was. Cleared when a live process writes into the run again.
+    certified: dict[str, str] | None = None
 
 
 def _first_error(exc: ValidationError) -> str:

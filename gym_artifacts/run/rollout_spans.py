@@ -1,60 +1,57 @@
-"""One NeMo Gym rollout as a trace: a root span, an LLM span per model turn, a TOOL span per call.
+"""One rollout as a trace: a root span, an LLM span per model call, a TOOL span per tool call.
 
 The span model every trace backend maps (MLflow span types, OpenInference for Phoenix, LangSmith
-run types), built from what a rollout line holds (pure functions, no SDK):
+run types), built from the rollout's trajectory (``gym_artifacts.run.trajectory``: NeMo Gym's
+``ng_trajectory`` evidence when the line has it, its Responses objects otherwise, the planned
+input of a failed rollout). Pure functions, no SDK.
 
 - the root span (``AGENT``): the rollout's request as inputs (conversation first, no ``null``
-  fields), its Response as outputs, its other fields as attributes, its start from the Response's
-  ``created_at`` and its end from ``completed_at`` (else the record's ``latency_s``);
-- an ``LLM`` span per model turn (the model's items of ``output[]`` up to the next tool result):
-  the conversation it saw as inputs, its items (reasoning, message, function calls) as outputs,
-  the Response's ``usage`` on its last turn (NeMo Gym records one usage per Response, the sum
-  of its turns, so it is not split), the model name;
-- a ``TOOL`` span per ``function_call``: the parsed arguments as inputs, the matching
-  ``function_call_output`` as outputs;
+  fields), its Response as outputs (a failure: the failure), its other fields as attributes;
+  its start and end are the trajectory's (its first step's start and last step's end, else the
+  Response's ``created_at`` / ``completed_at`` / ``latency_s`` / ``ng_perf.total_latency_ms``);
+- an ``LLM`` span per model call: the conversation it saw as inputs, its items as outputs, the
+  tools offered (``tools``), its tokens (``usage``: input, output, total, reasoning, cached), the
+  model, and as attributes its finish reason, error category, time to first token. From
+  ``ng_trajectory`` each call has its own times and tokens; from a Response alone the one
+  ``usage`` (the sum of its turns) sits on the last call (attribute ``usage_covers``);
+- a ``TOOL`` span per tool call: the parsed arguments as inputs, the result as outputs, its
+  status (an ERROR span when it failed or has no result) and its own times when NeMo Gym timed it;
 - a failed rollout (``OUT_failures.jsonl``) is a trace whose root span has status ERROR with the
   failure's class, type and message, inputs from its planned input when known.
 
-Every verdict (``reward`` first) is feedback; task, repeat and agent are tags. Trace and span
-ids are derived from a scope (the run's content identity and where it goes) and the rollout's
-key, so sending the same rollout twice names the same trace and span ids.
+A span whose source has no time is placed, never measured: the steps of a rollout without step
+times share its known duration equally (attribute ``times: "placed"``), or sit 1 microsecond
+apart when even the rollout's duration is unknown; a rollout with no time at all starts at the
+caller's ``fallback_s`` plus its row in milliseconds (keeps rows in order).
+
+Every verdict (``reward`` first, ``gym_artifacts.run.trajectory.rollout_verdicts``) is feedback;
+task, repeat and agent are tags. Trace and span ids are derived from a scope (the run's content
+identity and where it goes) and the rollout's key, so sending the same rollout twice names the
+same trace and span ids.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from gym_artifacts.core.jsonio import json_safe, metric_value
+from gym_artifacts.core.jsonio import json_safe
 from gym_artifacts.core.secrets import redact_text
-from gym_artifacts.run.artifacts import agent_label
-from gym_artifacts.run.responses_api import last_user_message, response_text
+from gym_artifacts.run.trajectory import (
+    ModelCall,
+    ToolCall,
+    Trajectory,
+    arguments_object,
+    failed_trajectory,
+    parsed_object,
+    trajectory_of,
+)
 
 AGENT, LLM, TOOL = "AGENT", "LLM", "TOOL"
-REQUEST_KEY, RESPONSE_KEY = "responses_create_params", "response"
-# Fields that place a rollout rather than judge it: never feedback.
-PLACEMENT_KEYS = frozenset(
-    {
-        "_ng_task_index",
-        "_ng_rollout_index",
-        "mask_sample",
-        "task_index",
-        "repeat",
-        "rollout_index",
-        "index",
-        "timestamp",
-        "time",
-    }
-)
-TIMING_PREFIXES = ("latency", "duration", "elapsed")
-FAILURE_PREFIX = "_ng_failure_"
 TICK_NS = 1_000  # the spacing of spans whose rollout has no known duration (1 microsecond)
-MAX_SECONDS = 16_725_225_600.0  # 2500-01-01
-MODEL_ITEMS = frozenset({"message", "reasoning", "function_call"})
 
 
 def _hex_id(nbytes: int, *parts: object) -> str:
@@ -84,10 +81,11 @@ class Span:
     outputs: Any
     attributes: dict[str, Any] = field(default_factory=dict)
     error: str | None = None  # the status message of a failed span
-    usage: dict[str, int] | None = None  # input_tokens, output_tokens, total_tokens
+    usage: dict[str, int] | None = None  # input, output, total (reasoning, cached) tokens
     model: str | None = None
     input_messages: list[dict[str, Any]] = field(default_factory=list)  # chat form: role, content
     output_messages: list[dict[str, Any]] = field(default_factory=list)
+    tools: list[Any] = field(default_factory=list)  # the tools offered the model (Responses API shape)
 
 
 @dataclass(frozen=True)
@@ -143,12 +141,6 @@ def conversation_first(request: Any) -> Any:
     return {"input": clean["input"], **{k: v for k, v in clean.items() if k != "input"}}
 
 
-def _seconds(value: Any) -> float | None:
-    number = metric_value(value) if not isinstance(value, bool) else None
-    # seconds since the epoch that fit OTLP's unsigned 64-bit nanoseconds (before the year 2500)
-    return number if number is not None and math.isfinite(number) and 0 < number < MAX_SECONDS else None
-
-
 def _text_of(item: dict[str, Any]) -> str:
     content = item.get("content")
     if isinstance(content, str):
@@ -198,78 +190,6 @@ def chat_messages(items: Iterable[Any]) -> list[dict[str, Any]]:
     return messages
 
 
-def _parsed(text: Any, key: str) -> Any:
-    """A tool's arguments or result: the JSON object it holds, else ``{key: text}``."""
-    if isinstance(text, str):
-        try:
-            value = json.loads(text)
-        except ValueError:
-            return {key: text}
-        return value if isinstance(value, dict) else {key: value}
-    return text if isinstance(text, dict) else {key: json_safe(text)}
-
-
-def _usage(response: dict[str, Any]) -> dict[str, int] | None:
-    usage = response.get("usage")
-    if not isinstance(usage, dict):
-        return None
-    out = {}
-    for key in ("input_tokens", "output_tokens", "total_tokens"):
-        value = usage.get(key)
-        if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
-            out[key] = value
-    if out and "total_tokens" not in out:
-        out["total_tokens"] = out.get("input_tokens", 0) + out.get("output_tokens", 0)
-    return out or None
-
-
-def _turns(output: list[Any]) -> list[list[dict[str, Any]]]:
-    """``output[]`` cut into steps: a model turn (its reasoning, messages and calls) or the tool
-    results that follow it, in order."""
-    steps: list[list[dict[str, Any]]] = []
-    for item in output:
-        if not isinstance(item, dict):
-            continue
-        is_model = item.get("type", "message") in MODEL_ITEMS
-        if steps and (steps[-1][0].get("type", "message") in MODEL_ITEMS) == is_model:
-            steps[-1].append(item)
-        else:
-            steps.append([item])
-    return steps
-
-
-def verdicts_and_extra(
-    record: dict[str, Any], skip: Iterable[str]
-) -> tuple[dict[str, float], dict[str, Any]]:
-    """The numeric verdicts (``reward`` first) and the other fields of a record."""
-    skipped = set(skip)
-    verdicts: dict[str, float] = {}
-    extra: dict[str, Any] = {}
-    for key, value in record.items():
-        if key in skipped:
-            continue
-        number = metric_value(value) if not isinstance(value, str | bool) else None
-        judges = key not in PLACEMENT_KEYS and not key.startswith(TIMING_PREFIXES)
-        if number is not None and judges and math.isfinite(number):
-            verdicts[key] = number
-        elif value is not None:
-            extra[key] = value
-    if "reward" in verdicts:
-        verdicts = {"reward": verdicts.pop("reward"), **verdicts}
-    return verdicts, extra
-
-
-def _place(record: dict[str, Any], row: int) -> tuple[str, int | None, str, dict[str, str]]:
-    task = record.get("_ng_task_index", record.get("task_index", row))
-    repeat = record.get("_ng_rollout_index", record.get("repeat"))
-    repeat = repeat if isinstance(repeat, int) and not isinstance(repeat, bool) else None
-    agent = agent_label(record.get("agent_ref"))
-    tags = {"task": str(task)[:250], "agent": agent[:250]}
-    if repeat is not None:
-        tags["repeat"] = str(repeat)
-    return str(task), repeat, agent, tags
-
-
 class _Ids:
     def __init__(self, trace_id: str) -> None:
         self.trace_id = trace_id
@@ -305,6 +225,7 @@ def _masked_trace(trace: RolloutTrace, secrets: frozenset[str]) -> RolloutTrace:
                             "error",
                             "input_messages",
                             "output_messages",
+                            "tools",
                         )
                     },
                     secrets,
@@ -325,196 +246,156 @@ def _masked_trace(trace: RolloutTrace, secrets: frozenset[str]) -> RolloutTrace:
     )
 
 
+def _span_times(trajectory: Trajectory, start_ns: int, end_ns: int) -> list[tuple[int, int, bool]]:
+    """``(start, end, measured)`` of each step: its own times when known, else an equal slot of
+    the rollout's known duration, else 1 microsecond after the previous step."""
+    steps = trajectory.steps
+    unknown = sum(1 for s in steps if s.start_s is None or s.end_s is None)
+    tick = (end_ns - start_ns) // unknown if unknown and end_ns > start_ns else TICK_NS
+    out: list[tuple[int, int, bool]] = []
+    at = start_ns
+    for step in steps:
+        if step.start_s is not None and step.end_s is not None:
+            begin, finish = int(step.start_s * 1e9), int(step.end_s * 1e9)
+            out.append((begin, max(begin, finish), True))
+            at = max(at, finish)
+        else:
+            out.append((at, at + tick, False))
+            at += tick
+    return out
+
+
+def _llm_span(span_id: str, root_id: str, call: ModelCall, turn: int, calls: int, tools: list[Any],
+              times: tuple[int, int, bool]) -> Span:  # fmt: skip
+    history = without_nulls(call.inputs)
+    outputs = without_nulls(call.outputs)
+    inputs: dict[str, Any] = {"input": history}
+    if tools:
+        inputs["tools"] = tools
+    if call.model:
+        inputs = {"model": call.model, **inputs}
+    usage = call.usage.as_dict() if call.usage else None
+    span_outputs: dict[str, Any] = {"output": outputs}
+    if usage:
+        span_outputs["usage"] = usage
+    attributes: dict[str, Any] = {"turn": turn}
+    if usage and call.usage_scope == "response" and calls > 1:
+        attributes["usage_covers"] = f"all {calls} model turns of the Response"
+    for name in ("finish_reason", "error_category", "ttft_ms", "status", "call_id"):
+        value = getattr(call, name)
+        if value is not None:
+            attributes[name] = value
+    if not times[2]:
+        attributes["times"] = "placed"
+    reasoning = [_text_of(i) for i in outputs if isinstance(i, dict) and i.get("type") == "reasoning"]
+    if any(reasoning):
+        attributes["reasoning"] = "\n".join(r for r in reasoning if r)
+    failed = call.error_category is not None or call.status in ("failed", "cancelled")
+    return Span(
+        span_id, root_id, call.model or "model", LLM, times[0], times[1], inputs, span_outputs, attributes,
+        error=f"model call {call.status or 'failed'}: {call.error_category or 'error'}" if failed else None,
+        usage=usage, model=call.model, input_messages=chat_messages(history),
+        output_messages=chat_messages(outputs), tools=tools,
+    )  # fmt: skip
+
+
+def _tool_span(span_id: str, root_id: str, call: ToolCall, times: tuple[int, int, bool]) -> Span:
+    attributes: dict[str, Any] = {"call_id": call.call_id, "status": call.status}
+    if not times[2]:
+        attributes["times"] = "placed"
+    failed = call.status in ("failed", "timeout", "cancelled", "missing")
+    return Span(
+        span_id, root_id, call.name, TOOL, times[0], times[1], arguments_object(call.arguments),
+        parsed_object(call.result, "output") if call.has_result else None, attributes,
+        error=(call.error or f"tool call {call.status}") if failed else None,
+    )  # fmt: skip
+
+
+def _answer_messages(trajectory: Trajectory) -> list[dict[str, Any]]:
+    items = [i for c in trajectory.model_calls for i in c.outputs if i.get("type", "message") == "message"]
+    return chat_messages(without_nulls(items[-1:]))
+
+
+def trajectory_trace(
+    scope: str, trajectory: Trajectory, fallback_s: float, secrets: frozenset[str] = frozenset()
+) -> RolloutTrace:
+    """The trace of one trajectory (a scored or a failed rollout); ``fallback_s`` places a
+    rollout whose sources hold no time (see the module doc)."""
+    trace_id = trace_id_for(scope, trajectory.key)
+    ids = _Ids(trace_id)
+    root_id = ids.next()
+    start_s = trajectory.start_s if trajectory.start_s is not None else fallback_s + trajectory.row / 1000
+    end_s = trajectory.end_s if trajectory.end_s is not None and trajectory.start_s is not None else start_s
+    start_ns, end_ns = int(start_s * 1e9), int(end_s * 1e9)
+    times = _span_times(trajectory, start_ns, end_ns)
+    tools = without_nulls(trajectory.tools)
+    calls = len(trajectory.model_calls)
+    children: list[Span] = []
+    turn = 0
+    for step, when in zip(trajectory.steps, times, strict=True):
+        if isinstance(step, ModelCall):
+            turn += 1
+            children.append(_llm_span(ids.next(), root_id, step, turn, calls, tools, when))
+        else:
+            children.append(_tool_span(ids.next(), root_id, step, when))
+    end_ns = max([end_ns, *(s.end_ns for s in children)])
+    start_ns = min([start_ns, *(s.start_ns for s in children)])
+    tags = {"task": trajectory.task[:250], "agent": trajectory.agent[:250]}
+    if trajectory.repeat is not None:
+        tags["repeat"] = str(trajectory.repeat)
+    attributes: dict[str, Any] = {k: json_safe(v) for k, v in trajectory.extra.items()}
+    if trajectory.perf:
+        attributes["ng_perf"] = json_safe(trajectory.perf)
+    attributes["source"] = trajectory.source
+    if trajectory.start_s is None:
+        attributes["times"] = "placed"
+    failure = trajectory.failure
+    if failure is not None:
+        outputs: Any = {"error": failure.text}
+        attributes["failure_class"] = failure.klass
+        attributes.update({f"failure_{k}": json_safe(v) for k, v in failure.fields.items() if k != "class"})
+        tags = {**tags, "failed": "true", "failure_class": failure.klass[:250]}
+    else:
+        outputs = without_nulls(
+            {k: v for k, v in trajectory.response.items() if k not in ("tools", "instructions")}
+        )
+        if isinstance(outputs, dict) and "output" in outputs:
+            outputs = {"output": outputs["output"], **{k: v for k, v in outputs.items() if k != "output"}}
+        attributes["row"] = trajectory.row
+        tags = {**tags, "row": str(trajectory.row)}
+    usage = trajectory.usage
+    root = Span(
+        root_id, None, trajectory.agent, AGENT, start_ns, end_ns,
+        conversation_first(trajectory.request), outputs,
+        {**attributes, **{k: v for k, v in tags.items() if k not in ("row", "failed")}},
+        error=failure.text if failure is not None else None, usage=usage or None, model=trajectory.model,
+        input_messages=chat_messages(without_nulls(_request_items(trajectory.request))),
+        output_messages=[] if failure is not None else _answer_messages(trajectory), tools=tools,
+    )  # fmt: skip
+    trace = RolloutTrace(
+        trace_id, trajectory.key, "rollout", [root, *children], dict(trajectory.verdicts), tags,
+        trajectory.prompt, trajectory.answer,
+    )  # fmt: skip
+    return _masked_trace(trace, secrets)
+
+
+def _request_items(request: Any) -> list[Any]:
+    if isinstance(request, dict) and isinstance(request.get("input"), str):
+        return [{"role": "user", "content": request["input"]}]
+    items = request.get("input") if isinstance(request, dict) else None
+    return items if isinstance(items, list) else []
+
+
 def rollout_trace(
     scope: str, row: int, record: Any, fallback_s: float, secrets: frozenset[str] = frozenset()
 ) -> RolloutTrace:
-    """The trace of the scored rollout at ``row`` of ``OUT.jsonl``.
-
-    ``fallback_s`` (the run's start) places a rollout whose Response has no ``created_at``, plus
-    its row in milliseconds so rows keep their order."""
-    record = record if isinstance(record, dict) else {REQUEST_KEY: record}
-    trace_id = trace_id_for(scope, f"row/{row}")
-    ids = _Ids(trace_id)
-    request = record.get(REQUEST_KEY, record.get("request"))
-    response = record.get(RESPONSE_KEY)
-    response = response if isinstance(response, dict) else {"output_text": response} if response else {}
-    verdicts, extra = verdicts_and_extra(record, (REQUEST_KEY, "request", RESPONSE_KEY, "agent_ref"))
-    _, _, agent, tags = _place(record, row)
-    start_s = (
-        _seconds(response.get("created_at")) or _seconds(record.get("timestamp")) or fallback_s + row / 1000
-    )
-    end_s = _seconds(response.get("completed_at"))
-    latency = _seconds(record.get("latency_s"))
-    if end_s is None or end_s < start_s:
-        end_s = start_s + latency if latency is not None else start_s
-    start_ns, end_ns = int(start_s * 1e9), int(end_s * 1e9)
-
-    conversation = conversation_first(request)
-    history = (
-        list(conversation["input"])
-        if isinstance(conversation, dict) and isinstance(conversation.get("input"), list)
-        else []
-    )
-    if isinstance(conversation, dict) and isinstance(conversation.get("input"), str):
-        history = [{"role": "user", "content": conversation["input"]}]
-    asked = list(history)
-    tools = conversation.get("tools") if isinstance(conversation, dict) else None
-    output = response.get("output") if isinstance(response.get("output"), list) else []
-    steps = _turns(without_nulls(output))
-    model = response.get("model") if isinstance(response.get("model"), str) else None
-    usage = _usage(response)
-    root_id = ids.next()
-    # each step (a model turn, one tool call) gets an equal slot of the rollout's duration; with
-    # none known, one microsecond each, so the spans keep their order
-    slots = sum(1 if step[0].get("type", "message") in MODEL_ITEMS else len(step) for step in steps)
-    tick = (end_ns - start_ns) // slots if slots and end_ns > start_ns else TICK_NS
-    children: list[Span] = []
-    results = {
-        str(i.get("call_id")): i.get("output")
-        for s in steps
-        for i in s
-        if i.get("type") == "function_call_output"
-    }
-    llm_turns = [i for i, s in enumerate(steps) if s[0].get("type", "message") in MODEL_ITEMS]
-    at = start_ns
-    for index, step in enumerate(steps):
-        if step[0].get("type", "message") not in MODEL_ITEMS:
-            history.extend(step)
-            continue
-        turn = llm_turns.index(index) + 1
-        inputs: dict[str, Any] = {"input": list(history)}
-        if tools:
-            inputs["tools"] = tools
-        if model:
-            inputs = {"model": model, **inputs}
-        last = index == llm_turns[-1]
-        outputs: dict[str, Any] = {"output": step}
-        turn_usage = usage if last else None
-        if turn_usage:
-            outputs["usage"] = turn_usage
-        attributes: dict[str, Any] = {"turn": turn}
-        if last and len(llm_turns) > 1 and usage:
-            attributes["usage_covers"] = f"all {len(llm_turns)} model turns of the Response"
-        reasoning = [_text_of(i) for i in step if i.get("type") == "reasoning"]
-        if any(reasoning):
-            attributes["reasoning"] = "\n".join(r for r in reasoning if r)
-        children.append(
-            Span(
-                ids.next(),
-                root_id,
-                model or "model",
-                LLM,
-                at,
-                at + tick,
-                inputs,
-                outputs,
-                attributes,
-                usage=turn_usage,
-                model=model,
-                input_messages=chat_messages(history),
-                output_messages=chat_messages(step),
-            )
-        )
-        at += tick
-        history.extend(step)
-        for call in (i for i in step if i.get("type") == "function_call"):
-            call_id = str(call.get("call_id") or call.get("id") or "")
-            found = call_id in results
-            children.append(
-                Span(
-                    ids.next(),
-                    root_id,
-                    str(call.get("name") or "tool"),
-                    TOOL,
-                    at,
-                    at + tick,
-                    _parsed(call.get("arguments"), "arguments"),
-                    _parsed(results[call_id], "output") if found else None,
-                    {"call_id": call_id},
-                    error=None if found else "no function_call_output for this call",
-                )
-            )
-            at += tick
-    end_ns = max(end_ns, at)
-    root_outputs = without_nulls({k: v for k, v in response.items() if k not in ("tools", "instructions")})
-    if isinstance(root_outputs, dict) and "output" in root_outputs:
-        root_outputs = {
-            "output": root_outputs["output"],
-            **{k: v for k, v in root_outputs.items() if k != "output"},
-        }
-    answers = [i for s in steps for i in s if i.get("type", "message") == "message"]
-    root = Span(
-        root_id,
-        None,
-        agent,
-        AGENT,
-        start_ns,
-        end_ns,
-        conversation,
-        root_outputs,
-        {**{k: json_safe(v) for k, v in extra.items()}, "row": row, **tags},
-        model=model,
-        input_messages=chat_messages(asked),
-        output_messages=chat_messages(answers[-1:]),
-    )
-    trace = RolloutTrace(
-        trace_id,
-        f"row/{row}",
-        "rollout",
-        [root, *children],
-        verdicts,
-        {**tags, "row": str(row)},
-        last_user_message(request),
-        response_text(response),
-    )
-    return _masked_trace(trace, secrets)
+    """The trace of the scored rollout at ``row`` of ``OUT.jsonl``."""
+    return trajectory_trace(scope, trajectory_of(row, record), fallback_s, secrets)
 
 
 def failure_trace(
     scope: str, index: int, record: Any, planned: Any, when_s: float, secrets: frozenset[str] = frozenset()
 ) -> RolloutTrace:
-    """The ERROR trace of row ``index`` of ``OUT_failures.jsonl``: the failure's class, type and
-    message as the root span's status; its planned input (``OUT_materialized_inputs.jsonl``'s line
-    for the same task and repeat, when known) as inputs; placed at ``when_s`` (the run's start)."""
-    record = record if isinstance(record, dict) else {"failure": record}
-    trace_id = trace_id_for(scope, f"failed/{index}")
-    failure = {k[len(FAILURE_PREFIX) :]: v for k, v in record.items() if k.startswith(FAILURE_PREFIX)}
-    klass = str(failure.get("class") or "failure")
-    message = f"{failure.get('type') or klass}: {failure.get('message') or 'no message'}"
-    _, _, agent, tags = _place(record, index)
-    request = planned.get(REQUEST_KEY) if isinstance(planned, dict) else None
-    start_ns = int(when_s * 1e9) + index * 1_000_000
-    attributes = {
-        "failure_class": klass,
-        **{f"failure_{k}": json_safe(v) for k, v in failure.items() if k != "class" and v is not None},
-        **{k: json_safe(v) for k, v in record.items() if not k.startswith(FAILURE_PREFIX) and v is not None},
-        **tags,
-    }
-    root = Span(
-        _hex_id(8, trace_id, 1),
-        None,
-        agent,
-        AGENT,
-        start_ns,
-        start_ns,
-        conversation_first(request),
-        {"error": message},
-        attributes,
-        error=message,
-        input_messages=chat_messages(
-            request.get("input")
-            if isinstance(request, dict) and isinstance(request.get("input"), list)
-            else []
-        ),
-    )
-    trace = RolloutTrace(
-        trace_id,
-        f"failed/{index}",
-        "rollout",
-        [root],
-        {},
-        {**tags, "failed": "true", "failure_class": klass[:250]},
-        last_user_message(request),
-        message,
-    )
-    return _masked_trace(trace, secrets)
+    """The ERROR trace of row ``index`` of ``OUT_failures.jsonl`` with its planned input, placed at
+    ``when_s`` (the run's start) plus its index in milliseconds: a failed rollout has no time."""
+    return trajectory_trace(scope, failed_trajectory(index, record, planned), when_s, secrets)

@@ -2,7 +2,11 @@
 
 From the best source the run has: the runtime session's ``session_times.json`` (start and end
 as written by the session, reactor-runtime's too); else the first and last times of the live
-metrics journal; else the modification times of the run's files (the earliest and latest).
+metrics journal; else the rollouts' own times (the earliest start and latest end of
+``gym_artifacts.run.trajectory.rollout_window`` over ``OUT.jsonl``: NeMo Gym's ``ng_trajectory``
+call times, else the Responses' ``created_at`` and latency). Never the files' modification
+times: a copied or downloaded run would be dated at the copy, and an eval that wrote its files
+in one go would last milliseconds. A run none of these dates has no times (``None``).
 """
 
 from __future__ import annotations
@@ -10,6 +14,7 @@ from __future__ import annotations
 import datetime as dt
 import math
 import os
+import threading
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -21,14 +26,13 @@ if TYPE_CHECKING:
     from gym_artifacts.run.artifacts import RunArtifacts
 
 
-
 @dataclass(frozen=True)
 class RunTimes:
     """Start and end in seconds since the epoch, and which source gave them."""
 
     start: float
     end: float
-    source: str  # "session", "journal" or "files"
+    source: str  # "session", "journal" or "rollouts"
 
     @property
     def start_ms(self) -> int:
@@ -87,19 +91,56 @@ def _journal(run: RunArtifacts) -> RunTimes | None:
     return RunTimes(first, last, "journal")
 
 
-def _files(run: RunArtifacts) -> RunTimes | None:
+_ROLLOUT_TIMES: dict[tuple[str, int, int], RunTimes | None] = {}  # by (path, size, mtime_ns)
+_ROLLOUT_TIMES_LOCK = threading.Lock()
+
+
+def _rollouts(run: RunArtifacts) -> RunTimes | None:
+    """The earliest start and latest end of the rollouts (streamed; remembered per unchanged
+    file, since every backend of an export asks)."""
+    from gym_artifacts.core.jsonio import iter_jsonl
+    from gym_artifacts.run.trajectory import rollout_window
+
+    fpath = run.rollouts_fpath
     try:
-        times = [os.stat(p).st_mtime for p in run.artifact_files().values()]
-    except (OSError, RunError):
+        stat = os.stat(fpath) if fpath is not None else None
+    except OSError:
         return None
-    if not times:
+    if fpath is None or stat is None:
         return None
-    return RunTimes(min(times), max(times), "files")
+    key = (str(fpath), stat.st_size, stat.st_mtime_ns)
+    with _ROLLOUT_TIMES_LOCK:
+        if key in _ROLLOUT_TIMES:
+            return _ROLLOUT_TIMES[key]
+    first = last = None
+    try:
+        for _, record in iter_jsonl(fpath, "rollouts JSONL"):
+            start, end = rollout_window(record)
+            if start is not None:
+                first = start if first is None else min(first, start)
+                last = end if last is None else max(last, end if end is not None else start)
+    except (RunError, OSError):
+        pass  # a torn or bad line ends the read: the times of the lines before it stand
+    times = None if first is None or last is None else RunTimes(first, last, "rollouts")
+    with _ROLLOUT_TIMES_LOCK:
+        if len(_ROLLOUT_TIMES) > 64:
+            _ROLLOUT_TIMES.clear()
+        _ROLLOUT_TIMES[key] = times
+    return times
 
 
 def run_times(run: RunArtifacts) -> RunTimes | None:
-    """The eval's start and end: session times, else the journal's, else the files'."""
-    return _session(run) or _journal(run) or _files(run)
+    """The eval's start and end: session times, else the journal's, else the rollouts'."""
+    return _session(run) or _journal(run) or _rollouts(run)
+
+
+def eval_end_s(run: RunArtifacts) -> float:
+    """When the eval ended (``run_times``), else now: the time of values the eval gives once at
+    its end (the aggregate's), never a file's modification time."""
+    import time
+
+    times = run_times(run)
+    return times.end if times is not None else time.time()
 
 
 def eval_times(run: RunArtifacts) -> dict[str, Any]:

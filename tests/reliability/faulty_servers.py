@@ -5,6 +5,7 @@ thread, counts the requests it saw and stops by itself when closed."""
 from __future__ import annotations
 
 import contextlib
+import json
 import socket
 import threading
 import time
@@ -174,22 +175,108 @@ def drip_server(interval: float = 1.0) -> contextlib.AbstractContextManager[Drip
 
 
 @dataclass
-class DelayingProxy:
+class ProxyPolicy:
+    """What a proxy on 127.0.0.1 does with a request before (or instead of) forwarding it, and
+    how many forwarded requests it holds now (``in_flight``)."""
+
+    target: str
+    in_flight: int = field(default=0, kw_only=True)
+    lock: threading.Lock = field(default_factory=threading.Lock, kw_only=True)
+
+    def hold_s(self, method: str, path: str) -> float:
+        """Seconds to hold the request before forwarding it (0: none)."""
+        return 0.0
+
+    def answer(self, method: str, path: str) -> tuple[int, bytes] | None:
+        """``(status, body)`` to answer instead of forwarding; None: forward the request."""
+        return None
+
+    def hold(self, method: str, path: str) -> None:
+        """Wait before forwarding the request (by default ``hold_s`` seconds)."""
+        seconds = self.hold_s(method, path)
+        if seconds:
+            time.sleep(seconds)
+
+    def close(self) -> None:
+        """The proxy stops: release whatever is held."""
+
+
+@dataclass
+class DelayingProxy(ProxyPolicy):
     """Forwards every request to ``target``; the first ``times`` requests whose path ends with
     ``suffix`` are held ``delay`` seconds first (the server still gets and applies them)."""
 
-    target: str
     suffix: str
     delay: float
     times: int = 1
     delayed: int = 0
-    in_flight: int = 0
-    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def hold_s(self, method: str, path: str) -> float:
+        with self.lock:
+            hold = path.split("?")[0].endswith(self.suffix) and self.delayed < self.times
+            self.delayed += hold
+        return self.delay if hold else 0.0
+
+
+# What a server (or the reverse proxy before it) answers when it refuses: MLflow's JSON error
+# document, or a proxy's HTML page. The marker lets a test find the server's words in a reason.
+REFUSAL_MARKER = "refused by the test proxy"
+REFUSAL_CODES = {400: "INVALID_PARAMETER_VALUE", 401: "UNAUTHENTICATED", 403: "PERMISSION_DENIED",
+                 404: "ENDPOINT_NOT_FOUND", 409: "RESOURCE_ALREADY_EXISTS", 422: "INVALID_PARAMETER_VALUE"}  # fmt: skip
+
+
+def refusal_body(status: int, kind: str) -> bytes:
+    """The body of a refusal: ``json`` (MLflow's error document) or ``html`` (a reverse proxy's)."""
+    if kind == "json":
+        code = REFUSAL_CODES.get(status, "BAD_REQUEST")
+        return json.dumps({"error_code": code, "message": f"{REFUSAL_MARKER} ({status})"}).encode()
+    return f"<html><body><h1>{status}</h1><p>{REFUSAL_MARKER}</p></body></html>".encode()
+
+
+@dataclass
+class RefusingProxy(ProxyPolicy):
+    """Forwards every request to ``target`` except those whose path holds ``endpoint`` (and
+    whose method is ``method``, when given): answered ``status`` with ``body``, never forwarded
+    (the server never sees them)."""
+
+    endpoint: str
+    status: int
+    body: bytes = b""
+    method: str | None = None
+    refused: int = 0
+
+    def answer(self, method: str, path: str) -> tuple[int, bytes] | None:
+        if self.endpoint not in path.split("?")[0] or self.method not in (None, method):
+            return None
+        with self.lock:
+            self.refused += 1
+        return self.status, self.body
+
+
+@dataclass
+class HoldingProxy(ProxyPolicy):
+    """Forwards every request to ``target``; while ``holding``, those whose path holds
+    ``endpoint`` are held (the server answers nothing, as one that accepts and never answers)
+    until the proxy closes. ``held`` counts them: the event a test waits for."""
+
+    endpoint: str
+    holding: bool = True
+    held: int = 0
+    released: threading.Event = field(default_factory=threading.Event)
+
+    def hold(self, method: str, path: str) -> None:
+        if self.holding and self.endpoint in path.split("?")[0]:
+            with self.lock:
+                self.held += 1
+            self.released.wait()
+
+    def close(self) -> None:
+        self.released.set()
 
 
 class _ProxyServer(ThreadingHTTPServer):
     daemon_threads = True
-    proxy: DelayingProxy
+    proxy: ProxyPolicy
 
 
 class _ProxyHandler(BaseHTTPRequestHandler):
@@ -204,13 +291,14 @@ class _ProxyHandler(BaseHTTPRequestHandler):
         body = self.rfile.read(length) if length else None
         if "chunked" in (self.headers.get("Transfer-Encoding") or "").lower():
             body = self._read_chunked()  # requests sends an empty file upload chunked
+        answer = proxy.answer(self.command, self.path)
+        if answer is not None:
+            self._reply(answer[0], [("Content-Type", "application/json")], answer[1])
+            return
         with proxy.lock:
-            hold = self.path.split("?")[0].endswith(proxy.suffix) and proxy.delayed < proxy.times
-            proxy.delayed += hold
             proxy.in_flight += 1
         try:
-            if hold:
-                time.sleep(proxy.delay)
+            proxy.hold(self.command, self.path)
             target = urlsplit(proxy.target)
             conn = http.client.HTTPConnection(target.hostname, target.port, timeout=60)
             dropped = ("host", "connection", "transfer-encoding", "content-length")
@@ -218,18 +306,22 @@ class _ProxyHandler(BaseHTTPRequestHandler):
             conn.request(self.command, self.path, body=body, headers=headers)
             response = conn.getresponse()
             data = response.read()
-            with contextlib.suppress(OSError):
-                self.send_response(response.status)
-                for key, value in response.getheaders():
-                    if key.lower() not in ("transfer-encoding", "connection", "content-length"):
-                        self.send_header(key, value)
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
+            kept = [(k, v) for k, v in response.getheaders()
+                    if k.lower() not in ("transfer-encoding", "connection", "content-length")]  # fmt: skip
+            self._reply(response.status, kept, data)
             conn.close()
         finally:
             with proxy.lock:
                 proxy.in_flight -= 1
+
+    def _reply(self, status: int, headers: list[tuple[str, str]], data: bytes) -> None:
+        with contextlib.suppress(OSError):
+            self.send_response(status)
+            for key, value in headers:
+                self.send_header(key, value)
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
 
     def _read_chunked(self) -> bytes:
         chunks = []
@@ -247,8 +339,18 @@ class _ProxyHandler(BaseHTTPRequestHandler):
         return
 
 
-def delaying_proxy(proxy: DelayingProxy) -> contextlib.AbstractContextManager[str]:
-    """A proxy on 127.0.0.1 in front of ``proxy.target``; yields its URI."""
+@contextlib.contextmanager
+def proxy(policy: ProxyPolicy) -> Iterator[str]:
+    """A proxy on 127.0.0.1 in front of ``policy.target``; yields its URI."""
     server = _ProxyServer(("127.0.0.1", 0), _ProxyHandler)
-    server.proxy = proxy
-    return _http_serving(server)
+    server.proxy = policy
+    try:
+        with _http_serving(server) as uri:
+            yield uri
+    finally:
+        policy.close()
+
+
+def delaying_proxy(policy: DelayingProxy) -> contextlib.AbstractContextManager[str]:
+    """A proxy on 127.0.0.1 in front of ``policy.target``; yields its URI."""
+    return proxy(policy)

@@ -27,6 +27,7 @@ from typing import Any
 
 import pytest
 
+from tests.processes import reaped
 from tests.reliability.faulty_servers import black_hole, drip_server
 
 pytestmark = pytest.mark.slow
@@ -67,14 +68,13 @@ def test_export_to_a_dripping_server_and_a_black_hole_ends_failed_within_the_dea
                 env={**os.environ, "PYTHONPATH": str(REPO)},
             )  # fmt: skip
         outcomes = {}
-        for kind, proc in procs.items():
-            try:
-                out, err = proc.communicate(timeout=BOUND + 30 - (time.monotonic() - started))
-            except subprocess.TimeoutExpired:
-                for p in procs.values():
-                    p.kill()
-                pytest.fail(f"{backend} at the {kind} server: no result within {BOUND + 30} s")
-            outcomes[kind] = (proc.returncode, out, err, time.monotonic() - started)
+        with reaped(procs.values()):
+            for kind, proc in procs.items():
+                try:
+                    out, err = proc.communicate(timeout=BOUND + 30 - (time.monotonic() - started))
+                except subprocess.TimeoutExpired:
+                    pytest.fail(f"{backend} at the {kind} server: no result within {BOUND + 30} s")
+                outcomes[kind] = (proc.returncode, out, err, time.monotonic() - started)
         requests = {kind: getattr(server, "requests", None) for kind, server in servers.items()}
     for kind, (rc, out, err, elapsed) in outcomes.items():
         assert "Traceback" not in err, (kind, err[-3000:])

@@ -22,6 +22,7 @@ from gym_artifacts import export_run
 from gym_artifacts._builtin_exporters._mlflow_bookkeeping import bookkeeping_of
 from gym_artifacts.contract.hooks import ExportStatus
 from tests.mlflow_server import MlflowServer
+from tests.processes import reaped
 from tests.reliability.faulty_servers import DelayingProxy, delaying_proxy
 
 REPO = Path(__file__).resolve().parents[2]
@@ -50,10 +51,11 @@ def test_eight_copies_in_eight_folders_exported_at_once_make_one_run(
         for run in copies
     ]
     results = []
-    for proc in procs:
-        out, err = proc.communicate(timeout=400)
-        assert proc.returncode == 0, err[-2000:]
-        results.extend(json.loads(out))
+    with reaped(procs):
+        for proc in procs:
+            out, err = proc.communicate(timeout=400)
+            assert proc.returncode == 0, err[-2000:]
+            results.extend(json.loads(out))
     assert [r["status"] for r in results] == ["EXPORTED"] * 8  # each folder gets its receipt
     assert len({r["backend_run_id"] for r in results}) == 1
     [only] = runs(server.uri, "eight", ViewType.ALL)

@@ -14,6 +14,8 @@ from pathlib import Path
 import pytest
 
 from gym_artifacts.run.artifacts import RunArtifacts
+from tests.load import scaled
+from tests.processes import reaped
 from tests.reliability.faulty_servers import black_hole
 
 REPO = Path(__file__).resolve().parents[2]
@@ -32,13 +34,14 @@ def test_ctrl_c_prints_the_backends_that_finished(quickstart_run: Path, tmp_path
              f"exporters.mlflow.tracking_uri={hole.uri}"],
             cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         )  # fmt: skip
-        deadline = time.monotonic() + 120
-        while not receipt.exists() and time.monotonic() < deadline and proc.poll() is None:
-            time.sleep(0.1)
-        assert receipt.exists(), proc.communicate(timeout=5)
-        time.sleep(after_receipt_s)
-        proc.send_signal(signal.SIGINT)
-        out, err = proc.communicate(timeout=120)
+        with reaped(proc):
+            deadline = time.monotonic() + scaled(120)
+            while not receipt.exists() and time.monotonic() < deadline and proc.poll() is None:
+                time.sleep(0.1)
+            assert receipt.exists(), proc.communicate(timeout=scaled(5))
+            time.sleep(after_receipt_s)
+            proc.send_signal(signal.SIGINT)
+            out, err = proc.communicate(timeout=scaled(30))
     assert proc.returncode == 130, err[-2000:]
     results = json.loads(out)
     assert [(r["exporter"], r["status"]) for r in results] == [("local", "EXPORTED")], (out, err[-2000:])
@@ -69,15 +72,13 @@ def test_ctrl_c_during_the_report_after_every_export_finished_cancels_no_run(
     env = {k: v for k, v in os.environ.items() if k != "WANDB_SERVICE"}
     proc = subprocess.Popen([sys.executable, "-c", script], cwd=REPO, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)  # fmt: skip
-    try:
-        deadline = time.monotonic() + 120
+    with reaped(proc):
+        deadline = time.monotonic() + scaled(120)
         while not marker.exists() and time.monotonic() < deadline and proc.poll() is None:
             time.sleep(0.1)
-        assert marker.exists(), proc.communicate(timeout=5)
+        assert marker.exists(), proc.communicate(timeout=scaled(5))
         proc.send_signal(signal.SIGINT)
-        out, err = proc.communicate(timeout=60)
-    finally:
-        proc.kill()
+        out, err = proc.communicate(timeout=scaled(30))
     assert proc.returncode == 130, err[-2000:]
     assert [(r["exporter"], r["status"]) for r in json.loads(out)] == [("local", "EXPORTED")]
     assert "not exported" not in err and "only in part" not in err, err[-2000:]

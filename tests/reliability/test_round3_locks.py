@@ -14,6 +14,7 @@ import pytest
 
 from gym_artifacts.core.locking import exclusive_lock, try_lock
 from gym_artifacts.run.artifacts import RunArtifacts
+from tests.processes import reaped
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -101,8 +102,9 @@ def test_two_exporters_racing_for_a_removed_lock_never_hold_it_at_once(tmp_path:
         subprocess.Popen([sys.executable, "-c", HOLDER, str(lock), str(log), "150"], cwd=REPO)
         for _ in range(3)
     ]
-    for proc in procs:
-        assert proc.wait(timeout=120) == 0
+    with reaped(procs):
+        for proc in procs:
+            assert proc.wait(timeout=120) == 0
     lines = log.read_text().split()
     assert len(lines) == 3 * 150 * 2
     assert lines == ["in", "out"] * (3 * 150), "two holders were inside the lock at once"

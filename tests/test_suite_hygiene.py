@@ -1,0 +1,66 @@
+"""Issue 42 (15): a test that fails must still clean up what it started, and no test leaks a
+descriptor. A test module run by pytest in a subprocess (with this suite's plugins and warning
+filters): its first test starts a subprocess with pipes and fails while the subprocess runs,
+the Popen kept alive past the test (as a failure's traceback keeps it); its second test does
+nothing wrong. The leak is the first test's error; the second one passes."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+from tests.load import scaled
+from tests.processes import reaped
+
+REPO = Path(__file__).resolve().parent.parent
+
+LEAKY_MODULE = '''
+import gc
+import re
+import subprocess
+import sys
+
+KEPT = []  # what a failure's traceback keeps alive until some later test
+
+def test_fails_while_its_subprocess_runs():
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    KEPT.append(proc)
+    assert False, "failed while the subprocess still runs"
+
+def test_innocent():
+    KEPT.clear()
+    gc.collect()
+
+def test_passes_but_leaves_its_pipes_open():
+    proc = subprocess.Popen([sys.executable, "-c", "pass"], stdout=subprocess.PIPE)
+    proc.wait()
+    KEPT.append(proc)
+
+def test_innocent_too():
+    KEPT.clear()
+    gc.collect()
+'''
+
+
+def test_a_leaked_subprocess_is_the_leaking_tests_failure_not_a_later_ones(tmp_path: Path) -> None:
+    module = tmp_path / "test_leaky.py"
+    module.write_text(LEAKY_MODULE)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "pytest", str(module), "-p", "tests.leaks", "-n", "0", "-p", "no:cacheprovider",
+         "-p", "no:randomly", "-W", "error", "-q", "-rA", "--rootdir", str(tmp_path), "-c", "/dev/null"],
+        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+    with reaped(proc):
+        out, _ = proc.communicate(timeout=scaled(120))
+    outcomes = {name: [k for k, n in re.findall(r"^(PASSED|FAILED|ERROR) \S*test_leaky\.py::(\w+)", out, re.M)
+                       if n == name] for name in ("test_innocent", "test_innocent_too",
+                                                  "test_fails_while_its_subprocess_runs",
+                                                  "test_passes_but_leaves_its_pipes_open")}  # fmt: skip
+    assert outcomes["test_innocent"] == ["PASSED"], out[-4000:]
+    assert outcomes["test_innocent_too"] == ["PASSED"], out[-4000:]
+    assert "FAILED" in outcomes["test_fails_while_its_subprocess_runs"], out[-4000:]
+    # a test that passed but left its pipes open: its teardown errors, naming what it left
+    assert "ERROR" in outcomes["test_passes_but_leaves_its_pipes_open"] and "left subprocess pipes open" in out, out[-4000:]
