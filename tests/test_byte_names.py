@@ -15,6 +15,7 @@ from omegaconf import OmegaConf
 
 from gym_artifacts import export_run
 from gym_artifacts.cli import main
+from gym_artifacts.core.jsonio import escaped_text
 from gym_artifacts.export.status import run_status
 from tests.conftest import copy_quickstart
 
@@ -80,3 +81,48 @@ def test_mlflow_exports_a_run_whose_folder_name_is_not_utf8(tmp_path: Path) -> N
     name = MlflowClient(uri).get_run(result.backend_run_id).info.run_name
     name.encode("utf-8")
     assert "sultats" in name
+
+
+def _wandb_display_names(run_folder: Path) -> list[str]:
+    """The run names W&B recorded in an offline run's ``.wandb`` file (its own inspector)."""
+    from tests.wandb_records import inspected_records
+
+    [wandb_file] = run_folder.glob("run-*.wandb")
+    return [r["run"]["display_name"] for r in inspected_records(wandb_file) if r.get("type") == "run"]
+
+
+@pytest.mark.slow
+@settings(max_examples=4, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(folder=NAME_BYTES.filter(lambda b: not b.startswith(b".")), where=st.sampled_from(["dir", "WANDB_DIR", "cwd"]))
+def test_wandb_offline_exports_a_run_whose_folder_name_is_not_utf8(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, folder: bytes, where: str
+) -> None:
+    """W&B offline beside a run whose folder is not UTF-8 (its ``dir`` set there, ``WANDB_DIR``, or
+    no folder at all: the working folder, the run's own): one run, whole, in that folder, read back
+    from W&B's own files; named with the folder's bytes as escapes; again SKIPPED."""
+    pytest.importorskip("wandb")
+    from tests.wandb_records import offline_runs
+
+    run = _bytes_run(tmp_path, folder + b"-\xe9", None)  # one byte that is never UTF-8 on its own
+    wb = run.parent / "wb"
+    wb.mkdir()
+    section: dict[str, object] = {"enabled": True, "project": "bytes", "mode": "offline"}
+    if where == "dir":
+        section["dir"] = str(wb)
+    elif where == "WANDB_DIR":
+        monkeypatch.setenv("WANDB_DIR", str(wb))
+    else:
+        monkeypatch.delenv("WANDB_DIR", raising=False)
+        monkeypatch.chdir(wb)
+    cfg = OmegaConf.create({"exporters": {"wandb": section}})
+    [result] = export_run(run, cfg)
+    assert result.status.value == "EXPORTED", result.reason
+    [written] = offline_runs(wb)
+    assert written.run_id == result.backend_run_id
+    assert written.exit_code == 0
+    assert len(written.history) == 20  # every journal step of the quickstart
+    [name] = _wandb_display_names(written.folder)
+    assert name == escaped_text(f"{run.parent.name}/eval")
+    [again] = export_run(run, cfg)
+    assert again.status.value == "SKIPPED", again.reason
+    assert len(offline_runs(wb)) == 1
