@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import tempfile
 import uuid
 from pathlib import Path
 
@@ -83,17 +84,18 @@ def test_mlflow_exports_a_run_whose_folder_name_is_not_utf8(tmp_path: Path) -> N
     assert "sultats" in name
 
 
-def _wandb_display_names(run_folder: Path) -> list[str]:
+def _wandb_display_names(run_folder: Path) -> set[str]:
     """The run names W&B recorded in an offline run's ``.wandb`` file (its own inspector)."""
     from tests.wandb_records import inspected_records
 
     [wandb_file] = run_folder.glob("run-*.wandb")
-    return [r["run"]["display_name"] for r in inspected_records(wandb_file) if r.get("type") == "run"]
+    return {r["run"]["display_name"] for r in inspected_records(wandb_file) if r.get("type") == "run"}
 
 
 @pytest.mark.slow
-@settings(max_examples=4, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(folder=NAME_BYTES.filter(lambda b: not b.startswith(b".")), where=st.sampled_from(["dir", "WANDB_DIR", "cwd"]))
+@pytest.mark.parametrize("where", ["dir", "WANDB_DIR", "cwd"])
+@settings(max_examples=2, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(folder=NAME_BYTES.filter(lambda b: not b.startswith(b".")))
 def test_wandb_offline_exports_a_run_whose_folder_name_is_not_utf8(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, folder: bytes, where: str
 ) -> None:
@@ -114,15 +116,34 @@ def test_wandb_offline_exports_a_run_whose_folder_name_is_not_utf8(
     else:
         monkeypatch.delenv("WANDB_DIR", raising=False)
         monkeypatch.chdir(wb)
+    temp = tmp_path / uuid.uuid4().hex
+    temp.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(temp))  # where a link W&B is given would be
     cfg = OmegaConf.create({"exporters": {"wandb": section}})
     [result] = export_run(run, cfg)
     assert result.status.value == "EXPORTED", result.reason
+    assert not list(temp.glob("gym-artifacts-wandb-dir-*"))  # no link outlives the W&B run
     [written] = offline_runs(wb)
     assert written.run_id == result.backend_run_id
     assert written.exit_code == 0
     assert len(written.history) == 20  # every journal step of the quickstart
-    [name] = _wandb_display_names(written.folder)
-    assert name == escaped_text(f"{run.parent.name}/eval")
+    assert _wandb_display_names(written.folder) == {escaped_text(f"{run.parent.name}/eval")}
     [again] = export_run(run, cfg)
     assert again.status.value == "SKIPPED", again.reason
     assert len(offline_runs(wb)) == 1
+
+
+@settings(max_examples=200, deadline=None)
+@given(first=NAME_BYTES, second=NAME_BYTES)
+def test_folders_of_any_bytes_are_one_destination_each(first: bytes, second: bytes) -> None:
+    """A destination's key is computed for a folder of any bytes, and two folders share a key only
+    when they are one folder: ``r\\xe9sultats`` is neither ``r\\\\udce9sultats`` (the escape spelled
+    out) nor ``r\\xc3\\xa9sultats`` (its UTF-8 spelling)."""
+    from gym_artifacts.core.destination import destination_key
+
+    def key(name: bytes) -> str:
+        return destination_key({"dir": os.fsdecode(b"/runs/" + name)})
+
+    assert (key(first) == key(second)) == (first == second)
+    escaped = escaped_text(os.fsdecode(first))
+    assert escaped == os.fsdecode(first) or key(first) != destination_key({"dir": "/runs/" + escaped})
