@@ -206,9 +206,13 @@ def _json_default(obj: Any) -> Any:
     return str(obj)
 
 
+def canonical_text(obj: Any) -> str:
+    """:func:`canonical_json` as text, before it is encoded (a lone surrogate kept as it is)."""
+    return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=_json_default)
+
+
 def _stdlib_canonical(obj: Any) -> bytes:
-    text = json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=_json_default)
-    return text.encode("utf-8")
+    return canonical_text(obj).encode("utf-8")
 
 
 def canonical_json(obj: Any) -> bytes:
