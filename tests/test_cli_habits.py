@@ -10,10 +10,11 @@ from pathlib import Path
 import pytest
 
 from gym_artifacts.cli import main
+from tests.processes import reaped, run_bounded
 
 
 def _cli(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
+    return run_bounded(
         [sys.executable, "-m", "gym_artifacts", *args], capture_output=True, text=True, cwd=cwd, timeout=120
     )
 
@@ -51,7 +52,7 @@ def test_verbose_shows_the_tools_own_steps_for_every_command(
 
 def test_closed_pipe_prints_no_traceback(quickstart_run: Path) -> None:
     # `status ... | head -1`: the reader goes away after the first line.
-    proc = subprocess.run(
+    proc = run_bounded(
         f"{sys.executable} -m gym_artifacts status {quickstart_run} | head -c 1 >/dev/null",
         shell=True, capture_output=True, text=True, timeout=120,
     )  # fmt: skip
@@ -60,9 +61,10 @@ def test_closed_pipe_prints_no_traceback(quickstart_run: Path) -> None:
         [sys.executable, "-m", "gym_artifacts", "exporters", "--json"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE,
     )  # fmt: skip
-    assert reader.stdout is not None
-    reader.stdout.close()  # closed before anything is written
-    _, err = reader.communicate(timeout=120)
+    with reaped(reader):
+        assert reader.stdout is not None
+        reader.stdout.close()  # closed before anything is written
+        _, err = reader.communicate(timeout=120)
     assert b"Traceback" not in err, err
 
 

@@ -97,6 +97,7 @@ from importlib.metadata import EntryPoint  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 from gym_artifacts import export_runs, list_exporters  # noqa: E402
+from tests.processes import run_bounded  # noqa: E402
 
 
 def _with_entry_points(monkeypatch: pytest.MonkeyPatch, *extra: EntryPoint) -> None:
@@ -188,13 +189,12 @@ def test_a_plugin_that_exits_or_blocks_at_import_is_listed_as_cannot_load(tmp_pa
     busy loop that never end: ``gym-artifacts exporters`` still lists every backend, each of
     these as ``cannot load`` with its reason, within its load time limit; choosing one to export
     is an error naming it, in bounded time too."""
-    import subprocess
     import sys
 
     site = _misbehaving_distribution(tmp_path / "site", MISBEHAVING_IMPORTS)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(site), os.environ.get("PYTHONPATH", "")]),
            "GYM_ARTIFACTS_PLUGIN_LOAD_SECONDS": "2"}  # fmt: skip
-    listing = subprocess.run(
+    listing = run_bounded(
         [sys.executable, "-m", "gym_artifacts", "exporters", "--json"],
         env=env, capture_output=True, text=True, timeout=300, cwd=tmp_path,
     )  # fmt: skip
@@ -208,7 +208,7 @@ def test_a_plugin_that_exits_or_blocks_at_import_is_listed_as_cannot_load(tmp_pa
     assert rows["local"]["modes"] == "live, post-run"
     run = copy_quickstart(tmp_path / "runs")
     for name in ("exit-3", "sleeps"):
-        export = subprocess.run(
+        export = run_bounded(
             [sys.executable, "-m", "gym_artifacts", "export", str(run), "-e", name],
             env=env, capture_output=True, text=True, timeout=300, cwd=tmp_path,
         )  # fmt: skip

@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 
 from tests.load import scaled
-from tests.processes import reaped
+from tests.processes import reaped, run_bounded
 
-RUN = subprocess.run  # how the suite runs a command with a time limit
+RUN = run_bounded  # how the suite runs a command with a time limit (tests/processes.py)
 
 REPO = Path(__file__).resolve().parent.parent
 

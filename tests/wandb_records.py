@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from tests.processes import run_bounded
 
 
 @dataclass
@@ -38,7 +39,7 @@ def _value(raw: Any) -> Any:
 def inspected_records(wandb_file: Path) -> list[dict[str, Any]]:
     """Every record of a ``.wandb`` file, as wandb's own inspector prints it."""
     wandb_bin = Path(sys.executable).with_name("wandb")
-    proc = subprocess.run(
+    proc = run_bounded(
         [str(wandb_bin), "leet", "inspect", "--json", str(wandb_file)],
         capture_output=True, text=True, timeout=120, check=True,
     )  # fmt: skip

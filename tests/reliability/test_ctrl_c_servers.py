@@ -29,7 +29,7 @@ import pytest
 from gym_artifacts.run.artifacts import RunArtifacts
 from tests.conftest import copy_quickstart
 from tests.load import scaled
-from tests.processes import reap
+from tests.processes import reap, run_bounded
 from tests.reliability.faulty_servers import HoldingProxy, black_hole, drip_server, proxy
 
 pytest.importorskip("mlflow")
@@ -102,7 +102,7 @@ def assert_rerun_exports(runs: list[Path], tmp_path: Path, server_uri: str) -> N
     exports every run once."""
     for run in runs:
         assert not RunArtifacts.from_path(run).export_done_fpath("mlflow").exists()
-    proc = subprocess.run(
+    proc = run_bounded(
         cli("export", *map(str, runs), "-e", "mlflow", "--json", f"exporters.mlflow.tracking_uri={server_uri}",
             "exporters.mlflow.report=off", experiment()),
         cwd=tmp_path, capture_output=True, text=True, timeout=scaled(120),
@@ -177,7 +177,7 @@ def test_ctrl_c_ends_status_verify_waiting_on_the_server(tmp_path: Path, mlflow_
     run = copy_quickstart(tmp_path / "runs")
     policy = HoldingProxy(mlflow_server.uri, "/runs/get", holding=False)
     with proxy(policy) as uri:
-        exported = subprocess.run(
+        exported = run_bounded(
             cli("export", str(run), "-e", "mlflow", f"exporters.mlflow.tracking_uri={uri}", experiment(),
                 "exporters.mlflow.report=off"),
             cwd=tmp_path, capture_output=True, text=True, timeout=scaled(120),
