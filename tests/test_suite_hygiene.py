@@ -113,3 +113,21 @@ def test_a_timed_out_command_leaves_no_process_and_no_descriptor(tmp_path: Path)
         time.sleep(0.05)
     assert not _running(helper), "the command's own helper process still runs"
     assert _open_descriptors() <= before, "a pipe of the command is still open"
+
+
+def test_the_suite_runs_commands_only_through_run_bounded() -> None:
+    """No test calls ``subprocess.run`` itself (its timeout kills the command, not what the
+    command started): commands go through ``run_bounded`` (tests/processes.py). Code a test
+    hands to a child interpreter (a string) is the child's own business."""
+    import ast
+
+    calls = []
+    for fpath in sorted((REPO / "tests").rglob("*.py")):
+        if fpath.name == "processes.py":
+            continue
+        for node in ast.walk(ast.parse(fpath.read_text(), str(fpath))):
+            func = node.func if isinstance(node, ast.Call) else None
+            if isinstance(func, ast.Attribute) and func.attr in ("run", "call", "check_call", "check_output") \
+                    and isinstance(func.value, ast.Name) and func.value.id == "subprocess":  # fmt: skip
+                calls.append(f"{fpath.relative_to(REPO)}:{node.lineno} subprocess.{func.attr}")
+    assert not calls, calls
