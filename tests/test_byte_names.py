@@ -147,3 +147,28 @@ def test_folders_of_any_bytes_are_one_destination_each(first: bytes, second: byt
     assert (key(first) == key(second)) == (first == second)
     escaped = escaped_text(os.fsdecode(first))
     assert escaped == os.fsdecode(first) or key(first) != destination_key({"dir": "/runs/" + escaped})
+
+
+def test_wandb_live_logging_into_a_folder_whose_name_is_not_utf8(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Live logging offline into a run folder that is not UTF-8 (W&B's folder there): every step
+    logged, read back from W&B's files; no link outlives the run."""
+    pytest.importorskip("wandb")
+    from gym_artifacts.live import live_exporters
+    from tests.wandb_records import offline_runs
+
+    folder = Path(os.fsdecode(os.path.join(os.fsencode(tmp_path), b"r\xe9sultats")))
+    folder.mkdir()
+    temp = tmp_path / "temp"
+    temp.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(temp))
+    cfg = {"exporters": {"wandb": {"enabled": True, "project": "bytes", "mode": "offline", "dir": str(folder / "wb")}}}
+    with live_exporters(cfg, folder / "eval.jsonl") as live:
+        for step in range(3):
+            live.export_metrics({"loss": 1 / (step + 1)}, step=step)
+        live.flush(60)
+    assert live.reports[0].lost == 0, live.reports[0].describe()
+    [written] = offline_runs(folder / "wb")
+    assert written.steps == [0, 1, 2]
+    assert not list(temp.glob("gym-artifacts-wandb-dir-*"))
