@@ -209,3 +209,36 @@ def test_ctrl_c_ends_compare_log_waiting_on_the_server(kind: str, tmp_path: Path
         )  # fmt: skip
     assert_interrupted(done)
     assert (tmp_path / "compare.html").is_file()
+
+
+# A watched send that never returns, and a Ctrl-C the kernel hands to another of the process's
+# threads (it picks any thread that does not block the signal: under load, often one of a trace
+# pool's threads waiting on its socket). Python runs the handler in the main thread only when
+# that thread next runs Python code.
+SIGINT_TO_ANOTHER_THREAD = """
+import signal, sys, threading, time
+from gym_artifacts.core.watchdog import run_watched
+helper = threading.Thread(target=time.sleep, args=(600,), daemon=True)
+helper.start()
+def ctrl_c() -> None:
+    time.sleep(1.0)
+    print("sent", flush=True)
+    signal.pthread_kill(helper.ident, signal.SIGINT)
+threading.Thread(target=ctrl_c, daemon=True).start()
+try:
+    run_watched(threading.Event().wait, 600, "never-returns")
+except KeyboardInterrupt:
+    sys.exit(130)
+"""
+
+
+def test_ctrl_c_delivered_to_another_thread_still_ends_a_watched_send(tmp_path: Path) -> None:
+    """The main thread waiting on a send (``run_watched``, up to the export's deadline) takes a
+    Ctrl-C within seconds whichever thread the signal lands on (1 in 9 trace-export interrupts
+    under load did not end: the main thread slept out the deadline)."""
+    try:
+        done = run_bounded([sys.executable, "-c", SIGINT_TO_ANOTHER_THREAD], cwd=REPO, capture_output=True,
+                           text=True, timeout=scaled(30))  # fmt: skip
+    except subprocess.TimeoutExpired as exc:
+        pytest.fail(f"the Ctrl-C never ended the wait (output: {exc.stdout!r})")
+    assert done.returncode == 130, (done.returncode, done.stderr[-2000:])
