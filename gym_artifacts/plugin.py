@@ -33,6 +33,7 @@ from gym_artifacts.core.flatten import flatten
 from gym_artifacts.core.jsonio import (
     canonical_json,
     count_lines,
+    escaped_text,
     iter_jsonl,
     json_safe,
     metric_value,
@@ -168,6 +169,7 @@ __all__ = [
     "credential_free_uri",
     "current_watch",
     "dataset_service_destination",
+    "escaped_text",
     "eval_end_s",
     "eval_times",
     "exclusive_lock",

@@ -12,6 +12,7 @@ import pytest
 from hypothesis import settings
 
 from tests.fixture_paths import REACTOR_FIXTURES
+from tests.processes import run_bounded
 
 # Every subprocess a test starts has its pipes closed by the end of that test (tests/leaks.py).
 pytest_plugins = ["tests.leaks"]
@@ -102,7 +103,7 @@ def _checkout_changes() -> set[str] | None:
     import subprocess
 
     try:
-        proc = subprocess.run(
+        proc = run_bounded(
             ["git", "status", "--porcelain", "--untracked-files=all"],
             cwd=REPO, capture_output=True, text=True, timeout=60,
         )  # fmt: skip

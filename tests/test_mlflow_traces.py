@@ -8,7 +8,6 @@ import json
 import os
 import shutil
 import stat
-import subprocess
 import sys
 import textwrap
 import urllib.request
@@ -29,6 +28,7 @@ from gym_artifacts.contract.hooks import ExportStatus
 from gym_artifacts.run.artifacts import RunArtifacts
 from gym_artifacts.run.rollout_spans import conversation_first
 from tests.fixture_paths import NEMO_GYM_FIXTURES
+from tests.processes import run_bounded
 
 REPO = Path(__file__).resolve().parent.parent
 CANARY = "sk-traces-canary-8d1f0b"
@@ -191,7 +191,7 @@ sys.exit(main(["export", {rollouts!r}, "-e", "mlflow", "exporters.mlflow.trackin
 def killed_export(rollouts: Path, uri: str, experiment: str, before_kill: str = "pass") -> None:
     script = KILLER.format(batch=100, kill_at=3, rollouts=str(rollouts), uri=uri, experiment=experiment,
                            before_kill=before_kill)  # fmt: skip
-    proc = subprocess.run([sys.executable, "-c", textwrap.dedent(script)], cwd=REPO, capture_output=True,
+    proc = run_bounded([sys.executable, "-c", textwrap.dedent(script)], cwd=REPO, capture_output=True,
                           timeout=300)  # fmt: skip
     assert proc.returncode == -9, proc.stderr.decode()[-3000:]
     assert not RunArtifacts.from_path(rollouts).export_done_fpath("mlflow").exists()
@@ -310,7 +310,7 @@ def test_a_sqlite_stores_trace_server_is_under_the_export_deadline(quickstart_ru
     store = tmp_path / "m.db"
     marker = f"never-ready-{tmp_path.name}"
     script = NEVER_READY.format(marker=marker, uri=f"sqlite:///{store}", deadline=15, rollouts=str(quickstart_run))
-    proc = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True,
+    proc = run_bounded([sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True,
                           timeout=START_TIMEOUT_S - 30)  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
     failed = json.loads(proc.stdout.splitlines()[-1])

@@ -31,6 +31,7 @@ import pytest
 from tests.chat_stub import ChatStub
 from tests.mlflow_server import MlflowServer
 from tests.nemo_gym_real import EvalResult, NemoGymServers, gym_eval, nemo_gym_venv
+from tests.processes import run_bounded
 from tests.server_process import free_port
 from tests.wandb_records import OfflineRun, read_offline_run
 
@@ -149,7 +150,7 @@ def same_value(a: float, b: float) -> bool:
 
 def export(out: Path) -> subprocess.CompletedProcess[str]:
     """``gym-artifacts export OUT.jsonl`` to the run's saved exporters (W&B offline, as live)."""
-    return subprocess.run(
+    return run_bounded(
         [sys.executable, "-m", "gym_artifacts.cli", "export", str(out)],
         capture_output=True, text=True, timeout=300, cwd=out.parent,
         env={**os.environ, "WANDB_MODE": "offline"},

@@ -7,7 +7,6 @@ import datetime as dt
 import json
 import re
 import shutil
-import subprocess
 import sys
 import textwrap
 from pathlib import Path
@@ -27,6 +26,7 @@ from gym_artifacts.run.artifacts import RunArtifacts
 from gym_artifacts.run.receipts import read_receipts
 from tests.fixture_paths import NEMO_GYM_FIXTURES
 from tests.phoenix_server import PhoenixServer
+from tests.processes import run_bounded
 from tests.test_report import browser  # noqa: F401 - the shared Chromium fixture
 
 REPO = Path(__file__).resolve().parent.parent
@@ -100,7 +100,7 @@ def test_sigkilled_export_rerun_leaves_no_duplicate(quickstart_run: Path, phoeni
                        "exporters.phoenix.base_url={phoenix.url}", "exporters.phoenix.dataset_name=quickstart-b"]))
         """
     )
-    proc = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, timeout=300)
+    proc = run_bounded([sys.executable, "-c", script], cwd=REPO, capture_output=True, timeout=300)
     assert proc.returncode == -9, proc.stderr.decode()[-2000:]
     assert not RunArtifacts.from_path(quickstart_run).export_done_fpath("phoenix").exists()
     [result] = export_run(quickstart_run, px_cfg(phoenix.url, "quickstart-b"))
@@ -247,7 +247,7 @@ def test_sigkilled_traces_export_rerun_leaves_no_duplicate(quickstart_run: Path,
                        "exporters.phoenix.project_name=killed-traces", "exporters.phoenix.log_experiment=false"]))
         """
     )
-    proc = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, timeout=300)
+    proc = run_bounded([sys.executable, "-c", script], cwd=REPO, capture_output=True, timeout=300)
     assert proc.returncode == -9, proc.stderr.decode()[-2000:]
     assert not RunArtifacts.from_path(quickstart_run).export_done_fpath("phoenix").exists()
     section = {"enabled": True, "base_url": phoenix.url, "project_name": "killed-traces", "log_experiment": False}

@@ -155,8 +155,8 @@ def build_target(name: str, cfg: Any, run_config: Any | None = None, *, strict: 
 
     A problem becomes ``target.error`` (a FAILED result when it is sent); ``strict`` raises it
     instead (ConfigError naming the key), except for a section that cannot be resolved now (an
-    environment variable that is gone): that is left to the send, so that an already exported
-    run still skips.
+    environment variable that is gone): that is left to the send, where it is FAILED (never
+    SKIPPED on the strength of a receipt: without its settings, no destination is known).
     """
     target = Target(name, run_config=run_config)
     try:
@@ -266,15 +266,9 @@ def check_receipt(run: RunArtifacts, target: Target, identities: dict[str, str])
             ExportStatus.FAILED,
             reason=f"{exc}; nothing was sent. If it is not needed, delete {fpath} and export again",
         )
-    if target.key is None:  # the settings cannot be resolved now: only a matching receipt helps
-        if receipts and not identity_differences(receipts[-1].identities, identities):
-            return ExportResult(
-                name,
-                ExportStatus.SKIPPED,
-                backend_run_id=receipts[-1].backend_run_id,
-                reason=f"receipt matches; destination not resolved ({target.error})",
-            )
-        return None
+    if target.key is None:  # the settings cannot be resolved: no receipt can say where it went
+        reason = f"{target.error or 'destination not resolved'}; nothing was sent"
+        return ExportResult(name, ExportStatus.FAILED, reason=reason)
     target.saw_version_1 = any(r.destination_key is None for r in receipts)
     receipt = receipt_for(receipts, target.key, target.legacy_key if target.saw_version_1 else None)
     if receipt is None:

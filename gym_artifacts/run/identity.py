@@ -316,9 +316,12 @@ class IdentityCache:
     """Identities of a run's files keyed on (device, inode, size, mtime_ns, ctime_ns).
 
     ``ctime`` cannot be set by a writer, so a file rewritten with its old size and mtime still
-    misses. A file modified within the last ``RACY_NS`` (its timestamps may not yet tell two
-    writes apart) or that changed while it was hashed is never cached. The cache is a hidden
-    file beside the run; failing to write it only costs a rehash next time.
+    misses. A file whose modification time lies within ``RACY_NS`` of now, on either side (its
+    timestamps may not yet tell two writes apart), or that changed while it was hashed is not
+    cached. A modification time further in the future (a copy from a machine whose clock runs
+    ahead) is cached like a past one: the next write sets the time to now, which differs, so a
+    clock in the future costs one hash, not one per command. The cache is a hidden file beside
+    the run; failing to write it only costs a rehash next time.
     """
 
     VERSION = 1
@@ -375,7 +378,7 @@ class IdentityCache:
         records: int | None = None,
     ) -> None:
         key = stat_key(before)
-        if key != stat_key(after) or time.time_ns() - before.st_mtime_ns < self.RACY_NS:
+        if key != stat_key(after) or abs(time.time_ns() - before.st_mtime_ns) < self.RACY_NS:
             self.entries.pop(name, None)
             self.dirty = True
             return
