@@ -19,7 +19,7 @@ import re
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
-from gym_artifacts.plugin import flatten, metric_value
+from gym_artifacts.plugin import escaped_text, flatten, metric_value
 
 MAX_KEY = 250  # mlflow.utils.validation.MAX_ENTITY_KEY_LENGTH
 MAX_PARAM_VALUE = 6000  # MAX_PARAM_VAL_LENGTH
@@ -72,6 +72,8 @@ def unique_names(keys: Iterable[str]) -> dict[str, str]:
 
 
 def _truncate(text: str, limit: int) -> str:
+    """``text`` as MLflow stores it: a path's undecodable bytes escaped, cut to ``limit``."""
+    text = escaped_text(text)
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
@@ -93,7 +95,9 @@ def config_params(config: Mapping[str, Any]) -> dict[str, str]:
     whole up to MLflow's limit and cut there (the whole config is also logged as a file)."""
     flat = dict(flatten_config(config))
     names = unique_names(flat)
-    return {names[key]: str(value)[:MAX_PARAM_VALUE] for key, value in flat.items() if key in names}
+    return {
+        names[key]: escaped_text(str(value))[:MAX_PARAM_VALUE] for key, value in flat.items() if key in names
+    }
 
 
 # Every integer up to this is exact as a float; past it, a float metric may round it.

@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any
 from gym_artifacts.plugin import LLM, RolloutTrace, Span
 
 from ._genai import chat_tools, gen_ai_attributes, token_usage
+from ._mlflow_trace_view import TraceWindow
 from ._otlp import export_request, trace_batches
 
 if TYPE_CHECKING:
@@ -51,10 +52,28 @@ RESOURCE = {"service.name": "gym-artifacts"}
 
 @dataclass
 class Sent:
-    """What one export traced: every trace, and the ERROR ones among them."""
+    """What one export traced: every trace, the ERROR ones among them, and the first and last
+    trace's start (epoch ms; None before any)."""
 
     traces: int = 0
     failed: int = 0
+    first_ms: int | None = None
+    last_ms: int | None = None
+
+    def add(self, batch: list[RolloutTrace]) -> None:
+        starts = [t.start_ns // 1_000_000 for t in batch]
+        self.traces += len(batch)
+        self.failed += sum(1 for t in batch if t.failed)
+        if starts:
+            self.first_ms = min(starts) if self.first_ms is None else min(self.first_ms, *starts)
+            self.last_ms = max(starts) if self.last_ms is None else max(self.last_ms, *starts)
+
+    @property
+    def window(self) -> TraceWindow | None:
+        """Where MLflow's UI shows these traces (None when there are none)."""
+        if self.first_ms is None or self.last_ms is None:
+            return None
+        return TraceWindow(self.traces, self.first_ms, self.last_ms)
 
 
 def mlflow_trace_id(trace: RolloutTrace) -> str:
@@ -165,7 +184,6 @@ def log_rollout_traces(
             ids = [mlflow_trace_id(t) for t in batch]
             for start in range(0, len(ids), LINKS):
                 ml.client.link_traces_to_run(ids[start : start + LINKS], run_id)
-            sent.traces += len(batch)
-            sent.failed += sum(1 for t in batch if t.failed)
+            sent.add(batch)
             ml.progress()  # the deadline bounds a stalled server, not the number of batches
     return sent

@@ -17,6 +17,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from gym_artifacts.plugin import (
+    REQUEST_KEYS,
+    RESPONSE_KEYS,
     RolloutTrace,
     Trajectory,
     agent_label,
@@ -35,8 +37,6 @@ if TYPE_CHECKING:
     from gym_artifacts.plugin import ExportPlan, RunPayload
 
 NAMESPACE = uuid.UUID("5f0c1b7e-6d43-5b9a-9a43-6b1d2e0f8c21")
-REQUEST_KEYS = ("responses_create_params", "request", "input", "prompt")
-RESPONSE_KEYS = ("response", "output", "completion")
 
 
 def stable_id(*parts: object) -> str:

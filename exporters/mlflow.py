@@ -82,6 +82,7 @@ from ._mlflow_report import ReportTarget, build_and_upload, has_report, job_for
 from ._mlflow_report import start as start_report
 from ._mlflow_schema import ensure_sqlite_schema
 from ._mlflow_traces import BATCH as TRACE_BATCH
+from ._mlflow_traces import Sent as TracesSent
 from ._mlflow_traces import log_rollout_traces, only_missing
 from ._mlflow_views import DESCRIPTION_TAG, evaluation_dataset, planned_inputs
 from ._nemo_gym_shapes import MLFLOW_TABLE_FILE, file_documents, write_split_table
@@ -408,7 +409,7 @@ class MlflowExporter(LiveExporter):
             ml.delete_run(run_id)
 
         try:
-            rows, sent = self._send_run(ml, run_id, run, plan)
+            rows, sent, traces_note = self._send_run(ml, run_id, run, plan)
         except Exception:
             plan.complete_or_undo(undo)  # a malformed file: its identity's error, no run left
             raise
@@ -416,7 +417,7 @@ class MlflowExporter(LiveExporter):
         ml.terminate(run_id, "FINISHED", times.end_ms if times is not None else None)
         kept = self._complete_run(ml, experiment_id, run_id, plan)
         self._delete_orphans(ml, experiment_id, lookup, attempt, keep=kept)
-        note = None if kept == run_id else f"already in MLflow (run {kept} holds this identity)"
+        note = traces_note if kept == run_id else f"already in MLflow (run {kept} holds this identity)"
         return Sent(backend_run_id=kept, rows=rows, bytes=sent, note=note)
 
     @staticmethod
@@ -547,10 +548,10 @@ class MlflowExporter(LiveExporter):
         ml.set_tags(live_run_id, {}, kept)
         # Everything the run has, whatever the live run lacks (calls lost while the server was
         # down): the store keeps one point per metric, step, time and value, files overwrite.
-        rows, sent = self._send_run(ml, live_run_id, run, plan)
+        rows, sent, note = self._send_run(ml, live_run_id, run, plan)
         ml.terminate(live_run_id, "FINISHED", self._eval_end_ms(live, run))
         ml.set_tags(live_run_id, {}, {COMPLETE_KEY: "true"})
-        return Sent(backend_run_id=live_run_id, rows=rows, bytes=sent)
+        return Sent(backend_run_id=live_run_id, rows=rows, bytes=sent, note=note)
 
     @staticmethod
     def _eval_end_ms(live: Any, run: RunArtifacts) -> int | None:
@@ -563,12 +564,17 @@ class MlflowExporter(LiveExporter):
         return times.end_ms if times is not None else None
 
     def _after_receipt(self, run: RunArtifacts, plan: ExportPlan, backend_run_id: str | None) -> None:
-        """``report.html`` uploaded to the run, now that it is complete and the receipt written
-        (from the export's identities and coverage: the run is not hashed again); a run that
-        holds one already (another copy of this content exported it) keeps it."""
-        if self.settings.report == "off" or backend_run_id is None:
+        """NeMo Gym's ``rollouts.json`` table and ``report.html`` uploaded to the run, now that it
+        is complete and the receipt written: neither decides the receipt (``rollouts/rollouts.jsonl``
+        holds every row; the report comes from the export's identities and coverage: the run is
+        not hashed again). A run that holds a report already (another copy of this content
+        exported it) keeps it; the table is written again (a completed live run's may lack rows)."""
+        if backend_run_id is None:
             return
         ml = self._client(live=False)
+        self._table_after_receipt(ml, run, plan, backend_run_id)
+        if self.settings.report == "off":
+            return
         if has_report(ml, backend_run_id):
             return
         job = job_for(run, plan, backend_run_id)
@@ -589,10 +595,13 @@ class MlflowExporter(LiveExporter):
 
     def _send_run(
         self, ml: ScopedMlflow, run_id: str, run: RunArtifacts, plan: ExportPlan
-    ) -> tuple[int, int]:
-        """Everything the run has; idempotent (metric points keep their timestamps, files overwrite)."""
+    ) -> tuple[int, int, str | None]:
+        """Everything the run has; idempotent (metric points keep their timestamps, files overwrite).
+        Returns the rollout rows, the bytes sent and what the result notes (traces outside MLflow's
+        default view, ``_mlflow_trace_view``)."""
         payload = RunPayload.of(run, plan)
         sent = 0
+        note: str | None = None
         tags: dict[str, str] = {}
         kept: dict[str, str] = {}  # the bookkeeping tag's entries
         if payload.config is not None:
@@ -655,11 +664,15 @@ class MlflowExporter(LiveExporter):
             if complete is not None:
                 assert rollouts is not None
                 sent += self._upload_file(ml, run_id, complete, "rollouts.jsonl", "rollouts")
-                sent += self._upload_nemo_gym_table(ml, run_id, complete, payload.secrets)
+                # NeMo Gym's rollouts.json table: after the receipt (``_after_receipt``)
                 if self.settings.log_traces:
                     times = run_times(run)
                     start_ms = times.start_ms if times is not None else int(time.time() * 1000)
-                    self._log_traces(ml, run_id, payload, start_ms, plan)
+                    window = self._log_traces(ml, run_id, payload, start_ms, plan).window
+                    if window is not None:
+                        experiment_id = str(ml.get_run(run_id).info.experiment_id)
+                        tags[DESCRIPTION_TAG] += "\n\n" + window.description(experiment_id)
+                        note = window.note(experiment_id)
         omitted = payload.omitted_partial_line
         if omitted:
             ts = int(eval_end_s(run) * 1000)
@@ -674,7 +687,17 @@ class MlflowExporter(LiveExporter):
             tags[LOGGED_ARTIFACTS_TAG] = logged_artifacts(table_paths)
         if tags or kept:
             ml.set_tags(run_id, tags, kept)
-        return payload.rollout_rows, sent
+        return payload.rollout_rows, sent, note
+
+    @classmethod
+    def _table_after_receipt(cls, ml: ScopedMlflow, run: RunArtifacts, plan: ExportPlan, run_id: str) -> None:
+        """NeMo Gym's rollouts table of a run whose rollouts were sent (``_upload_nemo_gym_table``)."""
+        payload = RunPayload.of(run, plan)
+        if not payload.sends_rollouts:
+            return
+        with payload.rollouts_file() as complete:
+            if complete is not None:
+                cls._upload_nemo_gym_table(ml, run_id, complete, payload.secrets)
 
     @staticmethod
     def _upload_nemo_gym_table(
@@ -694,7 +717,7 @@ class MlflowExporter(LiveExporter):
 
     def _log_traces(
         self, ml: ScopedMlflow, run_id: str, payload: RunPayload, fallback_ms: int, plan: ExportPlan
-    ) -> int:
+    ) -> TracesSent:
         """Every rollout (failed ones too) as a trace in the run's experiment, linked to the run
         (see _mlflow_traces); a database store gets MLflow's own server for the duration. A
         rollout without its own time is placed at ``fallback_ms`` (the eval's start) plus its row
@@ -705,14 +728,14 @@ class MlflowExporter(LiveExporter):
         traces = payload_traces(payload, f"mlflow/{run_id}", fallback_ms / 1000, plan)
         assessments = self.settings.trace_assessments
         if is_rest(ml.tracking_uri):  # a live run's traces are there already: only the rest
-            return log_rollout_traces(ml, experiment_id, run_id, only_missing(ml, traces), assessments).traces
+            return log_rollout_traces(ml, experiment_id, run_id, only_missing(ml, traces), assessments)
         # A database store has no server before its traces: the export's deadline bounds their
         # part only, counted from here (the store answered all along before it) and again from
         # each batch of traces the server took: the server's start and the traces' requests.
         ml.deadline.progress()
         with trace_server(ml.tracking_uri, remaining=ml.deadline.remaining) as url:
             local = ScopedMlflow(url, None, ml.limits, deadline=ml.deadline)  # one deadline, one progress
-            return log_rollout_traces(local, experiment_id, run_id, traces, assessments).traces
+            return log_rollout_traces(local, experiment_id, run_id, traces, assessments)
 
     @staticmethod
     def _send_system_metrics(

@@ -22,13 +22,14 @@ The SDK (``tensorboard``'s protos and record writer) is imported only when writi
 
 from __future__ import annotations
 
+import itertools
 import os
 import re
 import shutil
 import socket
 import time
 import uuid
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -56,9 +57,11 @@ from gym_artifacts.plugin import (
     read_json,
     redact_text,
     resolved_path,
-    rollout_verdicts,
+    rollout_numbers,
+    rollout_row_values,
     rollout_window,
     saved_config_run_name,
+    token_counts,
     trajectory_of,
     write_table_jsonl,
 )
@@ -66,8 +69,6 @@ from gym_artifacts.plugin import (
 from ._histogram import Histogram
 from ._rollouts import (
     READABLE_COLUMNS,
-    REQUEST_KEYS,
-    RESPONSE_KEYS,
     Rollout,
     failed_rollouts,
     is_responses_record,
@@ -271,6 +272,7 @@ class TensorboardExporter(LiveExporter):
     name = "tensorboard"
     config_model = TensorboardSettings
     sdk_module = "tensorboard"
+    reads_row_values = True  # every row's numbers and end come from the export's one read
     settings: TensorboardSettings
 
     @classmethod
@@ -455,7 +457,8 @@ class TensorboardExporter(LiveExporter):
         if not payload.sends_rollouts:
             return 0
         records = payload.rollout_records()
-        rows = self._write_rollouts(w, records, payload.secrets, finished, payload.rollout_rows)
+        values = rollout_row_values(run)  # from the export's one read of the rollouts, when given
+        rows = self._write_rollouts(w, records, payload.secrets, finished, payload.rollout_rows, values)
         self._write_failures(w, payload, min(rows, self.settings.table_rows), finished)
         return rows
 
@@ -483,14 +486,22 @@ class TensorboardExporter(LiveExporter):
             w.scalars(values, step, sample.time)
 
     def _write_rollouts(
-        self, w: EventWriter, records: Iterable[Any], secrets: frozenset[str], finished: float, total: int = 0
+        self,
+        w: EventWriter,
+        records: Iterator[Any],
+        secrets: frozenset[str],
+        finished: float,
+        total: int = 0,
+        values: Iterable[tuple[list[tuple[str, float]], float | None]] | None = None,
     ) -> int:
         """Each rollout's values as scalars ``rollout/<name>`` at its index in completion order
         (``OUT.jsonl``'s line order; wall time: its end when known), the histograms of every
         rollout so far at ``DISTRIBUTION_STEPS`` steps (the step: rollouts so far; ``total``: how
         many there are), and the bounded table: a NeMo Gym rollout as ``READABLE_COLUMNS`` (its
         trajectory), another writer's as its request, response and verdicts. Only a row the table
-        shows is turned into a view; every row gives the same values (``rollout_numbers``)."""
+        shows is turned into a view; every row gives the same values (``rollout_numbers``).
+        ``values``: each row's numbers and end, given by the export's one read of the rollouts:
+        then only the table's rows are read from ``records``."""
         limit = self.settings.table_rows
         every = max(1, -(-total // DISTRIBUTION_STEPS))
         rows = 0
@@ -503,10 +514,13 @@ class TensorboardExporter(LiveExporter):
             chunk.clear()
 
         histograms = RolloutHistograms()
-        for record in records:
-            numbers = rollout_numbers(record)
+        if values is None:
+            rows_in = ((r, rollout_numbers(r), rollout_window(r)[1]) for r in records)
+        else:  # only the rows the table shows are read
+            head = itertools.islice(records, limit)
+            rows_in = ((next(head, None) if i < limit else None, *v) for i, v in enumerate(values))
+        for record, numbers, end in rows_in:
             histograms.add_numbers(numbers)
-            end = rollout_window(record)[1]
             w.scalars(rollout_scalars(numbers), rows, end if end is not None else finished)
             if rows < limit:
                 if is_responses_record(record):
@@ -519,56 +533,15 @@ class TensorboardExporter(LiveExporter):
                 write_chunk()
             if rows % every == 0 and rows < total:
                 w.histograms(histograms.by_tag, rows, finished)
+        close = getattr(records, "close", None)
+        if close is not None:
+            close()  # a stream stopped after the table's rows lets go of the file
         if chunk:
             write_chunk()
         w.histograms(histograms.by_tag, rows, finished)
         if rows > limit:
             w.text("rollouts/table_note", f"table shows the first {limit} of {rows} rollouts", 0, finished)
         return rows
-
-
-TOKEN_KEYS = ("input_tokens", "output_tokens", "total_tokens")
-
-
-def _count(value: Any) -> float | None:
-    """A JSON number as a float; None for anything else (a bool, an int past the float range)."""
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        return None
-    try:
-        return float(value)
-    except OverflowError:
-        return None
-
-
-def token_counts(response: Any) -> dict[str, float]:
-    """A Responses API response's ``usage`` token counts (the numeric ones present)."""
-    usage = response.get("usage") if isinstance(response, dict) else None
-    if not isinstance(usage, dict):
-        return {}
-    counts = {k: _count(usage.get(k)) for k in TOKEN_KEYS}
-    return {k: v for k, v in counts.items() if v is not None}
-
-
-def _first_key(record: dict[str, Any], keys: tuple[str, ...]) -> str | None:
-    return next((k for k in keys if k in record), None)
-
-
-def rollout_numbers(record: Any) -> list[tuple[str, float]]:
-    """A rollout record's histogram values in the order ``RolloutHistograms.add`` takes them:
-    its verdicts (``reward`` first, ``rollout_verdicts``: the one definition), then its
-    response's token counts (``token_counts``), without building the ``Rollout`` view."""
-    if not isinstance(record, dict):
-        return []
-    skip = (_first_key(record, REQUEST_KEYS), _first_key(record, RESPONSE_KEYS), "agent_ref")
-    numbers = list(rollout_verdicts(record, [k for k in skip if k is not None]).items())
-    response = record["response"] if "response" in record else record.get(_first_key(record, RESPONSE_KEYS))
-    usage = response.get("usage") if isinstance(response, dict) else None
-    if isinstance(usage, dict):
-        for key in TOKEN_KEYS:
-            count = _count(usage[key]) if key in usage else None
-            if count is not None:
-                numbers.append((key, count))
-    return numbers
 
 
 class RolloutHistograms:

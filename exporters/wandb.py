@@ -58,6 +58,7 @@ from gym_artifacts.plugin import (
 from ._headline import headline
 from ._nemo_gym_shapes import ROLLOUT_COLUMN, WANDB_TABLE_KEY, file_documents, rollout_documents
 from ._rollouts import READABLE_COLUMNS, payload_table_rows, readable_row, table_rows
+from ._wandb_folder import SdkFolder, is_utf8
 
 logger = logging.getLogger(__name__)
 _SCALARS = (str, int, float, bool, type(None))
@@ -186,6 +187,7 @@ class WandbExporter(LiveExporter):
         self._last_step = -1
         self._skipped_steps = 0
         self._rollouts = RolloutSpool(prefix="gym-artifacts-wandb-")
+        self._sdk_folders: dict[int, SdkFolder] = {}  # an open W&B run (by id()) -> its folder
 
     @classmethod
     def destination_for(cls, settings: WandbSettings) -> dict[str, Any]:
@@ -251,11 +253,8 @@ class WandbExporter(LiveExporter):
         return (*super().expected_errors(), wandb.Error, ValueError, TimeoutError)
 
     # -- SDK plumbing ---------------------------------------------------------------------------
-    def _init(
-        self, run_id: str, run_name: str, config: dict[str, Any] | None, job_type: str | None = None
-    ) -> Any:
-        import wandb
-
+    def _sdk_options(self) -> dict[str, Any]:
+        """``wandb.Settings`` of this exporter's runs (the API key for them only)."""
         s = self.settings
         options: dict[str, Any] = {
             "mode": self.mode,
@@ -269,22 +268,47 @@ class WandbExporter(LiveExporter):
             options["api_key"] = s.api_key.get_secret_value()
         if s.base_url:
             options["base_url"] = s.base_url
-        folder = s.dir.expanduser() if s.dir is not None else None  # "~/wb" is a folder at home
-        if folder is not None:
+        return options
+
+    def _sdk_folder(self) -> SdkFolder | None:
+        """The folder given to ``wandb.init``: the ``dir`` setting (made), else none (the SDK's
+        own choice: ``WANDB_DIR``, else the working folder) unless that one's name is not UTF-8."""
+        if self.settings.dir is not None:
+            folder = self.settings.dir.expanduser()  # "~/wb" is a folder at home
             folder.mkdir(parents=True, exist_ok=True)
-        return wandb.init(
-            project=s.project,
-            entity=s.entity,
-            name=s.name or run_name,
-            group=s.group,
-            tags=[*s.tags, job_type] if job_type else (list(s.tags) or None),  # none: the SDK's (WANDB_TAGS)
-            id=run_id,
-            resume="allow",
-            job_type=job_type,
-            dir=str(folder) if folder is not None else None,
-            config=config,
-            settings=wandb.Settings(**options),
-        )
+            return SdkFolder(folder)
+        chosen = Path(os.environ.get("WANDB_DIR") or os.getcwd())
+        return None if is_utf8(chosen) else SdkFolder(chosen)
+
+    def _init(
+        self, run_id: str, run_name: str, config: dict[str, Any] | None, job_type: str | None = None
+    ) -> Any:
+        import wandb
+
+        s = self.settings
+        where = self._sdk_folder()
+        try:
+            wb_run = wandb.init(
+                project=s.project,
+                entity=s.entity,
+                name=s.name or run_name,
+                group=s.group,
+                # no tags: the SDK's (WANDB_TAGS)
+                tags=[*s.tags, job_type] if job_type else (list(s.tags) or None),
+                id=run_id,
+                resume="allow",
+                job_type=job_type,
+                dir=where.path if where is not None else None,
+                config=config,
+                settings=wandb.Settings(**self._sdk_options()),
+            )
+        except BaseException:
+            if where is not None:
+                where.close()
+            raise
+        if where is not None:
+            self._sdk_folders[id(wb_run)] = where  # closed once the run has finished (_finish)
+        return wb_run
 
     def _finish(self, wb_run: Any, exit_code: int) -> None:
         """``finish()`` with a bounded wait: a hung finish never holds the exporter forever."""
@@ -300,10 +324,20 @@ class WandbExporter(LiveExporter):
                 done.set()
 
         threading.Thread(target=finish, name="wandb-finish", daemon=True).start()
-        if not done.wait(self.settings.finish_timeout):
-            raise TimeoutError(f"wandb finish() did not return within {self.settings.finish_timeout}s")
+        try:
+            if not done.wait(self.settings.finish_timeout):
+                raise TimeoutError(f"wandb finish() did not return within {self.settings.finish_timeout}s")
+        finally:
+            where = self._sdk_folders.pop(id(wb_run), None)
+            if where is not None and done.is_set():  # a finish still running still writes through it
+                where.close()
         if errors:
             raise errors[0]
+
+    def _run_folder(self, wb_run: Any) -> Path:
+        """The folder of an open W&B run (``<dir>/wandb/offline-run-...``) under its real name."""
+        where = self._sdk_folders.get(id(wb_run))
+        return where.real(wb_run.dir).parent if where is not None else Path(wb_run.dir).parent
 
     # -- live ----------------------------------------------------------------------------------
     def _setup(self) -> str:
@@ -393,7 +427,7 @@ class WandbExporter(LiveExporter):
         whole = offline or not certified  # the journal from its first step
         config = json_safe(plan.config) if plan.config and whole else None
         wb_run = self._init(run_id, saved_config_run_name(run, self.name), config)
-        folder = Path(wb_run.dir).parent if offline else None
+        folder = self._run_folder(wb_run) if offline else None
         try:
             first_new_step = 0 if offline else int(getattr(wb_run, "step", 0) or 0)
             rows, sent = self._send_run(wb_run, run, plan, first_new_step, rollouts_table=whole)

@@ -173,7 +173,7 @@ def build_parser() -> argparse.ArgumentParser:
         "status", parents=[verbose], help="a run's identities, receipts and what it is missing"
     )
     st.add_argument("run", metavar="OUT.jsonl")
-    st.add_argument("--json", action="store_true")
+    st.add_argument("--json", action="store_true", help="print the same as one JSON object")
     st.add_argument("--verify", action="store_true", help="ask each backend whether its receipted run exists")
 
     rp = sub.add_parser(
@@ -190,7 +190,7 @@ def build_parser() -> argparse.ArgumentParser:
         "exporters", parents=[verbose], help="registered backends and whether their SDK is installed"
     )
     ls.add_argument("-c", "--config", type=Path, help="config whose enabled flags to show")
-    ls.add_argument("--json", action="store_true")
+    ls.add_argument("--json", action="store_true", help="print one JSON array, a backend per object")
     ins = sub.add_parser(
         "instrument",
         help="run a command with NeMo Gym's exporters replaced by gym-artifacts' (no file edited)",
@@ -393,9 +393,20 @@ def cmd_exporters(ns: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _printable_streams() -> None:
+    """Standard output and error write a path's undecodable bytes (``r\xe9sultats`` as
+    ``os.fsdecode`` holds it: a lone surrogate) as an escape instead of failing the command."""
+    for stream in (sys.stdout, sys.stderr):
+        reconfigure = getattr(stream, "reconfigure", None)
+        if reconfigure is not None:
+            with contextlib.suppress(Exception):  # a stream that cannot change keeps its own errors
+                reconfigure(errors="backslashreplace")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command; a reader that closes the pipe early (``| head``) ends it quietly, and a
     Ctrl-C no command handled itself (``status``, ``report``, an import) exits 130 in one line."""
+    _printable_streams()
     try:
         code = _main(argv)
         sys.stdout.flush()

@@ -237,10 +237,32 @@ def get_exporters() -> list[LiveExporter]:
 
 
 def export_metrics(metrics: Mapping[str, Any], step: int | None = None) -> None:
-    """Journal and log one step's metrics (no-op before setup); never raises."""
+    """Journal and log one step's metrics (no-op before setup); never raises. NeMo Gym's own
+    end-of-collection ``coverage/*`` figures are logged under this project's one definition
+    (``_restated_coverage``)."""
     live = _live
     if live is not None:
-        live.export_metrics(metrics, step=step)
+        live.export_metrics(_restated_coverage(live, metrics), step=step)
+
+
+def _restated_coverage(live: Any, metrics: Mapping[str, Any]) -> Mapping[str, Any]:
+    """``metrics`` with NeMo Gym's ``coverage/missing`` (expected - scored, its failed rollouts
+    included) restated as planned rollouts with no result at all, and ``coverage/failed`` (the
+    rows of the failures sidecar as it is now) beside it, so that scored + failed + missing =
+    expected in every backend (``gym_artifacts.run.coverage``). Anything else, or anything that
+    cannot be read, passes as it came."""
+    try:
+        if "coverage/missing" not in metrics:
+            return metrics
+        from gym_artifacts.core.jsonio import count_lines
+        from gym_artifacts.run.coverage import nemo_gym_coverage
+
+        failures = live.run.failures_fpath
+        failed = count_lines(failures) if failures.is_file() else None
+        figures = nemo_gym_coverage(metrics, failed)
+        return metrics if figures is None else {**metrics, **figures}
+    except Exception:  # telemetry must not take the eval down
+        return metrics
 
 
 def export_rollouts(rollouts: list[Any]) -> None:

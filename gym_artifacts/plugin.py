@@ -34,6 +34,7 @@ from gym_artifacts.core.flatten import flatten
 from gym_artifacts.core.jsonio import (
     canonical_json,
     count_lines,
+    escaped_text,
     iter_jsonl,
     json_safe,
     metric_value,
@@ -73,6 +74,14 @@ from gym_artifacts.run.rollout_spans import (
     trace_id_for,
     trajectory_trace,
 )
+from gym_artifacts.run.rollout_values import (
+    REQUEST_KEYS,
+    RESPONSE_KEYS,
+    TOKEN_KEYS,
+    rollout_numbers,
+    token_counts,
+)
+from gym_artifacts.run.rollouts_facts import rollout_row_values
 from gym_artifacts.run.sidecars import masked_artifact
 from gym_artifacts.run.spool import RolloutSpool
 from gym_artifacts.run.times import eval_end_s, eval_times, run_times
@@ -123,7 +132,10 @@ __all__ = [
     "NVML_SUMMARY",
     "PLACEMENT_KEYS",
     "RECORDING",
+    "REQUEST_KEYS",
+    "RESPONSE_KEYS",
     "TIMING_PREFIXES",
+    "TOKEN_KEYS",
     "TOOL",
     "CannotCertify",
     "ComparisonPayload",
@@ -162,6 +174,7 @@ __all__ = [
     "credential_free_uri",
     "current_watch",
     "dataset_service_destination",
+    "escaped_text",
     "eval_end_s",
     "eval_times",
     "exclusive_lock",
@@ -188,6 +201,8 @@ __all__ = [
     "resolved_path",
     "response_text",
     "rollout_key",
+    "rollout_numbers",
+    "rollout_row_values",
     "rollout_trace",
     "rollout_verdicts",
     "rollout_window",
@@ -200,6 +215,7 @@ __all__ = [
     "sync_barrier",
     "table_jsonl",
     "table_split_json",
+    "token_counts",
     "trace_id_for",
     "trajectory_of",
     "trajectory_trace",

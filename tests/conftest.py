@@ -12,6 +12,7 @@ import pytest
 from hypothesis import settings
 
 from tests.fixture_paths import REACTOR_FIXTURES
+from tests.processes import run_bounded
 
 # Every subprocess a test starts has its pipes closed by the end of that test (tests/leaks.py).
 pytest_plugins = ["tests.leaks"]
@@ -48,6 +49,7 @@ SESSION_SERVICES = {
         "tests/test_live_traces_phoenix.py::",
         "[phoenix]",
         "tests/reliability/test_secrets_generated.py::test_no_generated_secret_reaches_phoenix",
+        "tests/test_coverage_everywhere.py::",
     ),
 }
 
@@ -102,7 +104,7 @@ def _checkout_changes() -> set[str] | None:
     import subprocess
 
     try:
-        proc = subprocess.run(
+        proc = run_bounded(
             ["git", "status", "--porcelain", "--untracked-files=all"],
             cwd=REPO, capture_output=True, text=True, timeout=60,
         )  # fmt: skip

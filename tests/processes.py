@@ -48,3 +48,32 @@ def reaped(procs: subprocess.Popen[Any] | Iterable[subprocess.Popen[Any]], *, gr
     finally:
         for proc in [procs] if isinstance(procs, subprocess.Popen) else list(procs):
             reap(proc, group=group)
+
+
+def run_bounded(
+    args: Any, *, timeout: float, input: Any = None, check: bool = False, **popen: Any
+) -> subprocess.CompletedProcess[Any]:
+    """``subprocess.run`` that leaves nothing behind: the command runs in a session of its own,
+    and when it fails to end within ``timeout`` (or the caller is interrupted) it is killed with
+    every process it started (its whole group), waited for, and its pipes closed, before the
+    ``TimeoutExpired`` (with the output read so far) reaches the caller. A command that ends in
+    time keeps what it started on purpose (a background report outliving the CLI).
+
+    ``subprocess.run`` kills only the command on a timeout: a helper it started (an export
+    worker, a server) runs on, with the command's pipes, on a machine already loaded."""
+    popen.setdefault("start_new_session", True)
+    if popen.pop("capture_output", False):
+        popen["stdout"] = popen["stderr"] = subprocess.PIPE
+    if input is not None:
+        popen["stdin"] = subprocess.PIPE
+    proc = subprocess.Popen(args, **popen)
+    try:
+        out, err = proc.communicate(input, timeout=timeout)
+    except BaseException:
+        reap(proc, group=popen["start_new_session"])
+        raise
+    reap(proc)  # it has ended: its pipes closed here, never by the garbage collector later
+    done = subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+    if check:
+        done.check_returncode()
+    return done

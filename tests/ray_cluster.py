@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from tests.mlflow_server import free_port
+from tests.processes import run_bounded
 
 OBJECT_STORE_BYTES = 80 * 1024 * 1024  # Ray's minimum is 75 MB; jobs and results are small
 RAY_ENV = {
@@ -116,7 +117,7 @@ class RayCluster:
         deadline = time.monotonic() + timeout
         alive = 0
         while time.monotonic() < deadline:
-            proc = subprocess.run(
+            proc = run_bounded(
                 [sys.executable, "-c", code, self.address],
                 capture_output=True, text=True, timeout=timeout, env=dict(os.environ, **self.env),
             )  # fmt: skip

@@ -29,22 +29,26 @@ def start_process_group(
 ) -> subprocess.Popen[bytes]:
     """Run ``cmd`` in a new session (its own process group), output appended to ``log``; return
     once ``health_url`` answers 200. Raises RuntimeError naming the log's tail when the process
-    exits first or is not healthy within ``timeout`` seconds (then the group is killed)."""
+    exits first or is not healthy within ``timeout`` seconds; the group is killed whenever this
+    raises (Ctrl-C during the wait too)."""
     with open(log, "ab") as fh:
         proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, env=env, start_new_session=True)
     name = Path(cmd[0]).name
     deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"{name} exited: {log.read_text(errors='replace')[-2000:]}")
-        try:
-            with urllib.request.urlopen(health_url, timeout=1) as resp:
-                if resp.status == 200:
-                    return proc
-        except OSError:
-            time.sleep(poll_s)
-    kill_process_group(proc)
-    raise RuntimeError(f"{name} not ready in {timeout}s: {log.read_text(errors='replace')[-2000:]}")
+    try:
+        while time.monotonic() < deadline:
+            if proc.poll() is not None:
+                raise RuntimeError(f"{name} exited: {log.read_text(errors='replace')[-2000:]}")
+            try:
+                with urllib.request.urlopen(health_url, timeout=1) as resp:
+                    if resp.status == 200:
+                        return proc
+            except OSError:
+                time.sleep(poll_s)
+        raise RuntimeError(f"{name} not ready in {timeout}s: {log.read_text(errors='replace')[-2000:]}")
+    except BaseException:  # not healthy, or the wait interrupted (Ctrl-C): the group never outlives it
+        kill_process_group(proc)
+        raise
 
 
 def kill_process_group(proc: subprocess.Popen[bytes] | None) -> None:

@@ -11,7 +11,6 @@ from __future__ import annotations
 import gc
 import json
 import re
-import subprocess
 import sys
 import threading
 from pathlib import Path
@@ -26,6 +25,7 @@ from gym_artifacts.core.jsonio import canonical_json, read_json
 from gym_artifacts.run import aggregate_read
 from gym_artifacts.run.aggregate_read import SpooledRows, read_aggregate
 from gym_artifacts.run.identity import hash_json_file
+from tests.processes import run_bounded
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -266,7 +266,7 @@ def test_a_process_killed_holding_spooled_rows_leaves_no_file_behind(tmp_path: P
     private_tmp.mkdir()
     code = KILLED.format(repo=str(REPO), fpath=str(fpath))
     env = {**__import__("os").environ, "TMPDIR": str(private_tmp)}
-    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, timeout=120)
+    proc = run_bounded([sys.executable, "-c", code], env=env, capture_output=True, timeout=120)
     assert proc.returncode == -9, proc.stderr[-2000:]
     assert list(private_tmp.iterdir()) == []
 
@@ -304,7 +304,7 @@ print(json.dumps(hwm() - base))
 
 def _peak_mb(fpath: Path, mode: str) -> float:
     code = MEASURE.format(repo=str(REPO), fpath=str(fpath), mode=mode)
-    out = subprocess.run(
+    out = run_bounded(
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=True
     )
     return float(out.stdout.strip().splitlines()[-1])

@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.processes import run_bounded
+
 try:
     import tomllib
 except ModuleNotFoundError:  # Python 3.10: import-linter depends on tomli there
@@ -44,7 +46,7 @@ PLANTED = [
 def lint_imports(root: Path) -> subprocess.CompletedProcess[str]:
     """``lint-imports`` over the packages under ``root`` (they come first on the path)."""
     env = {**os.environ, "PYTHONPATH": str(root), "COLUMNS": "400", "NO_COLOR": "1"}
-    return subprocess.run(
+    return run_bounded(
         [str(LINT_IMPORTS), "--config", str(root / "pyproject.toml"), "--no-cache", "--no-logo"],
         cwd=root, env=env, capture_output=True, text=True, timeout=120,
     )  # fmt: skip
@@ -104,6 +106,6 @@ def test_every_public_name_of_the_package_resolves() -> None:
     """``gym_artifacts.<name>`` for each name in ``__all__`` (loaded on first use) is there, in a
     fresh interpreter: a moved or renamed module cannot leave the public API pointing nowhere."""
     script = "import gym_artifacts as g\nfor n in g.__all__:\n    getattr(g, n)\nprint(len(g.__all__))"
-    proc = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, timeout=120)
+    proc = run_bounded([sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert int(proc.stdout) >= 10

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from tests.processes import run_bounded
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -15,7 +16,7 @@ REPO = Path(__file__).resolve().parent.parent
 @pytest.mark.slow
 def test_harness_runs_on_tiny_sizes() -> None:
     env = {k: v for k, v in os.environ.items() if k != "WANDB_SERVICE"}
-    proc = subprocess.run(
+    proc = run_bounded(
         [sys.executable, "-m", "benchmarks", "--tiny"],
         cwd=REPO,
         capture_output=True,

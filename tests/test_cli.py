@@ -12,19 +12,20 @@ from pathlib import Path
 import pytest
 
 from gym_artifacts.cli import main
+from tests.processes import run_bounded
 
 REPO = Path(__file__).resolve().parent.parent
 
 
 def run_cli(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
+    return run_bounded(
         [sys.executable, "-m", "gym_artifacts.cli", *args],
         capture_output=True, text=True, cwd=cwd, timeout=120,
     )  # fmt: skip
 
 
 def test_exporters_lists_without_importing_any_sdk() -> None:
-    proc = subprocess.run(
+    proc = run_bounded(
         [sys.executable, "-X", "importtime", "-m", "gym_artifacts.cli", "exporters"],
         capture_output=True, text=True, timeout=60,
     )  # fmt: skip

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from gym_artifacts.cli import build_parser, main
+from tests.processes import run_bounded
 
 SUBCOMMANDS = ("export", "status", "report", "exporters")
 
@@ -19,7 +20,7 @@ SUBCOMMANDS = ("export", "status", "report", "exporters")
 def _cli(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
     """The command in a fresh interpreter, with no logging setting of the user's."""
     env = {k: v for k, v in os.environ.items() if k not in ("MLFLOW_LOGGING_LEVEL", "WANDB_SILENT")}
-    return subprocess.run(
+    return run_bounded(
         [sys.executable, "-m", "gym_artifacts", *args],
         capture_output=True,
         text=True,

@@ -10,10 +10,11 @@ from pathlib import Path
 import pytest
 
 from gym_artifacts.cli import main
+from tests.processes import reaped, run_bounded
 
 
 def _cli(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
+    return run_bounded(
         [sys.executable, "-m", "gym_artifacts", *args], capture_output=True, text=True, cwd=cwd, timeout=120
     )
 
@@ -51,7 +52,7 @@ def test_verbose_shows_the_tools_own_steps_for_every_command(
 
 def test_closed_pipe_prints_no_traceback(quickstart_run: Path) -> None:
     # `status ... | head -1`: the reader goes away after the first line.
-    proc = subprocess.run(
+    proc = run_bounded(
         f"{sys.executable} -m gym_artifacts status {quickstart_run} | head -c 1 >/dev/null",
         shell=True, capture_output=True, text=True, timeout=120,
     )  # fmt: skip
@@ -60,9 +61,10 @@ def test_closed_pipe_prints_no_traceback(quickstart_run: Path) -> None:
         [sys.executable, "-m", "gym_artifacts", "exporters", "--json"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE,
     )  # fmt: skip
-    assert reader.stdout is not None
-    reader.stdout.close()  # closed before anything is written
-    _, err = reader.communicate(timeout=120)
+    with reaped(reader):
+        assert reader.stdout is not None
+        reader.stdout.close()  # closed before anything is written
+        _, err = reader.communicate(timeout=120)
     assert b"Traceback" not in err, err
 
 
@@ -70,7 +72,7 @@ CONFIG_TYPOS = {  # a typo in a -c file: (the file after the local section, what
     "top-level key": ("upload_rollout: true\n", "unknown key 'upload_rollout'; did you mean 'upload_rollouts'?"),
     "unknown key": ("zzz: 1\n", "unknown key 'zzz'; known keys: exporters"),
     # under a backend, even a disabled one: the key is named, not "no exporter is enabled"
-    "backend setting": ("  mlflow: {rooot: x}\n", "exporters.mlflow.rooot: unknown setting (known: "),
+    "backend setting": ("  mlflow: {rooot: x}\n", "exporters.mlflow.rooot: unknown setting"),
 }
 
 
@@ -114,3 +116,23 @@ def test_progress_line_counts_exporters_as_exporters_and_bytes_as_bytes() -> Non
     assert "1/2" in text and "exporter" in text
     assert "1 B/2 B" not in text and "1B/2B" not in text
     assert Progress(stream=io.StringIO()).enabled is False  # never off a terminal
+
+
+def test_every_option_of_every_command_says_what_it_does(capsys: pytest.CaptureFixture[str]) -> None:
+    """``gym-artifacts COMMAND --help`` has a line of text for each of its options
+    (``status --help`` once showed ``--json`` bare)."""
+    import argparse
+
+    from gym_artifacts.cli import build_parser, main
+
+    parser = build_parser()
+    [commands] = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    for command, sub in commands.choices.items():
+        bare = [a.option_strings for a in sub._actions if a.option_strings and not (a.help or "").strip()]
+        assert bare == [], (command, bare)
+        with pytest.raises(SystemExit):
+            main([command, "--help"])
+        text = " ".join(capsys.readouterr().out.split())
+        for action in sub._actions:
+            if action.option_strings and action.help != argparse.SUPPRESS:
+                assert " ".join(action.help.split()[:3]) in text, (command, action.option_strings)

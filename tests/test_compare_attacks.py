@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -21,6 +20,7 @@ from hypothesis import strategies as st
 from gym_artifacts.cli import main
 from gym_artifacts.compare import compare_runs
 from gym_artifacts.compare.policy import PolicyError, load_policy
+from tests.processes import run_bounded
 from tests.test_compare_gate import make_run
 
 REPO = Path(__file__).resolve().parent.parent
@@ -239,12 +239,12 @@ def test_the_ci_example_runs_as_documented(
     env = {**os.environ, "GITHUB_OUTPUT": str(outputs),
            "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}  # fmt: skip
     # GitHub runs `run:` with `bash -e {0}`
-    subprocess.run(["bash", "-e", "-c", gate_step["run"]], cwd=tmp_path, env=env, check=True, timeout=120)
+    run_bounded(["bash", "-e", "-c", gate_step["run"]], cwd=tmp_path, env=env, check=True, timeout=120)
     recorded = dict(line.split("=", 1) for line in outputs.read_text().splitlines())
     assert recorded == {"code": str(want_code)}
     assert (tmp_path / "summary.md").stat().st_size > 0 and (tmp_path / "compare.html").is_file()
     script = last["run"].replace("${{ steps.gate.outputs.code }}", recorded["code"])
-    job = subprocess.run(["bash", "-e", "-c", script], cwd=tmp_path, env=env, timeout=60)
+    job = run_bounded(["bash", "-e", "-c", script], cwd=tmp_path, env=env, timeout=60)
     assert (job.returncode != 0) == job_fails
     assert json.loads(json.dumps(workflow))  # plain data: the workflow is valid YAML as written
 

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
 from omegaconf import OmegaConf
 
 from gym_artifacts._builtin_exporters.local import LocalSettings
@@ -21,6 +24,7 @@ from gym_artifacts.core.config import (
     validate_settings,
 )
 from gym_artifacts.core.errors import ConfigError
+from tests.conftest import copy_quickstart
 
 
 @pytest.mark.parametrize("text", ["false", "False", "0", "no", "off", " NO ", "n", False, 0])
@@ -122,7 +126,7 @@ def test_invalid_backend_setting_names_key_and_why() -> None:
         validate_settings(LocalSettings, {"enabled": True, "experiment": "../up"}, "local")
     with pytest.raises(
         ConfigError,
-        match=r"exporters\.local\.rooot: unknown setting \(known: enabled, experiment, report, root\)",
+        match=r"exporters\.local\.rooot: unknown setting; did you mean 'root'\? \(known: enabled, experiment, report, root\)",
     ):
         validate_settings(LocalSettings, {"rooot": "x"}, "local")
 
@@ -151,3 +155,37 @@ def test_saved_run_config_used_only_when_it_configures_exporters(tmp_path: Path)
     cfg, source = build_export_config(fpath, routed, [])
     assert source == str(fpath)
     assert enabled_exporters(cfg) == ["local"]
+
+
+def _builtin_settings() -> list[tuple[str, Any]]:
+    from gym_artifacts.contract.registry import discover
+
+    return [(name, entry.load().config_model) for name, entry in sorted(discover().items())]
+
+
+@settings(max_examples=60, deadline=None)
+@given(data=st.data())
+def test_a_typo_in_a_setting_names_the_setting_meant(data: st.DataObject) -> None:
+    """One character dropped, changed or doubled in any setting of any built-in backend
+    (``exporters.mlflow.tracking_ur``): the refusal names the key and suggests the setting meant."""
+    name, model = data.draw(st.sampled_from(_builtin_settings()))
+    key = data.draw(st.sampled_from(sorted(k for k in model.model_fields if len(k) >= 4)))
+    i = data.draw(st.integers(0, len(key) - 1))
+    edit = data.draw(st.sampled_from(["drop", "change", "double"]))
+    typo = {"drop": key[:i] + key[i + 1 :], "change": key[:i] + ("x" if key[i] != "x" else "y") + key[i + 1 :],
+            "double": key[:i] + key[i] + key[i:]}[edit]  # fmt: skip
+    assume(typo not in model.model_fields)
+    with pytest.raises(ConfigError) as caught:
+        validate_settings(model, {typo: "x"}, name)
+    message = str(caught.value)
+    assert message.startswith(f"exporters.{name}.{typo}: unknown setting"), message
+    guess = message.split("did you mean ", 1)[1].split("?")[0].strip("'")
+    assert guess in model.model_fields, message
+
+
+def test_the_cli_suggests_the_setting_meant(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    from gym_artifacts.cli import main
+
+    run = copy_quickstart(tmp_path / "runs")
+    assert main(["export", str(run), "-e", "mlflow", "exporters.mlflow.tracking_ur=http://127.0.0.1:9"]) == 2
+    assert "exporters.mlflow.tracking_ur: unknown setting; did you mean 'tracking_uri'?" in capsys.readouterr().err

@@ -8,9 +8,10 @@ one puts its URL in the destination as given (credentials and all).
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 from pathlib import Path
+
+from tests.processes import run_bounded
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -73,7 +74,7 @@ def test_the_destination_check_catches_unresolved_paths_and_credentials(tmp_path
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     command = [sys.executable, "-m", "gym_artifacts.testing", "unresolved", "leaky", "--",
                "-p", "wrong_backends", "-k", "destination", "-W", "ignore::DeprecationWarning"]  # fmt: skip
-    proc = subprocess.run(command, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    proc = run_bounded(command, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=300)
     out = proc.stdout
     assert proc.returncode == 1, out[-3000:] + proc.stderr[-2000:]
     assert "2 failed" in out, out[-3000:]
@@ -87,18 +88,17 @@ def test_the_destination_check_catches_unresolved_paths_and_credentials(tmp_path
 def test_the_suite_command_keeps_pytest_arguments_whole_and_names_an_unknown_backend() -> None:
     """``python -m gym_artifacts.testing NAME -- -k "a and not b"``: the expression reaches pytest
     as one argument; an unregistered NAME is one line naming it, exit 2, no traceback."""
-    import subprocess
     import sys
 
     run = [sys.executable, "-m", "gym_artifacts.testing"]
-    ok = subprocess.run([*run, "local", "--", "-k", "class_keeps and not live"],
+    ok = run_bounded([*run, "local", "--", "-k", "class_keeps and not live"],
                         capture_output=True, text=True, timeout=300)  # fmt: skip
     assert ok.returncode == 0, ok.stdout[-2000:] + ok.stderr[-2000:]
     assert "1 passed" in ok.stdout, ok.stdout[-500:]
-    unknown = subprocess.run([*run, "no_such_backend"], capture_output=True, text=True, timeout=120)
+    unknown = run_bounded([*run, "no_such_backend"], capture_output=True, text=True, timeout=120)
     assert unknown.returncode == 2
     assert "no_such_backend" in unknown.stderr and "Traceback" not in unknown.stderr + unknown.stdout
     for flag in ("--help", "-h"):  # not taken for a backend's name
-        helped = subprocess.run([*run, flag], capture_output=True, text=True, timeout=120)
+        helped = run_bounded([*run, flag], capture_output=True, text=True, timeout=120)
         assert helped.returncode == 0 and helped.stdout.startswith("usage: python -m gym_artifacts.testing")
     assert len(unknown.stderr.strip().splitlines()) == 1, unknown.stderr

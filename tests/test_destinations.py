@@ -25,6 +25,7 @@ from gym_artifacts.cli import main
 from gym_artifacts.core.destination import credential_free_uri, destination_key
 from gym_artifacts.run.artifacts import RunArtifacts
 from gym_artifacts.run.receipts import read_receipts
+from tests.conftest import copy_quickstart
 from tests.load import scaled
 from tests.mlflow_server import MlflowServer
 
@@ -269,3 +270,30 @@ def test_one_folder_reached_through_a_link_or_home_is_one_destination(
     assert wandb.destination_for(wandb.settings_from(online))["base_url"] == "https://wandb.internal.example:8443"
     monkeypatch.delenv("WANDB_BASE_URL")
     assert wandb.destination_for(wandb.settings_from(online))["base_url"] == "https://api.wandb.ai"
+
+
+@pytest.mark.parametrize(
+    "unresolvable",
+    ["${oc.env:GYM_ARTIFACTS_TEST_GONE_FOREVER}", "${no.such.key}", "${oc.env:GYM_ARTIFACTS_TEST_GONE_FOREVER}/sub"],
+)
+@pytest.mark.parametrize("setting", ["root", "experiment"])
+def test_a_destination_that_cannot_be_resolved_is_failed_even_beside_a_receipt(
+    quickstart_run: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], setting: str, unresolvable: str
+) -> None:
+    """The run already went to one store: an export whose destination cannot be resolved (an
+    environment variable gone, an interpolation to nothing) is FAILED, exit 1, naming the
+    section, as for a fresh run; never SKIPPED on the strength of another store's receipt."""
+    good = tmp_path / "good.yaml"
+    good.write_text(f"exporters:\n  local:\n    enabled: true\n    root: {tmp_path / 'store'}\n    experiment: e\n")
+    assert export(quickstart_run, capsys, "-c", str(good))[0]["status"] == "EXPORTED"
+    values = {"root": str(tmp_path / "store"), "experiment": "e"} | {setting: unresolvable}
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(
+        "exporters:\n  local:\n    enabled: true\n"
+        + "".join(f"    {k}: '{v}'\n" for k, v in values.items())
+    )
+    for run in (quickstart_run, copy_quickstart(tmp_path / "fresh")):
+        code = main(["export", str(run), "--json", "-c", str(bad)])
+        [result] = json.loads(capsys.readouterr().out)
+        assert (code, result["status"]) == (1, "FAILED"), result
+        assert result["reason"].startswith("exporters.local: cannot resolve: "), result

@@ -19,6 +19,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tests.processes import run_bounded
+
 REPO = Path(__file__).resolve().parent.parent
 README = REPO / "README.md"
 HOOK = REPO / "scripts" / "docs_repo_links.py"
@@ -99,7 +101,7 @@ def broken_links(markdown_file: Path, root: Path) -> list[str]:
 
 def mkdocs_build(config: Path, site: Path) -> subprocess.CompletedProcess[str]:
     """``mkdocs build --strict`` of ``config`` into ``site``, bounded in time."""
-    return subprocess.run(
+    return run_bounded(
         [sys.executable, "-m", "mkdocs", "build", "--strict", "-f", str(config), "-d", str(site)],
         capture_output=True, text=True, timeout=120, cwd=config.parent,
     )

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 from pathlib import Path
 
@@ -11,6 +10,7 @@ import pytest
 
 from gym_artifacts.cli import main
 from gym_artifacts.export.executors import export_runs
+from tests.processes import run_bounded
 from tests.sweep import make_sweep
 
 REPO = Path(__file__).resolve().parent.parent
@@ -49,7 +49,7 @@ def test_the_local_executor_never_imports_ray(tmp_path: Path) -> None:
         f"rc = main({json.dumps(['export', *map(str, runs), '-e', 'local', '--jobs', '2', '--json', f'exporters.local.root={tmp_path}/s'])})\n"
         "assert rc == 0, rc\nassert 'ray' not in sys.modules, 'ray imported'\n"
     )
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=REPO)
+    proc = run_bounded([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=REPO)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert [r["status"] for r in json.loads(proc.stdout)] == ["EXPORTED", "EXPORTED"]
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 import textwrap
 from collections.abc import Iterator
@@ -22,6 +21,7 @@ from gym_artifacts.run.artifacts import RunArtifacts
 from gym_artifacts.run.identity import content_identities
 from gym_artifacts.run.receipts import read_receipt
 from tests.backends import CountingExporter, CrashingExporter, ExplodingExporter
+from tests.processes import run_bounded
 
 
 @pytest.fixture(autouse=True)
@@ -179,7 +179,7 @@ def test_process_killed_before_receipt_leaves_no_receipt(quickstart_run: Path) -
                    OmegaConf.create({{"exporters": {{"counting": {{"enabled": True}}}}}}))
         """
     )
-    proc = subprocess.run([sys.executable, "-c", script], cwd=Path(__file__).parent.parent)
+    proc = run_bounded([sys.executable, "-c", script], cwd=Path(__file__).parent.parent, timeout=120)
     assert proc.returncode == -9
     run = RunArtifacts.from_path(quickstart_run)
     assert not run.export_done_fpath("counting").exists()

@@ -10,11 +10,12 @@ resident set above the imports compared (the run is written before the measureme
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from tests.processes import run_bounded
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -44,7 +45,7 @@ print(json.dumps({{"above_mb": hwm() - base, "aggregate_mb": aggregate}}))
 def _export_peak(tmp: Path, rows: int) -> dict[str, float]:
     tmp.mkdir()
     code = MEASURE.format(repo=str(REPO), rows=rows, tmp=str(tmp), store=str(tmp / "store"), tb=str(tmp / "tb"))
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
+    proc = run_bounded([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
 

@@ -7,11 +7,12 @@ from __future__ import annotations
 import os
 import re
 import shutil
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from tests.processes import run_bounded
 
 REPO = Path(__file__).resolve().parent.parent
 SLICE = ["tests/test_nemo_gym.py", "-m", "not slow"]  # reads tests/fixtures/nemo-gym-0.7.0
@@ -24,14 +25,14 @@ def test_a_clone_without_siblings_runs_the_fixture_tests(tmp_path: Path) -> None
     alone = tmp_path / "alone"
     alone.mkdir()
     clone = alone / "gym-artifacts"
-    subprocess.run(["git", "clone", "-q", str(REPO), str(clone)], check=True, timeout=120, capture_output=True)
+    run_bounded(["git", "clone", "-q", str(REPO), str(clone)], check=True, timeout=120, capture_output=True)
     assert os.listdir(alone) == ["gym-artifacts"]  # nothing beside the clone
     assert (clone / "tests" / "fixtures" / "nemo-gym-0.7.0").is_dir()
     # The clone's own code and tests, not this checkout's: a path into this checkout would
     # be a file the clone does not have.
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST_", "PYTHONPATH"))}
     env["PYTHONPATH"] = str(clone)
-    proc = subprocess.run(
+    proc = run_bounded(
         [sys.executable, "-m", "pytest", *SLICE, "-n", "0", "-q", "-p", "no:cacheprovider", "-rs"],
         cwd=clone, env=env, capture_output=True, text=True, timeout=600,
     )  # fmt: skip

@@ -7,15 +7,17 @@ import json
 import random
 import shutil
 import time
+import uuid
 from pathlib import Path
 
 import pytest
-from hypothesis import given
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from gym_artifacts.core.errors import RunError
 from gym_artifacts.run.artifacts import RunArtifacts
 from gym_artifacts.run.identity import content_identities, hash_jsonl_file, run_identity
+from tests.conftest import copy_quickstart
 
 
 def identities(rollouts: Path, *, use_cache: bool = False) -> dict[str, str]:
@@ -210,8 +212,12 @@ def test_identities_hashed_in_flight_equal_the_identities_hashed_before(
     monkeypatch.setattr(identity, "PARALLEL_MIN_BYTES", 1)
     monkeypatch.setattr(identity, "_workers", lambda: 2)
     _, known = identity.send_key(run)
-    assert set(known) == {"artifacts/recording.mp4"}  # its identity is its bytes: one read for both
-    in_flight = identity.IdentitiesInFlight(run, known)
+    # the recording's identity is its bytes, a JSONL file's its records: one read for both
+    jsonl = {name for name in expected if name.endswith(".jsonl")}
+    assert jsonl and set(known) == {"artifacts/recording.mp4", *jsonl}
+    assert {name: known[name][1] for name in jsonl} == {name: expected[name] for name in jsonl}
+    run.identity_cache_fpath.unlink()  # the JSONL files hashed in flight again
+    in_flight = identity.IdentitiesInFlight(run, {"artifacts/recording.mp4": known["artifacts/recording.mp4"]})
     assert in_flight.result() == (expected, run_identity(expected))
     with open(quickstart_run, "a") as fh:
         fh.write("{not json\n")
@@ -259,3 +265,48 @@ def test_lines_counted_from_the_send_keys_read_are_count_lines(
     for i in range(0, len(data), chunk):
         counter.feed(data[i : i + chunk])
     assert counter.count == count_lines(fpath)
+
+
+def _bytes_read() -> int:
+    """Bytes this process has read through read(2) and friends so far (/proc/self/io rchar)."""
+    with open("/proc/self/io") as fh:
+        return next(int(line.split()[1]) for line in fh if line.startswith("rchar:"))
+
+
+NOW_S = int(time.time())
+
+
+@pytest.mark.slow
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    mtime_s=st.one_of(
+        st.integers(NOW_S + 2, NOW_S + 100 * 365 * 86400),  # a clock ahead: minutes to a century
+        st.integers(NOW_S - 10, NOW_S + 10),  # about now
+        st.integers(0, NOW_S - 10),  # the past, the epoch included
+    ),
+    offset_ns=st.integers(0, 999_999_999),
+)
+def test_a_file_from_the_future_is_hashed_once_not_once_per_command(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, mtime_s: int, offset_ns: int
+) -> None:
+    """Files whose modification times lie anywhere (a century ahead, a clock 2 s fast, the
+    epoch) are hashed once: the next two hashings of the unchanged run read only the cache."""
+    import os
+
+    from gym_artifacts.run.identity import IdentityCache
+
+    monkeypatch.setattr(IdentityCache, "RACY_NS", 200_000_000)  # the window, shortened for the test
+    rollouts = copy_quickstart(tmp_path / uuid.uuid4().hex)
+    files = [p for p in rollouts.parent.rglob("*") if p.is_file()]
+    mtime_ns = mtime_s * 1_000_000_000 + offset_ns
+    for p in files:
+        os.utime(p, ns=(mtime_ns, mtime_ns))
+    time.sleep(0.3)  # past the (shortened) racy window since the files last changed
+    size = sum(p.stat().st_size for p in files)
+    first = identities(rollouts, use_cache=True)
+    before = _bytes_read()
+    for _ in range(2):
+        assert identities(rollouts, use_cache=True) == first
+    read = _bytes_read() - before
+    cache = RunArtifacts.from_path(rollouts).identity_cache_fpath.stat().st_size
+    assert read <= 2 * cache + 64 * 1024 < size, (read, cache, size)

@@ -21,6 +21,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from gym_artifacts.instrument.command import SITE_DIR, instrumented_environment, python_of
+from tests.load import scaled
+from tests.processes import reaped, run_bounded
 
 GYM_ARTIFACTS = [sys.executable, "-m", "gym_artifacts.cli"]
 # What a process reports: which module ``nemo_gym.exporters`` is, and whether it is the drop-in.
@@ -44,7 +46,7 @@ def fake_nemo_gym(tmp_path: Path) -> Path:
 
 
 def instrument(*command: str, env: dict[str, str] | None = None, timeout: float = 60) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
+    return run_bounded(
         [*GYM_ARTIFACTS, "instrument", "--", *command],
         capture_output=True, text=True, timeout=timeout, env=env,
     )  # fmt: skip
@@ -65,7 +67,7 @@ def test_the_module_is_the_drop_in_itself(fake_nemo_gym: Path) -> None:
 
 
 def test_without_instrument_nemo_gyms_own_module_loads(fake_nemo_gym: Path) -> None:
-    proc = subprocess.run(
+    proc = run_bounded(
         [sys.executable, "-c", "import nemo_gym.exporters"], capture_output=True, text=True, timeout=60,
         env=env_with(fake_nemo_gym),
     )  # fmt: skip
@@ -79,7 +81,7 @@ def test_a_missing_command_is_refused_with_the_shells_code() -> None:
 
 
 def test_no_command_is_a_usage_error() -> None:
-    proc = subprocess.run([*GYM_ARTIFACTS, "instrument"], capture_output=True, text=True, timeout=60)
+    proc = run_bounded([*GYM_ARTIFACTS, "instrument"], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2
     assert "no command given" in proc.stderr
 
@@ -113,16 +115,13 @@ def test_signals_reach_the_command(tmp_path: Path, sig: signal.Signals) -> None:
         time.sleep(60)
     """)
     proc = subprocess.Popen([*GYM_ARTIFACTS, "instrument", "--", sys.executable, "-c", code])
-    try:
-        deadline = time.monotonic() + 60
+    with reaped(proc):
+        deadline = time.monotonic() + scaled(60)
         while not ready.exists():
             assert proc.poll() is None and time.monotonic() < deadline, "the command never started"
             time.sleep(0.05)
         proc.send_signal(sig)
-        assert proc.wait(30) == 40 + int(sig) % 20
-    finally:
-        proc.kill()
-        proc.wait(30)
+        assert proc.wait(scaled(30)) == 40 + int(sig) % 20
 
 
 def test_an_existing_sitecustomize_still_runs(tmp_path: Path, fake_nemo_gym: Path) -> None:
@@ -175,7 +174,7 @@ def test_the_hook_imports_nothing_of_gym_artifacts_until_nemo_gym_asks(fake_nemo
 def bare_python(tmp_path: Path) -> Path:
     """A Python without gym-artifacts (a venv of its own, like a NeMo Gym server's)."""
     venv = tmp_path / "bare"
-    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
+    run_bounded([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
     return venv / "bin" / "python"
 
 

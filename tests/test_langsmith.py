@@ -5,7 +5,6 @@ through the same client."""
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 import textwrap
 from collections.abc import Iterator
@@ -25,6 +24,7 @@ from gym_artifacts.run.artifacts import RunArtifacts
 from gym_artifacts.run.receipts import read_receipts
 from gym_artifacts.run.rollout_spans import conversation_first, without_nulls
 from tests.langsmith_api import LangsmithApi
+from tests.processes import run_bounded
 
 # The client's older read methods (list_runs, list_feedback) warn of a migration; they still
 # speak the documented REST endpoints this local endpoint answers.
@@ -135,7 +135,7 @@ def test_sigkilled_export_rerun_sends_the_same_ids_and_duplicates_nothing(
                        "exporters.langsmith.api_key={API_KEY}"]))
         """
     )
-    proc = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, timeout=180)
+    proc = run_bounded([sys.executable, "-c", script], cwd=REPO, capture_output=True, timeout=180)
     assert proc.returncode == -9, proc.stderr.decode()[-2000:]
     assert not RunArtifacts.from_path(quickstart_run).export_done_fpath("langsmith").exists()
     first_attempt = sent_run_ids(langsmith_api)

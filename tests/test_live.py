@@ -352,3 +352,41 @@ def test_a_thread_still_logging_during_teardown_loses_no_call_uncounted(tmp_path
     journal = out.with_name("eval_metrics.jsonl").read_text().splitlines()
     assert live.late > 0
     assert len(journal) + live.journal_lost + live.late == sent
+
+
+@pytest.mark.parametrize("failure", ["hangs", "disk-full", "overflows"])
+def test_a_journal_that_loses_calls_says_why(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, failure: str
+) -> None:
+    """The journal's disk hangs (calls still queued at the deadline), fills (writes fail), or is
+    slower than the calls (its queue overflows): the warning counts the lost calls and gives the
+    cause of each kind of loss, never "queue full or disk failing: None"."""
+    import errno
+    import threading
+
+    from gym_artifacts.live.journal_writer import MetricsJournal
+
+    release = threading.Event()
+    real_append, real_init = MetricsJournal._append, MetricsJournal.__init__
+
+    def append(self: MetricsJournal, data: bytes) -> None:
+        if failure == "disk-full":
+            raise OSError(errno.ENOSPC, "No space left on device")
+        release.wait(30)  # a disk that does not answer
+        real_append(self, data)
+
+    monkeypatch.setattr(MetricsJournal, "_append", append)
+    if failure == "overflows":
+        monkeypatch.setattr(MetricsJournal, "__init__", lambda self, *a, **k: real_init(self, *a, **{**k, "max_queued": 5}))
+    out = tmp_path / "eval.jsonl"
+    caplog.set_level(logging.WARNING, logger="gym_artifacts.live.fanout")
+    try:
+        with live_exporters(config(tmp_path / "store"), out, teardown_timeout=0.5) as live:
+            for step in range(40):
+                live.export_metrics({"reward": step / 40}, step=step)
+    finally:
+        release.set()
+    [warning] = [r.getMessage() for r in caplog.records if "the journal" in r.getMessage()]
+    assert "None" not in warning and f"lost {live.journal_lost} metric call(s)" in warning, warning
+    cause = {"hangs": "not written before the", "disk-full": "No space left on device", "overflows": "queue"}[failure]
+    assert cause in warning, warning

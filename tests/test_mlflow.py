@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import statistics
-import subprocess
 import sys
 import textwrap
 import time
@@ -32,6 +31,7 @@ from gym_artifacts.live import live_exporters
 from gym_artifacts.run.artifacts import RunArtifacts
 from tests.load import scaled
 from tests.mlflow_server import MlflowServer, free_port
+from tests.processes import run_bounded
 
 REPO = Path(__file__).resolve().parent.parent
 TOKEN = "mlflow-token-canary-5b8e1d"
@@ -171,7 +171,7 @@ def test_export_killed_after_run_creation_leaves_one_run(quickstart_run: Path, t
         """
     )
     env = dict(os.environ, MLFLOW_DISABLE_TELEMETRY="true")
-    proc = subprocess.run([sys.executable, "-c", script], cwd=REPO, env=env, capture_output=True, timeout=120)
+    proc = run_bounded([sys.executable, "-c", script], cwd=REPO, env=env, capture_output=True, timeout=120)
     assert proc.returncode == -9, proc.stderr.decode()[-2000:]
     run = RunArtifacts.from_path(quickstart_run)
     assert not run.export_done_fpath("mlflow").exists()
@@ -297,7 +297,7 @@ def test_secrets_appear_nowhere_in_the_server(
     with live_exporters(live_cfg, out) as live:
         live.export_metrics({"x": 1}, step=0)
     assert live.reports[0].lost == 0, live.reports[0].describe()
-    proc = subprocess.run([sys.executable, "-m", "gym_artifacts.cli", "export", str(quickstart_run), "--json", "-e", "mlflow"],
+    proc = run_bounded([sys.executable, "-m", "gym_artifacts.cli", "export", str(quickstart_run), "--json", "-e", "mlflow"],
                           capture_output=True, text=True, env=dict(os.environ), timeout=120)  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout)[0]["status"] == "EXPORTED"

@@ -171,7 +171,7 @@ def test_a_database_stores_traces_get_their_deadline_after_a_long_export_before_
     payload = RunPayload.of(RunArtifacts.from_path(rollouts), plan)
     assert isinstance(ml.deadline, Deadline) and ml.deadline.at is not None
     ml.deadline.at = time.monotonic() - 1  # 181 s of the export before its traces have passed
-    assert exporter._log_traces(ml, run_id, payload, 0, plan) == 10
+    assert exporter._log_traces(ml, run_id, payload, 0, plan).traces == 10
 
 
 @pytest.mark.slow

@@ -8,7 +8,6 @@ import json
 import os
 import shutil
 import stat
-import subprocess
 import sys
 import textwrap
 import urllib.request
@@ -16,6 +15,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 from omegaconf import OmegaConf
 
 pytest.importorskip("mlflow")
@@ -27,6 +28,7 @@ from gym_artifacts.contract.hooks import ExportStatus
 from gym_artifacts.run.artifacts import RunArtifacts
 from gym_artifacts.run.rollout_spans import conversation_first
 from tests.fixture_paths import NEMO_GYM_FIXTURES
+from tests.processes import run_bounded
 
 REPO = Path(__file__).resolve().parent.parent
 CANARY = "sk-traces-canary-8d1f0b"
@@ -149,9 +151,13 @@ def assert_run_views(client: MlflowClient, run_id: str, rollouts: Path) -> None:
     """The planned inputs as the run's dataset input, the headline as its description, the
     HTML report as an artifact, and the run's times from the eval's files."""
     run = client.get_run(run_id)
-    assert run.data.tags["mlflow.note.content"] == (
-        "mean reward 0.5 · 8 of 10 planned rollouts scored (2 failed) - partial"
-    )
+    headline, traces = run.data.tags["mlflow.note.content"].split("\n\n")
+    assert headline == "mean reward 0.5 · 8 of 10 planned rollouts scored (2 failed) - partial"
+    # the traces' own window in the experiment's Traces view (the default shows the last 7 days)
+    # (every Response of the fixture was created at 2026-11-30T23:36:56Z: the minute around it)
+    window = "startTimeLabel=CUSTOM&startTime=2026-11-30T23:36:00.000Z&endTime=2026-11-30T23:37:00.000Z"
+    link = f"[10 traces](#/experiments/{run.info.experiment_id}/traces?{window})"
+    assert traces.startswith(f"Traces: {link}, from 2026-11-30 ("), traces
     [dataset_input] = run.inputs.dataset_inputs
     assert json.loads(dataset_input.dataset.profile) == {"num_rows": 10}
     assert dataset_input.dataset.name.endswith("planned inputs")
@@ -185,7 +191,7 @@ sys.exit(main(["export", {rollouts!r}, "-e", "mlflow", "exporters.mlflow.trackin
 def killed_export(rollouts: Path, uri: str, experiment: str, before_kill: str = "pass") -> None:
     script = KILLER.format(batch=100, kill_at=3, rollouts=str(rollouts), uri=uri, experiment=experiment,
                            before_kill=before_kill)  # fmt: skip
-    proc = subprocess.run([sys.executable, "-c", textwrap.dedent(script)], cwd=REPO, capture_output=True,
+    proc = run_bounded([sys.executable, "-c", textwrap.dedent(script)], cwd=REPO, capture_output=True,
                           timeout=300)  # fmt: skip
     assert proc.returncode == -9, proc.stderr.decode()[-3000:]
     assert not RunArtifacts.from_path(rollouts).export_done_fpath("mlflow").exists()
@@ -304,7 +310,7 @@ def test_a_sqlite_stores_trace_server_is_under_the_export_deadline(quickstart_ru
     store = tmp_path / "m.db"
     marker = f"never-ready-{tmp_path.name}"
     script = NEVER_READY.format(marker=marker, uri=f"sqlite:///{store}", deadline=15, rollouts=str(quickstart_run))
-    proc = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True,
+    proc = run_bounded([sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True,
                           timeout=START_TIMEOUT_S - 30)  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
     failed = json.loads(proc.stdout.splitlines()[-1])
@@ -370,3 +376,32 @@ def test_a_trace_export_reports_its_traces_on_the_progress_line(mlflow_server: A
     line.update("traces to mlflow", 4, 10)
     line.close()
     assert "4/10" in stream.getvalue() and "trace" in stream.getvalue()
+
+
+# any two trace starts (ms) from 1970 to 2200, and any moment someone looks
+@given(st.integers(0, 7_258_118_400_000), st.integers(0, 10**11), st.integers(0, 7_258_118_400_000))
+def test_the_traces_link_covers_every_trace_and_the_note_comes_with_mlflows_default_view(
+    first_ms: int, span_ms: int, now_ms: int
+) -> None:
+    """The run description's link names a CUSTOM range holding the first and the last trace's
+    start (MLflow filters on the start; a range of whole minutes); the result notes the link
+    exactly when some traces start before MLflow's default 'Last 7 days'."""
+    import datetime as dt
+    from urllib.parse import parse_qs, urlsplit
+
+    from gym_artifacts._builtin_exporters._mlflow_trace_view import TraceWindow
+
+    window = TraceWindow(3, first_ms, first_ms + span_ms)
+    path = window.path("7")
+    assert path.startswith("#/experiments/7/traces?")
+    query = parse_qs(urlsplit(path[1:]).query)
+    assert query["startTimeLabel"] == ["CUSTOM"]
+
+    def ms(value: str) -> int:
+        return int(dt.datetime.strptime(value, "%Y-%m-%dT%H:%M:%S.000Z").replace(tzinfo=dt.timezone.utc).timestamp() * 1000)
+
+    start, end = ms(query["startTime"][0]), ms(query["endTime"][0])
+    assert start <= window.first_ms and window.last_ms < end and start % 60_000 == end % 60_000 == 0
+    note = window.note("7", now_s=now_ms / 1000)
+    assert (note is not None) == (first_ms < now_ms - 7 * 86_400_000)
+    assert note is None or (path in note and "Last 7 days" in note)

@@ -6,6 +6,7 @@ Tool calls tab, the run's dataset and the Datasets page, each checked for the co
 from __future__ import annotations
 
 import json
+import re
 import time
 import uuid
 from pathlib import Path
@@ -65,8 +66,9 @@ def test_mlflow_ui_shows_every_rollout_span_tree_tool_calls_and_dataset(
     page.add_init_script(NO_ASSISTANT)
     base = f"{mlflow_server.uri}/#/experiments/{experiment_id}"
 
-    # the Traces tab: all 10 planned rollouts, the 2 failed ones as errors with their message
-    page.goto(f"{base}/traces")
+    # the Traces tab: all 10 planned rollouts, the 2 failed ones as errors with their message (all
+    # time: the fixture's rollouts are dated 2026-12-01, outside MLflow's default last 7 days later)
+    page.goto(f"{base}/traces?startTimeLabel=ALL")
     text = page_text(page, "10 of 10")
     page.screenshot(path=str(SCREENSHOTS / "mlflow-traces.png"))
     assert "10 of 10" in text
@@ -86,7 +88,7 @@ def test_mlflow_ui_shows_every_rollout_span_tree_tool_calls_and_dataset(
     assert f"{calls}\nTotal Tool Calls" in text and f"get_weather\n{calls}\n" in text
 
     # the Overview's usage: token totals from the Responses' usage, the errors counted
-    page.goto(f"{base}/overview/usage")
+    page.goto(f"{base}/overview/usage?startTimeLabel=ALL")
     text = page_text(page, "Token Usage")
     page.screenshot(path=str(SCREENSHOTS / "mlflow-overview-usage.png"))
     assert f"{tokens} (" in text and "2 (Overall error rate: 20.0%)" in text
@@ -148,7 +150,7 @@ def test_mlflow_ui_short_runs_list_tools_panel_and_measured_spans(
     assert "coverage" in text and "ci_high_95" not in text and "max_across_repeats" not in text
 
     # a model-call span: MLflow's Tools panel lists the tool offered
-    page.goto(f"{base}/traces")
+    page.goto(f"{base}/traces?startTimeLabel=ALL")
     page_text(page, "what's it like in sf?")
     page.get_by_text("what's it like in sf?").first.click()
     text = page_text(page, "get_weather")
@@ -168,4 +170,68 @@ def test_mlflow_ui_short_runs_list_tools_panel_and_measured_spans(
         assert all(s.end_time_ns > s.start_time_ns for s in trace.data.spans)
         models = [s for s in trace.data.spans if s.span_type == "CHAT_MODEL"]
         assert models and all(s.attributes.get("mlflow.chat.tokenUsage") for s in models)
+    # ... and on the page: one of its traces with a tool call (opened by id), each span's duration
+    # and each model call's tokens as MLflow's span tree shows them
+    tool_trace = next(t for t in traces if any(s.span_type == "TOOL" for s in t.data.spans))
+    page.goto(f"{base}/traces?startTimeLabel=ALL&selectedEvaluationId={tool_trace.info.trace_id}")
+    text = page_text(page, "get_weather\n")
+    page.screenshot(path=str(SCREENSHOTS / "mlflow-observability-trace.png"))
+    models = re.findall(r"stub-model\n([\d.]+)(ms|s)\n(\d+)\n", text)
+    tools = re.findall(r"get_weather\n([\d.]+)(ms|s)\n", text)
+    assert len(models) == 2 and len(tools) == 1, text  # model call, tool, model call
+    assert all(float(d) > 0 for d, _, _ in models + [(*t, "") for t in tools])  # measured spans
+    assert all(int(tokens) > 0 for _, _, tokens in models)  # tokens on every model call
+    page.close()
+
+
+def aged(rollouts: Path, days: float) -> Path:
+    """The run as if it ran ``days`` ago: every Response's ``created_at`` (the only time the
+    with-failures fixture has) moved back by the same amount, nothing else changed."""
+    shift = days * 86400
+    lines = []
+    for line in rollouts.read_text().splitlines():
+        record = json.loads(line)
+        record["response"]["created_at"] = record["response"]["created_at"] - shift
+        lines.append(json.dumps(record) + "\n")
+    rollouts.write_text("".join(lines))
+    return rollouts
+
+
+@pytest.mark.slow
+def test_mlflow_ui_finds_the_traces_of_an_eval_older_than_a_week(
+    mlflow_server: Any, browser: Any, tmp_path: Path  # noqa: F811
+) -> None:
+    """MLflow's experiment Traces view shows the last 7 days unless its URL names a range (MLflow
+    3.17's ``startTimeLabel``): an eval that ran 20 days ago, its traces at their real times, is
+    "Traces 0" and MLflow's onboarding page there. The run's description links the Traces view
+    over the eval's own window, where every rollout is, and the export's result says so."""
+    rollouts = aged(fixture_run(tmp_path), 20)
+    experiment = f"old-{uuid.uuid4().hex[:8]}"
+    [result] = export_run(rollouts, traces_cfg(mlflow_server.uri, experiment))
+    assert result.status is ExportStatus.EXPORTED, result.reason
+    experiment_id = MlflowClient(mlflow_server.uri).get_experiment_by_name(experiment).experiment_id
+    assert result.reason is not None and "Last 7 days" in result.reason, result.reason
+    assert f"#/experiments/{experiment_id}/traces?startTimeLabel=CUSTOM" in result.reason
+    SCREENSHOTS.mkdir(exist_ok=True)
+    page = browser.new_page(viewport={"width": 1500, "height": 950})
+    page.add_init_script(NO_ASSISTANT)
+    base = f"{mlflow_server.uri}/#/experiments/{experiment_id}"
+
+    # MLflow's default Traces view: the last 7 days, none of this eval's traces (why the link)
+    page.goto(f"{base}/traces")
+    text = page_text(page, "Last 7 days")
+    page.screenshot(path=str(SCREENSHOTS / "mlflow-old-eval-default-view.png"))
+    assert "Last 7 days" in text and "10 of 10" not in text
+
+    # the run's description: a link to the Traces view over the eval's window, all 10 there
+    page.goto(f"{base}/runs/{result.backend_run_id}")
+    page_text(page, "10 traces")
+    with page.expect_popup() as opened:  # MLflow opens a description's links in a new tab
+        page.get_by_role("link", name="10 traces").first.click()
+    traces = opened.value
+    text = page_text(traces, "10 of 10")
+    traces.screenshot(path=str(SCREENSHOTS / "mlflow-old-eval-traces.png"))
+    assert "10 of 10" in text  # every planned rollout, in the eval's own window
+    assert text.count("Error\n") == 2
+    traces.close()
     page.close()

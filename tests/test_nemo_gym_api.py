@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 import textwrap
 from pathlib import Path
@@ -13,6 +12,7 @@ import pytest
 
 from gym_artifacts.run.artifacts import RunArtifacts
 from gym_artifacts.run.receipts import read_marker
+from tests.processes import run_bounded
 
 # A NeMo Gym-style eval: module functions, config as a dict with NeMo Gym's own keys.
 NEMO_GYM_STYLE = """
@@ -67,7 +67,7 @@ print(json.dumps(names))
 
 def _run(script: str, cwd: Path) -> list[str]:
     cwd.mkdir()
-    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=cwd, timeout=300)
+    proc = run_bounded([sys.executable, "-c", script], capture_output=True, text=True, cwd=cwd, timeout=300)
     assert proc.returncode == 0, proc.stderr
     return json.loads(proc.stdout.splitlines()[-1])
 
@@ -155,7 +155,7 @@ def test_interpreter_exit_tears_down(tmp_path: Path) -> None:
             export_metrics({"a": step}, step=step)
         """
     )
-    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=tmp_path, timeout=120)
+    proc = run_bounded([sys.executable, "-c", script], capture_output=True, text=True, cwd=tmp_path, timeout=120)
     assert proc.returncode == 0, proc.stderr
     [run_dir] = (tmp_path / "s" / "default").iterdir()
     assert json.loads((run_dir / "run.json").read_text())["status"] == "FINISHED"  # as NeMo Gym's exit hook

@@ -27,6 +27,7 @@ from hypothesis import strategies as st
 from gym_artifacts import nemo_gym
 from gym_artifacts._builtin_exporters._mlflow_mapping import config_params, flatten_config, sanitize_key
 from gym_artifacts.core.config import enabled_exporters, normalize
+from tests.processes import run_bounded
 
 MAX_ENTITY_KEY_LENGTH = 250  # mlflow.utils.validation
 MAX_PARAM_VAL_LENGTH = 6000
@@ -640,7 +641,6 @@ def test_a_backend_failing_to_log_neither_raises_nor_blocks_the_others(tmp_path:
 def test_an_unconfigured_backend_imports_no_sdk(tmp_path: Path) -> None:
     """NeMo Gym's registry reads availability from config models, so an unconfigured backend's
     module (and its tracking SDK) is never imported."""
-    import subprocess
     import sys
 
     script = (
@@ -652,7 +652,7 @@ def test_an_unconfigured_backend_imports_no_sdk(tmp_path: Path) -> None:
         "teardown_exporters()\n"
         "print(json.dumps(sorted(m for m in ('wandb', 'mlflow', 'langsmith') if m in sys.modules)))\n"
     )
-    proc = subprocess.run(
+    proc = run_bounded(
         [sys.executable, "-c", script], cwd=tmp_path, capture_output=True, text=True, timeout=120
     )
     assert proc.returncode == 0, proc.stderr

@@ -9,7 +9,6 @@ leaving through the interpreter's normal exit (its exit hooks run), as such a wo
 
 from __future__ import annotations
 
-import subprocess
 import sys
 import textwrap
 from pathlib import Path
@@ -18,6 +17,7 @@ import pytest
 
 from gym_artifacts.run.artifacts import RunArtifacts
 from gym_artifacts.run.journal import iter_journal
+from tests.processes import run_bounded
 
 SCRIPT = textwrap.dedent("""
     import logging, os, sys
@@ -55,7 +55,7 @@ def test_a_forked_worker_reports_nothing_and_touches_nothing(tmp_path: Path, chi
     out = tmp_path / "results" / "rollouts.jsonl"
     out.parent.mkdir()
     script = SCRIPT.format(out=str(out), root=str(tmp_path / "runs"), child_action=child_action)
-    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    proc = run_bounded([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     lines = proc.stdout.splitlines()
     [child] = [line.split()[1] for line in lines if line.startswith("CHILD ")]

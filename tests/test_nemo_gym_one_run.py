@@ -12,7 +12,6 @@ live run logged is still exported anew, the live run marked superseded.
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 import textwrap
 import uuid
@@ -23,6 +22,7 @@ import pytest
 import yaml
 
 from gym_artifacts._builtin_exporters._mlflow_bookkeeping import bookkeeping_of
+from tests.processes import run_bounded
 
 pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parent.parent
@@ -84,12 +84,12 @@ def destinations(tmp_path: Path, mlflow_uri: str, experiment: str, *, wandb: boo
 
 
 def run_python(args: list[str], cwd: Path) -> None:
-    proc = subprocess.run([sys.executable, *args], cwd=cwd, capture_output=True, text=True, timeout=300)
+    proc = run_bounded([sys.executable, *args], cwd=cwd, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-4000:]
 
 
 def export(out: Path, cwd: Path) -> list[dict[str, Any]]:
-    proc = subprocess.run(
+    proc = run_bounded(
         [sys.executable, "-m", "gym_artifacts", "export", str(out), "--json"],
         cwd=cwd, capture_output=True, text=True, timeout=300,
     )  # fmt: skip

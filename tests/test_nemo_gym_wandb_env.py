@@ -17,6 +17,7 @@ import pytest
 
 from gym_artifacts import nemo_gym
 from gym_artifacts._builtin_exporters.wandb import WandbExporter, WandbSettings
+from tests.processes import run_bounded
 from tests.wandb_records import offline_runs
 
 
@@ -94,7 +95,6 @@ def test_every_wandb_variable_reaches_the_run_as_under_nemo_gym(tmp_path: Path) 
     ``WANDB_*`` variables for tags, group, notes and job type reach the run here too. In a fresh
     interpreter, as an eval is (the SDK reads its variables once per process)."""
     import json
-    import subprocess
     import sys
 
     script = (
@@ -104,11 +104,11 @@ def test_every_wandb_variable_reaches_the_run_as_under_nemo_gym(tmp_path: Path) 
     )
     env = {**os.environ, "WANDB_MODE": "offline", "WANDB_TAGS": "nightly,ng", "WANDB_RUN_GROUP": "sweep-7",
            "WANDB_NOTES": "from env", "WANDB_JOB_TYPE": "eval"}  # fmt: skip
-    subprocess.run([sys.executable, "-c", script], env=env, check=True, timeout=120, capture_output=True)
+    run_bounded([sys.executable, "-c", script], env=env, check=True, timeout=120, capture_output=True)
     [folder] = sorted((tmp_path / "results" / "wandb").rglob("offline-run-*"))
     [record] = folder.glob("run-*.wandb")
     wandb_bin = Path(sys.executable).with_name("wandb")
-    out = subprocess.run([str(wandb_bin), "leet", "inspect", "--json", str(record)],
+    out = run_bounded([str(wandb_bin), "leet", "inspect", "--json", str(record)],
                          capture_output=True, text=True, timeout=120, check=True).stdout  # fmt: skip
     run: dict[str, Any] = {}  # the run record (the SDK may write it more than once)
     for line in out.splitlines():

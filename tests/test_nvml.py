@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 import textwrap
 import time
@@ -15,6 +14,7 @@ from gym_artifacts.runtime.nvml import NVMLSampler
 from gym_artifacts.runtime.stats import SeriesStats, percentile
 from tests.fake_pynvml import FakeGpu, FakeNvml
 from tests.load import scaled
+from tests.processes import run_bounded
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -222,7 +222,7 @@ def test_opentelemetry_gauges_registered_once_and_follow_the_latest_session() ->
         """
     )
     env = {"CUDA_VISIBLE_DEVICES": "0", "PATH": "/usr/bin:/bin"}
-    proc = subprocess.run(
+    proc = run_bounded(
         [sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, timeout=60, env=env
     )
     assert proc.returncode == 0, proc.stderr

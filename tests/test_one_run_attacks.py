@@ -20,6 +20,7 @@ import pytest
 
 pytest.importorskip("tensorboard")
 
+from tests.processes import reaped, run_bounded
 from tests.test_one_run_every_ending import NG, assert_tensorboard_points_once, small_live_eval, tb_folders
 
 pytestmark = pytest.mark.slow
@@ -39,7 +40,7 @@ def cli_export(
     out: Path, *args: str, cwd: Path, deadline: float = EXPORT_DEADLINE
 ) -> subprocess.CompletedProcess[str]:
     """``gym-artifacts export OUT --json ARGS`` in a fresh process, bounded in time."""
-    return subprocess.run(
+    return run_bounded(
         [sys.executable, "-m", "gym_artifacts.cli", "export", str(out), "--json", *args],
         capture_output=True, text=True, timeout=deadline, cwd=cwd,
     )  # fmt: skip
@@ -180,13 +181,8 @@ def test_two_copies_of_a_run_exported_at_once_give_one_folder_per_destination(tm
         )
         for out in (first, second)
     ]
-    try:
+    with reaped(procs):
         outputs = [p.communicate(timeout=EXPORT_DEADLINE) for p in procs]
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.communicate()
     for p, (stdout, stderr) in zip(procs, outputs, strict=True):
         assert p.returncode == 0, stderr[-2000:]
         assert {r["status"] for r in json.loads(stdout)} == {"EXPORTED"}

@@ -39,6 +39,7 @@ pytest.importorskip("wandb")
 pytest.importorskip("tensorboard")
 
 from gym_artifacts.cli import main
+from tests.processes import run_bounded
 
 pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parent.parent
@@ -390,7 +391,6 @@ def test_resume_after_a_crash_with_nothing_lost_continues_the_run(
 ) -> None:
     """Issue 42 item 8: the first process dies without a teardown (no delivery record); a resumed
     process finishes the eval; the export (plain, then with ``--certify``) continues that run."""
-    import subprocess
     import sys
     import textwrap
 
@@ -408,7 +408,7 @@ def test_resume_after_a_crash_with_nothing_lost_continues_the_run(
             os._exit(9)
         """
     )
-    subprocess.run([sys.executable, "-c", crash, str(out), str(store)], timeout=120, cwd=tmp_path)
+    run_bounded([sys.executable, "-c", crash, str(out), str(store)], timeout=120, cwd=tmp_path)
     [live_id] = [p.name for p in (store / "r").iterdir()]
     from gym_artifacts.live import live_exporters
 

@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 import sysconfig
 from importlib.metadata import distribution
 from pathlib import Path
 
 import pytest
+
+from tests.processes import run_bounded
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -47,7 +48,7 @@ def shadow(tmp_path: Path) -> Path:
 
 def _run(python_args: list[str], shadow: Path, quickstart_run: Path, store: Path, env: dict[str, str]) -> dict:
     argv = ["export", str(quickstart_run), "-e", "local", f"exporters.local.root={store}", "--json"]
-    proc = subprocess.run(
+    proc = run_bounded(
         [sys.executable, *python_args, "-c", CHECK, *argv],
         cwd=shadow, env={**os.environ, **env}, capture_output=True, text=True, timeout=120,
     )  # fmt: skip
@@ -83,7 +84,7 @@ def test_wheel_install_ignores_an_unrelated_exporters_package(
 
     (wheel,) = WheelBuilder(str(REPO)).build(directory=str(tmp_path / "dist"), versions=["standard"])
     target = tmp_path / "site"
-    subprocess.run(
+    run_bounded(
         [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-index", "--target", str(target), wheel],
         check=True, timeout=120, capture_output=True,
     )  # fmt: skip

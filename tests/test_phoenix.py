@@ -7,7 +7,6 @@ import datetime as dt
 import json
 import re
 import shutil
-import subprocess
 import sys
 import textwrap
 from pathlib import Path
@@ -27,6 +26,7 @@ from gym_artifacts.run.artifacts import RunArtifacts
 from gym_artifacts.run.receipts import read_receipts
 from tests.fixture_paths import NEMO_GYM_FIXTURES
 from tests.phoenix_server import PhoenixServer
+from tests.processes import run_bounded
 from tests.test_report import browser  # noqa: F401 - the shared Chromium fixture
 
 REPO = Path(__file__).resolve().parent.parent
@@ -100,7 +100,7 @@ def test_sigkilled_export_rerun_leaves_no_duplicate(quickstart_run: Path, phoeni
                        "exporters.phoenix.base_url={phoenix.url}", "exporters.phoenix.dataset_name=quickstart-b"]))
         """
     )
-    proc = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, timeout=300)
+    proc = run_bounded([sys.executable, "-c", script], cwd=REPO, capture_output=True, timeout=300)
     assert proc.returncode == -9, proc.stderr.decode()[-2000:]
     assert not RunArtifacts.from_path(quickstart_run).export_done_fpath("phoenix").exists()
     [result] = export_run(quickstart_run, px_cfg(phoenix.url, "quickstart-b"))
@@ -247,7 +247,7 @@ def test_sigkilled_traces_export_rerun_leaves_no_duplicate(quickstart_run: Path,
                        "exporters.phoenix.project_name=killed-traces", "exporters.phoenix.log_experiment=false"]))
         """
     )
-    proc = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, timeout=300)
+    proc = run_bounded([sys.executable, "-c", script], cwd=REPO, capture_output=True, timeout=300)
     assert proc.returncode == -9, proc.stderr.decode()[-2000:]
     assert not RunArtifacts.from_path(quickstart_run).export_done_fpath("phoenix").exists()
     section = {"enabled": True, "base_url": phoenix.url, "project_name": "killed-traces", "log_experiment": False}
@@ -398,8 +398,33 @@ def test_phoenix_ui_shows_named_runs_errors_and_trace_annotations(
     assert "what's it like in sf?" in text and "{" not in text.split("what's it like in sf?")[0][-200:]
     assert re.search(r"Total Traces\s+10\b", text) and text.count("ClientResponseError") >= 2
     assert re.search(r"TRACE ANNOTATIONS\s+reward", text)  # the reward as a trace annotation
+    # the experiment's row (a page wide enough for every column): 10 runs, 2 of them errors
+    page.set_viewport_size({"width": 3200, "height": 950})
     page.goto(f"{phoenix.url}/datasets/{info['dataset_id']}/experiments")
-    text = shown(info["name"][:30], 2)
+    text = shown("error rate")
+    shown(info["name"][:30], 2)
     page.screenshot(path=str(SCREENSHOTS / "phoenix-experiments.png"))
-    assert text.count(info["name"][:30]) >= 2  # the dataset's header and the experiment's row
+    table = page.locator("table").last
+    header = [h.strip() for h in table.locator("thead th").all_inner_texts()]
+    cells = [c.strip() for c in table.locator("tbody tr").first.locator("td").all_inner_texts()]
+    row = dict(zip(header, cells, strict=True))
+    assert info["name"] in row["name"]  # the experiment, named from the run
+    assert (row["run count"], row["error rate"], row["reward"]) == ("10", "20.00%", "0.50"), row
+    # a second run: its own project, under a second, distinct name, beside the first
+    clean = Client(base_url=phoenix.url).experiments.get(
+        experiment_id=_export_default(_copy_fixture("clean", tmp_path), phoenix.url).backend_run_id
+    )
+    assert clean["name"] != info["name"]
+    page.set_viewport_size({"width": 1600, "height": 950})
+    page.goto(f"{phoenix.url}/projects")
+    names = [info["name"], clean["name"]]  # whole (a card shows their first ~22 characters)
+    text = shown(names[1])
+    for _ in range(20):  # the session's server holds other tests' projects: the list pages them
+        more = page.get_by_text("Load More")
+        if all(n in text for n in names) or not more.count():
+            break
+        more.first.click()
+        text = shown(names[1])
+    page.screenshot(path=str(SCREENSHOTS / "phoenix-two-runs.png"))
+    assert all(n in text for n in names), names
     page.close()

@@ -4,12 +4,13 @@ folder, listed by ``gym-artifacts exporters`` and put through the contract suite
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 import sysconfig
 from pathlib import Path
 
 import pytest
+
+from tests.processes import run_bounded
 
 REPO = Path(__file__).resolve().parent.parent
 PLUGIN = REPO / "examples" / "ledger_plugin"
@@ -21,7 +22,7 @@ def test_example_plugin_installs_lists_and_passes_the_contract_suite(tmp_path: P
 
     (wheel,) = WheelBuilder(str(PLUGIN)).build(directory=str(tmp_path / "dist"), versions=["standard"])
     target = tmp_path / "site"
-    subprocess.run(
+    run_bounded(
         [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-index", "--target", str(target), wheel],
         check=True, timeout=120, capture_output=True,
     )  # fmt: skip
@@ -31,16 +32,16 @@ def test_example_plugin_installs_lists_and_passes_the_contract_suite(tmp_path: P
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(paths)}
     env.pop("GYM_ARTIFACTS_CONTRACT", None)
     cli = "import sys; from gym_artifacts.cli import main; sys.exit(main(sys.argv[1:]))"
-    listing = subprocess.run([sys.executable, "-S", "-c", cli, "exporters"], env=env, cwd=tmp_path,
+    listing = run_bounded([sys.executable, "-S", "-c", cli, "exporters"], env=env, cwd=tmp_path,
                              capture_output=True, text=True, timeout=120)  # fmt: skip
     assert listing.returncode == 0, listing.stderr[-2000:]
     [row] = [line.split() for line in listing.stdout.splitlines() if line.startswith("ledger ")]
     assert row[-1] == "gym-artifacts-ledger"  # listed, with its provider
     probe = "import gym_artifacts_ledger as m; print(m.__file__)"
-    where = subprocess.run([sys.executable, "-S", "-c", probe], env=env, capture_output=True, text=True, timeout=60)
+    where = run_bounded([sys.executable, "-S", "-c", probe], env=env, capture_output=True, text=True, timeout=60)
     assert Path(where.stdout.strip()).is_relative_to(target), where.stderr
     # The documented command (docs/plugins.md): python -m gym_artifacts.testing ledger
-    suite = subprocess.run([sys.executable, "-S", "-m", "gym_artifacts.testing", "ledger"], env=env,
+    suite = run_bounded([sys.executable, "-S", "-m", "gym_artifacts.testing", "ledger"], env=env,
                            cwd=tmp_path, capture_output=True, text=True, timeout=300)  # fmt: skip
     assert suite.returncode == 0, suite.stdout[-3000:] + suite.stderr[-2000:]
     assert "7 passed" in suite.stdout, suite.stdout[-2000:]
@@ -71,9 +72,9 @@ def test_a_service_backend_runs_the_suite_with_the_documented_fixture_module(tmp
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     command = [sys.executable, "-m", "gym_artifacts.testing", "langsmith", "--", "-rs",
                "-W", "ignore::DeprecationWarning"]  # fmt: skip
-    bare = subprocess.run(command, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    bare = run_bounded(command, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=300)
     assert "7 skipped" in bare.stdout and "no fixture contract_service_langsmith" in bare.stdout, bare.stdout[-2000:]
-    served = subprocess.run([*command, "-p", "contract_fixtures"], env=env, cwd=tmp_path, capture_output=True,
+    served = run_bounded([*command, "-p", "contract_fixtures"], env=env, cwd=tmp_path, capture_output=True,
                             text=True, timeout=300)  # fmt: skip
     assert served.returncode == 0, served.stdout[-3000:] + served.stderr[-2000:]
     # LangSmith logs live (issue 24): the live tests (live then certify, resume) run too

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import logging
-import subprocess
 import sys
 import textwrap
 from pathlib import Path
@@ -15,6 +14,7 @@ from gym_artifacts.runtime.nvml import NVMLSampler
 from gym_artifacts.runtime.profiler import TRACE_NAME, ChunkRangeProfiler
 from tests.conftest import FIXTURES
 from tests.fake_pynvml import FakeGpu, FakeNvml
+from tests.processes import run_bounded
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -37,7 +37,7 @@ def test_readme_profiler_snippet_without_torch_never_raises(tmp_path: Path) -> N
         print(done, profiler.error)
         """
     )
-    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60, cwd=REPO)
+    proc = run_bounded([sys.executable, "-c", script], capture_output=True, text=True, timeout=60, cwd=REPO)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.startswith("[0, 1, 2, 3] profiling disabled: ")
     assert proc.stderr.count("profiling disabled") == 1  # warned once, not per chunk

@@ -5,9 +5,12 @@ from __future__ import annotations
 import gzip
 import json
 import logging
+import uuid
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 torch = pytest.importorskip("torch")
 
@@ -96,3 +99,39 @@ def test_range_from_environment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch)
     with prof.chunk(0):
         work()
     assert (tmp_path / "profile.pt.trace.json.gz").is_file()
+
+
+@pytest.mark.slow
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(start=st.integers(0, 6), length=st.integers(0, 4), chunks=st.integers(1, 5))
+def test_finalize_closes_the_profiler_and_the_manifest_says_what_it_covers(
+    tmp_path: Path, start: int, length: int, chunks: int
+) -> None:
+    """Any range against any number of chunks (``"2,4"`` with 3 chunks, the docs' example):
+    after ``finalize`` the profiler is closed; a range that began has its trace and summary
+    written and listed in the manifest, which says which chunks of the range never ran; a range
+    that never began is a failure in the manifest, naming the range."""
+    from gym_artifacts.runtime.session import ExperimentSession
+
+    stop = start + length
+    dpath = tmp_path / uuid.uuid4().hex
+    session = ExperimentSession("exp", dpath)
+    prof = ChunkRangeProfiler(dpath, f"{start},{stop}")
+    for i in range(chunks):
+        with prof.chunk(i):
+            work(16)
+    manifest = session.finalize()
+    assert not prof.running and not profiler_open()
+    names = {a["name"] for a in manifest["artifacts"]}
+    failures = {f["artifact"]: f["error"] for f in manifest["failures"]}
+    if start < chunks:  # the range began
+        assert {"profile.pt.trace.json.gz", "profile.summary.txt"} <= names
+        trace = json.loads(gzip.decompress((dpath / "profile.pt.trace.json.gz").read_bytes()))
+        ran = {f"chunk_{i}" for i in range(start, min(stop, chunks - 1) + 1)}
+        assert ran <= {e.get("name") for e in trace["traceEvents"]}
+        note = manifest["profile"]
+        assert (note["range"], note["profiled"]) == ([start, stop], [start, min(stop, chunks - 1)])
+        assert note["never_ran"] == ([] if stop < chunks else [[chunks, stop]])
+    else:
+        assert "profile.pt.trace.json.gz" not in names
+        assert f"{start},{stop}" in failures["profile.pt.trace.json.gz"]

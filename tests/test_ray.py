@@ -19,7 +19,9 @@ import pytest
 from gym_artifacts._builtin_exporters._mlflow_bookkeeping import bookkeeping_of
 from gym_artifacts.run.artifacts import RunArtifacts
 from gym_artifacts.run.receipts import read_receipt
+from tests.load import scaled
 from tests.mlflow_server import MlflowServer
+from tests.processes import reaped, run_bounded
 from tests.ray_cluster import RayCluster
 from tests.sweep import make_sweep
 
@@ -50,12 +52,13 @@ def export_cli(cluster: RayCluster, *args: str, timeout: float = 300) -> subproc
 
 
 def results_of(proc: subprocess.Popen[str], timeout: float = 300) -> tuple[int, list[dict[str, Any]], str]:
-    try:
-        out, err = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        out, err = proc.communicate()
-        pytest.fail(f"export did not finish in {timeout}s: {err[-3000:]}")
+    """The driver's exit code, results and stderr; a driver still running after ``timeout``
+    (scaled to the load) fails the test, killed and its pipes closed."""
+    with reaped(proc):
+        try:
+            out, err = proc.communicate(timeout=scaled(timeout))
+        except subprocess.TimeoutExpired as exc:
+            pytest.fail(f"export did not finish in {scaled(timeout):.0f}s: {(exc.stderr or b'')[-3000:]!r}")
     try:
         return proc.returncode, json.loads(out), err
     except ValueError:
@@ -198,7 +201,8 @@ def hooked_driver(
 
 
 def driver_results(proc: subprocess.Popen[str], timeout: float = 300) -> list[dict[str, Any]]:
-    out, err = proc.communicate(timeout=timeout)
+    with reaped(proc):
+        out, err = proc.communicate(timeout=scaled(timeout))
     assert proc.returncode == 0, err[-3000:]
     return [r for run in json.loads(out.strip().splitlines()[-1]) for r in run]
 
@@ -265,7 +269,7 @@ def test_live_from_ray_actors_lands_once_in_one_backend_run_per_exporter(
         "mlflow": {"enabled": True, "tracking_uri": mlflow_server.uri, "experiment_name": experiment},
     }}  # fmt: skip
     payload = json.dumps([ray_cluster.address, str(out), cfg, actors, calls])
-    proc = subprocess.run([sys.executable, str(REPO / "tests" / "ray_live_driver.py"), payload], capture_output=True, text=True,
+    proc = run_bounded([sys.executable, str(REPO / "tests" / "ray_live_driver.py"), payload], capture_output=True, text=True,
                           timeout=900, env=driver_env(ray_cluster), cwd=tmp_path)  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
     report = json.loads(proc.stdout.strip().splitlines()[-1])
@@ -307,16 +311,17 @@ def test_ctrl_c_cancels_the_cluster_export_cleanly_and_a_rerun_completes(
     args = [*map(str, runs), "-e", "local", f"exporters.local.root={store}", "--executor", "ray",
             "--ray-address", ray_cluster.address]  # fmt: skip
     driver = export_cli(ray_cluster, *args)
-    deadline = time.monotonic() + 240
-    while time.monotonic() < deadline and driver.poll() is None:
-        if (store / "default").is_dir() and any((store / "default").iterdir()):
-            break  # the cluster is exporting
-        time.sleep(0.05)
-    assert driver.poll() is None, "the export finished before it could be interrupted"
-    started = len(list((store / "default").iterdir()))
-    driver.send_signal(signal.SIGINT)
-    interrupted = time.monotonic()
-    out, err = driver.communicate(timeout=60)
+    with reaped(driver):
+        deadline = time.monotonic() + scaled(240)
+        while time.monotonic() < deadline and driver.poll() is None:
+            if (store / "default").is_dir() and any((store / "default").iterdir()):
+                break  # the cluster is exporting
+            time.sleep(0.05)
+        assert driver.poll() is None, "the export finished before it could be interrupted"
+        started = len(list((store / "default").iterdir()))
+        driver.send_signal(signal.SIGINT)
+        interrupted = time.monotonic()
+        out, err = driver.communicate(timeout=scaled(60))
     seen = f"{started} of {len(runs)} runs started at SIGINT; exited {time.monotonic() - interrupted:.1f} s later"
     assert driver.returncode == 130, f"{seen}; stderr: {err[-3000:]}"
     assert "Traceback" not in err, err[-3000:]

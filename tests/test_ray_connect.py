@@ -5,13 +5,13 @@ start failure printed as a traceback). The CLI in a subprocess, bounded by its t
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 import pytest
 
+from tests.processes import run_bounded
 from tests.reliability.faulty_servers import black_hole
 
 pytest.importorskip("ray")
@@ -20,7 +20,7 @@ REPO = Path(__file__).resolve().parent.parent
 
 def export(run: Path, *args: str, env: dict[str, str] | None = None, timeout: float = 120) -> tuple[int, str, float]:
     started = time.monotonic()
-    proc = subprocess.run(
+    proc = run_bounded(
         [sys.executable, "-m", "gym_artifacts.cli", "export", str(run), "-e", "local", "--executor", "ray", *args],
         capture_output=True, text=True, timeout=timeout, cwd=run.parent,
         env={**os.environ, "PYTHONPATH": str(REPO), "RAY_USAGE_STATS_ENABLED": "0", **(env or {})},

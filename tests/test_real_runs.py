@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import subprocess
 import sys
 from pathlib import Path
 
@@ -15,6 +14,7 @@ from gym_artifacts._builtin_exporters._mlflow_bookkeeping import bookkeeping_of
 from gym_artifacts.cli import main
 from gym_artifacts.core.flags import PARTIAL_OVERRIDE_FLAG, STALE_OVERRIDE_FLAG
 from gym_artifacts.run.torn import partial_last_line
+from tests.processes import run_bounded
 
 TORN = b'{"task_index": 999, "agent_ref": {"name": "arithmetic_agent"}, "rew'
 
@@ -160,7 +160,7 @@ def test_missing_run_exits_2_and_writes_nothing(tmp_path: Path, command: list[st
     work = tmp_path / "empty"
     work.mkdir()
     for name in ("nope.jsonl", "gone_folder"):
-        proc = subprocess.run(
+        proc = run_bounded(
             [sys.executable, "-m", "gym_artifacts", command[0], name, *command[1:]],
             capture_output=True, text=True, cwd=work, timeout=120,
         )  # fmt: skip

@@ -3,6 +3,9 @@ costing only that name), a plugin that cannot load."""
 
 from __future__ import annotations
 
+import json
+import os
+
 import pytest
 
 from gym_artifacts.contract import registry
@@ -41,6 +44,7 @@ def test_unknown_name_lists_known() -> None:
 from gym_artifacts.contract.hooks import CannotCertify  # noqa: E402
 from gym_artifacts.contract.live_exporter import LiveExporter  # noqa: E402
 from tests.backends import RecordingLive  # noqa: E402
+from tests.conftest import copy_quickstart  # noqa: E402
 
 
 class NoRolloutsLive(LiveExporter):
@@ -93,6 +97,7 @@ from importlib.metadata import EntryPoint  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 from gym_artifacts import export_runs, list_exporters  # noqa: E402
+from tests.processes import run_bounded  # noqa: E402
 
 
 def _with_entry_points(monkeypatch: pytest.MonkeyPatch, *extra: EntryPoint) -> None:
@@ -150,3 +155,62 @@ def test_the_cli_lists_every_backend_beside_a_clash(monkeypatch: pytest.MonkeyPa
     for name in ("local", "wandb", "tensorboard", "mlflow", "broken"):
         assert f"\n{name} " in out, (name, out)
     assert "registered twice" in out and "cannot load" in out
+
+
+MISBEHAVING_IMPORTS = {
+    "exit-3": "import sys\nsys.exit(3)\n",
+    "exit-0": "import sys\nsys.exit(0)\n",
+    "exit-text": "raise SystemExit('plugin says goodbye')\n",
+    "keyboard-interrupt": "raise KeyboardInterrupt\n",
+    "sleeps": "import time\ntime.sleep(10**6)\n",
+    "waits": "import threading\nthreading.Event().wait()\n",
+    "spins": "while True:\n    pass\n",
+}
+
+
+def _misbehaving_distribution(root: Path, bodies: dict[str, str]) -> Path:
+    """A folder holding an installed distribution (a ``.dist-info`` with its entry points) whose
+    backends' modules each misbehave while they are imported, as ``pip install`` would leave it."""
+    info = root / "misbehaving_plugins-0.1.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: misbehaving-plugins\nVersion: 0.1\n")
+    lines = ["[gym_artifacts.exporters]"]
+    for name, body in bodies.items():
+        module = "misbehaving_" + name.replace("-", "_")
+        (root / f"{module}.py").write_text(body)
+        lines.append(f"{name} = {module}:Exporter")
+    (info / "entry_points.txt").write_text("\n".join(lines) + "\n")
+    return root
+
+
+@pytest.mark.slow
+def test_a_plugin_that_exits_or_blocks_at_import_is_listed_as_cannot_load(tmp_path: Path) -> None:
+    """``sys.exit()`` at import, ``SystemExit``, ``KeyboardInterrupt``, a sleep, a wait and a
+    busy loop that never end: ``gym-artifacts exporters`` still lists every backend, each of
+    these as ``cannot load`` with its reason, within its load time limit; choosing one to export
+    is an error naming it, in bounded time too."""
+    import sys
+
+    site = _misbehaving_distribution(tmp_path / "site", MISBEHAVING_IMPORTS)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(site), os.environ.get("PYTHONPATH", "")]),
+           "GYM_ARTIFACTS_PLUGIN_LOAD_SECONDS": "2"}  # fmt: skip
+    listing = run_bounded(
+        [sys.executable, "-m", "gym_artifacts", "exporters", "--json"],
+        env=env, capture_output=True, text=True, timeout=300, cwd=tmp_path,
+    )  # fmt: skip
+    assert listing.returncode == 0, listing.stderr[-2000:]
+    rows = {r["name"]: r for r in json.loads(listing.stdout)}
+    for name in MISBEHAVING_IMPORTS:
+        assert rows[name]["modes"].startswith("cannot load"), rows[name]
+        assert rows[name]["sdk_installed"] is False
+    assert "within 2 s" in rows["sleeps"]["modes"] and "within 2 s" in rows["spins"]["modes"]
+    assert "SystemExit" in rows["exit-3"]["modes"] and "3" in rows["exit-3"]["modes"]
+    assert rows["local"]["modes"] == "live, post-run"
+    run = copy_quickstart(tmp_path / "runs")
+    for name in ("exit-3", "sleeps"):
+        export = run_bounded(
+            [sys.executable, "-m", "gym_artifacts", "export", str(run), "-e", name],
+            env=env, capture_output=True, text=True, timeout=300, cwd=tmp_path,
+        )  # fmt: skip
+        assert export.returncode != 0 and f"exporter '{name}': cannot load" in export.stdout + export.stderr, (
+            export.stdout[-2000:], export.stderr[-2000:])  # fmt: skip

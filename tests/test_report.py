@@ -18,6 +18,7 @@ from gym_artifacts import export_run
 from gym_artifacts.cli import main
 from gym_artifacts.report import build_report
 from tests.fixture_paths import NEMO_GYM_FIXTURES
+from tests.processes import run_bounded
 
 REPO = Path(__file__).resolve().parent.parent
 CHROMIUM = os.environ.get("GYM_ARTIFACTS_CHROMIUM", "/usr/bin/chromium")
@@ -216,14 +217,13 @@ def test_a_100k_rollout_report_is_built_in_bounded_memory(quickstart_run: Path, 
     import base64
     import gzip
     import re
-    import subprocess
     import sys
 
     write_rollouts(quickstart_run, 100_000, row_bytes=2000)
     with open(quickstart_run, "a") as fh:
         fh.write(json.dumps({"task_index": 7, "response": {"output_text": "key canary-f00d"}}) + "\n")
     quickstart_run.with_name("eval_aggregate_metrics.json").touch()
-    proc = subprocess.run(
+    proc = run_bounded(
         [sys.executable, "-c", REPORT_MEMORY, str(quickstart_run), str(tmp_path / "big.html")],
         cwd=Path(__file__).resolve().parent.parent, capture_output=True, text=True, timeout=300,
     )

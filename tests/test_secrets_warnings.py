@@ -10,13 +10,15 @@ import sys
 import textwrap
 from pathlib import Path
 
+from tests.processes import run_bounded
+
 REPO = Path(__file__).resolve().parents[1]
 CANARY = "canary-warning-secret-4f7a2c"
 URI_PW = "canary-warn-uri-pw-9b1d"
 
 
 def _run(code: str, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
+    return run_bounded(
         [sys.executable, "-W", "always", "-c", textwrap.dedent(code), *args],
         capture_output=True, text=True, cwd=REPO, timeout=120,
     )  # fmt: skip

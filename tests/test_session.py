@@ -104,7 +104,7 @@ def test_full_session_then_export(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
         "derived_config.json",
         "recording.mp4",
     }
-    assert manifest["failures"] == [] and manifest["recording"]["missing_indexes"] == []
+    assert manifest["failures"] == [] and manifest["recording"]["missing_ranges"] == []
     summary = json.loads((session.artifacts_dpath / "metrics_summary.json").read_text())
     assert summary["samples"] >= 2 and summary["devices"]["0"]["uuid"] == "GPU-s0"
     assert session.sampler is not None and not session.sampler._nvml.initialised  # nvmlShutdown ran

@@ -9,8 +9,9 @@ subset is ``bash scripts/test.sh -m "not slow"``).
 from __future__ import annotations
 
 import re
-import subprocess
 from pathlib import Path
+
+from tests.processes import run_bounded
 
 REPO = Path(__file__).resolve().parent.parent
 COMMAND = "bash scripts/test.sh"
@@ -44,7 +45,7 @@ def test_ci_runs_the_readme_command_verbatim() -> None:
 
 def test_the_script_sets_up_a_fresh_machine_and_passes_arguments_to_pytest() -> None:
     script = (REPO / "scripts" / "test.sh").read_text()
-    subprocess.run(["bash", "-n", str(REPO / "scripts" / "test.sh")], check=True, timeout=30)
+    run_bounded(["bash", "-n", str(REPO / "scripts" / "test.sh")], check=True, timeout=30)
     commands = _commands(script)
     assert commands[-1] == 'python -m pytest "$@"'
     for needed in (

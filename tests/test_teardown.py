@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 import textwrap
 import threading
@@ -13,6 +12,7 @@ from pathlib import Path
 from gym_artifacts.live.channel import teardown_limits
 from gym_artifacts.live.worker import BackgroundWorker, Call
 from tests.load import scaled
+from tests.processes import run_bounded
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -86,7 +86,7 @@ SCRIPT = textwrap.dedent(
 def test_thousand_step_eval_delivers_every_call_to_a_fresh_sqlite_mlflow(tmp_path: Path) -> None:
     work = tmp_path / "fresh"
     work.mkdir()
-    proc = subprocess.run(
+    proc = run_bounded(
         [sys.executable, "-c", SCRIPT], capture_output=True, text=True, cwd=work, timeout=300
     )
     assert proc.returncode == 0, proc.stderr

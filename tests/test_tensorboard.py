@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 import textwrap
 from pathlib import Path
@@ -30,6 +29,7 @@ from gym_artifacts.contract.hooks import ExportStatus
 from gym_artifacts.live import live_exporters
 from gym_artifacts.run.artifacts import RunArtifacts
 from gym_artifacts.run.receipts import read_receipts
+from tests.processes import run_bounded
 
 REPO = Path(__file__).resolve().parent.parent
 CANARY = "sk-tensorboard-canary-3f9d2e"
@@ -166,7 +166,7 @@ def test_sigkilled_export_rerun_leaves_no_duplicate(
                        "exporters.tensorboard.logdir={logdir}"]))
         """
     )
-    proc = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, timeout=120)
+    proc = run_bounded([sys.executable, "-c", script], cwd=REPO, capture_output=True, timeout=120)
     assert proc.returncode == -9, proc.stderr.decode()[-2000:]
     assert not RunArtifacts.from_path(quickstart_run).export_done_fpath("tensorboard").exists()
     [result] = export_run(quickstart_run, tb_cfg(logdir))
@@ -357,7 +357,7 @@ def test_an_export_loads_only_tensorboards_protos(quickstart_run: Path, tmp_path
         print(sorted(m for m in sys.modules if m.startswith(("tensorboard.summary", "tensorboard.compat.tensorflow_stub"))))
         """
     )
-    proc = subprocess.run(
+    proc = run_bounded(
         [sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, timeout=120
     )
     assert proc.returncode == 0, proc.stderr[-2000:]

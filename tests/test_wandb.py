@@ -23,7 +23,7 @@ from gym_artifacts.live import live_exporters
 from gym_artifacts.run.artifacts import RunArtifacts
 from tests.load import scaled
 from tests.mlflow_server import free_port
-from tests.processes import reaped
+from tests.processes import reaped, run_bounded
 from tests.wandb_records import offline_runs
 
 REPO = Path(__file__).resolve().parent.parent
@@ -154,7 +154,7 @@ def test_retried_export_uses_the_same_run_id_and_reexport_skips_without_wandb(
         sys.exit(code)
         """
     )
-    proc = subprocess.run(
+    proc = run_bounded(
         [sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, timeout=120
     )
     assert proc.returncode == 0, proc.stderr
@@ -300,7 +300,7 @@ def test_online_without_key_never_prompts(tmp_path: Path) -> None:
     )
     env = {k: v for k, v in os.environ.items() if k != "WANDB_API_KEY"}
     env["WANDB_MODE"] = "online"
-    proc = subprocess.run(
+    proc = run_bounded(
         [sys.executable, "-c", script],
         cwd=REPO,
         stdin=subprocess.DEVNULL,
@@ -352,7 +352,7 @@ def test_interpreter_exit_tears_down_before_wandb_exit_hook(tmp_path: Path) -> N
         """
     )
     env = {k: v for k, v in os.environ.items() if k != "WANDB_SERVICE"}
-    proc = subprocess.run(
+    proc = run_bounded(
         [sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, timeout=120, env=env
     )
     assert proc.returncode == 0, proc.stderr[-2000:]

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from tests.processes import run_bounded
 
 
 @dataclass
@@ -35,15 +36,19 @@ def _value(raw: Any) -> Any:
     return raw
 
 
-def read_offline_run(wandb_file: Path) -> OfflineRun:
+def inspected_records(wandb_file: Path) -> list[dict[str, Any]]:
+    """Every record of a ``.wandb`` file, as wandb's own inspector prints it."""
     wandb_bin = Path(sys.executable).with_name("wandb")
-    proc = subprocess.run(
+    proc = run_bounded(
         [str(wandb_bin), "leet", "inspect", "--json", str(wandb_file)],
         capture_output=True, text=True, timeout=120, check=True,
     )  # fmt: skip
+    return [json.loads(line) for line in proc.stdout.splitlines()]
+
+
+def read_offline_run(wandb_file: Path) -> OfflineRun:
     run = OfflineRun(folder=wandb_file.parent, run_id=wandb_file.stem.removeprefix("run-"))
-    for line in proc.stdout.splitlines():
-        record = json.loads(line)
+    for record in inspected_records(wandb_file):
         kind = record.get("type")
         body = record.get(kind, {})
         if kind == "run":

@@ -10,7 +10,6 @@ text can close the script or open a comment.
 
 from __future__ import annotations
 
-import html
 import json
 import os
 from pathlib import Path
@@ -21,7 +20,7 @@ from gym_artifacts.compare.policy import waiver_words
 from gym_artifacts.compare.tasks import RunTasks, TaskKey, key_id, read_samples
 from gym_artifacts.core.atomic import atomic_write_bytes
 from gym_artifacts.report import charts
-from gym_artifacts.report.page import render_page
+from gym_artifacts.report.page import escape, masking, render_page, shown_values
 
 MAX_FOREST_CHARTS = 12  # metrics drawn; the table below lists every one
 SHOWN_EACH_WAY = 50  # biggest wins, biggest losses (and unpaired tasks) with their responses
@@ -30,8 +29,7 @@ CHART_LABEL = 40  # characters of a row label in a chart
 DRAWABLE = 1e300  # magnitudes a chart axis can span (its padding and ticks overflow near 1.8e308)
 
 
-def _e(text: Any) -> str:
-    return html.escape(str(text))
+_e = escape  # secrets masked (the page's ``masking``), surrogates escaped, then HTML-escaped
 
 
 def _num(value: float | None, signed: bool = False) -> str:
@@ -206,7 +204,8 @@ def _task_data(comparison: Comparison, c: CandidateComparison) -> dict[str, Any]
         "wins": [key_id(r.key) for r in wins],
         "losses": [key_id(r.key) for r in losses],
         "samples": {
-            key_id(k): {"base": base_samples.get(k, []), "candidate": cand_samples.get(k, [])}
+            # keyed as the rows' ``key`` reads once masked (``shown_values`` leaves keys as they are)
+            shown_values(key_id(k)): {"base": base_samples.get(k, []), "candidate": cand_samples.get(k, [])}
             for k in sorted(shown, key=lambda k: position.get(k, 0))
         },
     }
@@ -395,33 +394,33 @@ SCRIPT = r"""
 
 
 def page_data(comparison: Comparison) -> dict[str, Any]:
-    """Everything the page's script reads (task rows and rollouts), as plain data: what is
-    embedded, once encoded (``embed_json``)."""
-    return {"candidates": [_task_data(comparison, c) for c in comparison.candidates]}
+    """Everything the page's script reads (task rows and rollouts), as plain data with every
+    secret of either run masked in its values: what is embedded, once encoded (``embed_json``)."""
+    with masking(_secrets(comparison)):
+        return shown_values({"candidates": [_task_data(comparison, c) for c in comparison.candidates]})
 
 
 def render_compare_page(comparison: Comparison) -> str:
     """The page's HTML text."""
-    data = page_data(comparison)
-    names = ", ".join(c.candidate.name for c in comparison.candidates)
-    sections = [
-        ("verdict", "Verdict", _verdicts(comparison) + _gate_section(comparison)),
-        ("differences", "Differences by metric", _forest(comparison)),
-        ("tasks", "Per-task differences", _tasks_section(comparison)),
-        ("coverage", "Coverage of each run", _coverage(comparison)),
-    ]
-    element = f'<script type="application/json" id="compare-data">{embed_json(data)}</script>'
-    page = render_page(
-        title=f"gym-artifacts compare: {comparison.base.name} vs {names}",
-        sections=sections,
-        rollout_data=element,
-        script=SCRIPT,
-        extra_style=EXTRA_STYLE,
-    )
-    # Secret values from either run's config never reach the page (it may be logged to a tracker).
-    from gym_artifacts.core.secrets import redact_secret_values
-
-    return redact_secret_values(page, _secrets(comparison))
+    # Secret values from either run's config never reach the page (it may be logged to a
+    # tracker): masked in every value before it is rendered, never in the rendered page.
+    with masking(_secrets(comparison)):
+        data = page_data(comparison)
+        names = ", ".join(c.candidate.name for c in comparison.candidates)
+        sections = [
+            ("verdict", "Verdict", _verdicts(comparison) + _gate_section(comparison)),
+            ("differences", "Differences by metric", _forest(comparison)),
+            ("tasks", "Per-task differences", _tasks_section(comparison)),
+            ("coverage", "Coverage of each run", _coverage(comparison)),
+        ]
+        element = f'<script type="application/json" id="compare-data">{embed_json(data)}</script>'
+        return render_page(
+            title=f"gym-artifacts compare: {comparison.base.name} vs {names}",
+            sections=sections,
+            rollout_data=element,
+            script=SCRIPT,
+            extra_style=EXTRA_STYLE,
+        )
 
 
 def _secrets(comparison: Comparison) -> frozenset[str]:

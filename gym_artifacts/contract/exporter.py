@@ -44,6 +44,9 @@ class Exporter(PostRunHooks):
     # ``plan.complete()`` before tagging the run with the identity. False: the engine waits for
     # the identities before calling it.
     hashes_while_sending: ClassVar[bool] = False
+    # True: the backend logs every rollout's numbers and end time (``rollout_row_values``); the
+    # export's one read of the rollouts then gives them, so the backend need not parse the file.
+    reads_row_values: ClassVar[bool] = False
 
     def __init__(self, settings: ExporterConfig) -> None:
         self.settings = settings

@@ -12,8 +12,11 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import os
+import sys
+import threading
 from dataclasses import dataclass
 from importlib.metadata import entry_points
+from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 from gym_artifacts.core.errors import ConfigError
@@ -34,10 +37,11 @@ class ExporterEntry:
     provider: str
 
     def load(self) -> type[Exporter]:
-
+        """The backend's class, imported in bounded time (:func:`import_bounded`); any way the
+        import fails is a ConfigError ``cannot load``."""
         module_name, _, attr = self.target.partition(":")
         try:
-            obj = getattr(importlib.import_module(module_name), attr)
+            obj = getattr(import_bounded(module_name), attr)
         except Exception as exc:  # a plugin's module may fail any way while it is imported
             raise ConfigError(f"exporter {self.name!r}: cannot load {self.target}: {exc}") from exc
         check_backend_class(obj, self.name, self.target)
@@ -53,6 +57,61 @@ class ExporterEntry:
         """Whether the backend's SDK can be imported (asked without importing it)."""
         sdk = self.load().sdk_module
         return sdk is None or importlib.util.find_spec(sdk) is not None
+
+
+LOAD_SECONDS_ENV = "GYM_ARTIFACTS_PLUGIN_LOAD_SECONDS"
+DEFAULT_LOAD_SECONDS = 30.0
+# Modules whose import did not finish in time: their import lock is held by a thread that may
+# never return, so this process never imports them again (a second try would block on it).
+_unfinished: dict[str, str] = {}
+
+
+def _load_seconds() -> float:
+    """The time limit for one backend module's import (``GYM_ARTIFACTS_PLUGIN_LOAD_SECONDS``)."""
+    try:
+        seconds = float(os.environ.get(LOAD_SECONDS_ENV, DEFAULT_LOAD_SECONDS))
+    except ValueError:
+        return DEFAULT_LOAD_SECONDS
+    return seconds if seconds > 0 else DEFAULT_LOAD_SECONDS
+
+
+def import_bounded(module_name: str) -> ModuleType:
+    """Import a backend's module, isolated from the way it may misbehave while imported.
+
+    A module not yet imported is imported in a daemon thread: ``sys.exit()``, ``SystemExit`` or
+    ``KeyboardInterrupt`` raised by its code becomes a RuntimeError (it never ends this process),
+    and one that does not finish within ``GYM_ARTIFACTS_PLUGIN_LOAD_SECONDS`` (it sleeps, waits
+    or spins forever) is given up on: a RuntimeError, and never tried again in this process.
+    A real Ctrl-C still reaches the main thread, which only waits.
+    """
+    if module_name in _unfinished:
+        raise RuntimeError(_unfinished[module_name])
+    module = sys.modules.get(module_name)
+    if module is not None and getattr(getattr(module, "__spec__", None), "_initializing", False) is False:
+        return module
+    outcome: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            outcome["module"] = importlib.import_module(module_name)
+        except BaseException as exc:  # SystemExit and KeyboardInterrupt too: reported, never re-raised
+            outcome["error"] = exc
+
+    seconds = _load_seconds()
+    thread = threading.Thread(target=run, name=f"gym-artifacts import {module_name}", daemon=True)
+    thread.start()
+    thread.join(seconds)
+    if thread.is_alive():
+        _unfinished[module_name] = (
+            f"its import did not finish within {seconds:g} s ({LOAD_SECONDS_ENV}); given up on"
+        )
+        raise RuntimeError(_unfinished[module_name])
+    error = outcome.get("error")
+    if isinstance(error, SystemExit | KeyboardInterrupt):
+        raise RuntimeError(f"its module raised {type(error).__name__}({error}) while imported") from None
+    if error is not None:
+        raise error
+    return outcome["module"]
 
 
 def check_backend_class(obj: object, name: str, target: str) -> None:

@@ -244,14 +244,22 @@ class RunPayload:
 
     # -- streams ----------------------------------------------------------------------------------
     def journal(self) -> Iterator[JournalEntry]:
-        """The live metrics journal with its original steps and times, text values masked."""
+        """The live metrics journal with its original steps and times, text values masked, and
+        NeMo Gym's own ``coverage/missing`` (expected - scored, as a journal from before the
+        drop-in restated it holds) as the run's one definition: no result at all
+        (``gym_artifacts.run.coverage``), with the run's failures sidecar."""
         from dataclasses import replace
 
         from gym_artifacts.core.secrets import mask_text_metrics
+        from gym_artifacts.run.coverage import nemo_gym_coverage
 
+        failed = self.coverage.failed if self.coverage is not None else None
         for entry in iter_journal(self.run):
-            masked = mask_text_metrics(entry.metrics, self.secrets)
-            yield entry if masked is entry.metrics else replace(entry, metrics=dict(masked))
+            metrics = mask_text_metrics(entry.metrics, self.secrets)
+            figures = nemo_gym_coverage(metrics, failed)
+            if figures is not None and metrics.get("coverage/missing") != figures["coverage/missing"]:
+                metrics = {**metrics, "coverage/missing": figures["coverage/missing"]}
+            yield entry if metrics is entry.metrics else replace(entry, metrics=dict(metrics))
 
     @cached_property
     def nvml_summary(self) -> tuple[dict[str, float], str | None]:

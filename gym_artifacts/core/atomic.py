@@ -211,10 +211,12 @@ _PRETTY = orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS | orjson.OPT_APPEND_NEWLINE
 def dumps_pretty(obj: Any) -> bytes:
     """JSON for people and diffs: indented, keys sorted, a final newline.
 
-    Integers past 64 bits (which orjson refuses) are written exactly, by the standard library.
+    Integers past 64 bits (which orjson refuses) are written exactly, by the standard library,
+    and so is a lone surrogate (a path's undecodable byte, ``os.fsdecode``'s ``\udce9``): as its
+    JSON escape, so the file stays UTF-8 and reads back as the same string.
     """
     try:
         return orjson.dumps(obj, option=_PRETTY)
     except (orjson.JSONEncodeError, TypeError):
         text = json.dumps(obj, indent=2, sort_keys=True, ensure_ascii=False, default=str)
-        return text.encode("utf-8") + b"\n"
+        return text.encode("utf-8", "backslashreplace") + b"\n"

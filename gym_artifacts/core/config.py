@@ -145,6 +145,9 @@ def load_yaml_config(fpath: Path | str) -> Any:
         data = {}
     if not isinstance(data, dict):
         raise ConfigError(f"{fpath}: a config must be a YAML mapping, not {type(data).__name__}")
+    from gym_artifacts.core.secrets import warn_short_secrets
+
+    warn_short_secrets(data, str(fpath))
     try:
         return oc.OmegaConf.create(data)
     except oc.errors.OmegaConfBaseException as exc:
@@ -176,9 +179,13 @@ def parse_overrides(overrides: Sequence[str]) -> Any:
         if "=" not in item or not item.split("=", 1)[0].strip():
             raise ConfigError(f"override {item!r}: expected key=value")
     try:
-        return oc.OmegaConf.from_dotlist(list(overrides))
+        parsed = oc.OmegaConf.from_dotlist(list(overrides))
     except oc.errors.OmegaConfBaseException as exc:
         raise ConfigError(f"invalid override: {_oc_message(exc)}") from exc
+    from gym_artifacts.core.secrets import warn_short_secrets
+
+    warn_short_secrets(oc.OmegaConf.to_container(parsed, resolve=False), "override")
+    return parsed
 
 
 def merge_configs(*configs: Any) -> Any:
@@ -333,7 +340,11 @@ def require_path_arg(value: Any, what: str) -> str:
 
 def unknown_setting(model: type[BaseModel], name: str, key: Any) -> str:
     """The message for a setting that ``exporters.<name>`` does not have."""
-    return f"exporters.{name}.{key}: unknown setting (known: {', '.join(sorted(model.model_fields))})"
+    from gym_artifacts.core.suggest import did_you_mean
+
+    known = sorted(model.model_fields)
+    hint = did_you_mean(str(key), known)
+    return f"exporters.{name}.{key}: unknown setting{hint} (known: {', '.join(known)})"
 
 
 def validate_settings(model: type[SettingsT], section: dict[str, Any], name: str) -> SettingsT:

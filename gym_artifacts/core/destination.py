@@ -15,15 +15,24 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import blake3
 
-from gym_artifacts.core.jsonio import canonical_json, json_safe
+from gym_artifacts.core.jsonio import canonical_json, canonical_text, json_safe
 from gym_artifacts.core.secrets import is_secret_key
 
 Destination = dict[str, Any]
 
 
 def destination_key(destination: Destination) -> str:
-    """A short stable key of the destination (the same object always gives the same key)."""
-    return "d:" + blake3.blake3(canonical_json(destination)).hexdigest()[:24]
+    """A short stable key of the destination (the same object always gives the same key).
+
+    A path whose bytes are not UTF-8 (``os.fsdecode`` holds them as lone surrogates) is hashed
+    with each surrogate as its own bytes (``surrogatepass``): never the bytes of any UTF-8 text,
+    so two folders never share a key, and every UTF-8 destination keeps the key it always had.
+    """
+    try:
+        canonical = canonical_json(destination)
+    except UnicodeEncodeError:
+        canonical = canonical_text(destination).encode("utf-8", "surrogatepass")
+    return "d:" + blake3.blake3(canonical).hexdigest()[:24]
 
 
 def resolved_path(path: str | os.PathLike[str]) -> str:

@@ -52,7 +52,9 @@ def _too_deep(data: bytes) -> json.JSONDecodeError:
 _SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
 
 
-def _escaped_text(text: str) -> str:
+def escaped_text(text: str) -> str:
+    """``text`` with every lone surrogate (a path's undecodable byte as ``os.fsdecode`` holds it,
+    a truncated emoji) written as its ``\\udXXX`` escape: text every UTF-8 encoder takes."""
     return text.encode("utf-8", "backslashreplace").decode("utf-8") if _has_surrogate(text) else text
 
 
@@ -64,14 +66,14 @@ def _has_surrogate(text: str) -> bool:
     return False
 
 
-def _escape_lone_surrogates(value: Any) -> Any:
+def escape_lone_surrogates(value: Any) -> Any:
     """``value`` with every lone surrogate in a string or key written as its ``\\udXXX`` escape."""
     if isinstance(value, str):
-        return _escaped_text(value)
+        return escaped_text(value)
     if isinstance(value, dict):
-        return {_escape_lone_surrogates(k): _escape_lone_surrogates(v) for k, v in value.items()}
+        return {escape_lone_surrogates(k): escape_lone_surrogates(v) for k, v in value.items()}
     if isinstance(value, list):
-        return [_escape_lone_surrogates(v) for v in value]
+        return [escape_lone_surrogates(v) for v in value]
     return value
 
 
@@ -99,7 +101,7 @@ def loads_lenient(data: bytes) -> Any:
         except ValueError as exc:  # an integer past sys.get_int_max_str_digits(): not readable
             raise json.JSONDecodeError(str(exc), data.decode("utf-8", "replace"), 0) from None
         if _SURROGATE_ESCAPE.search(data):
-            value = _escape_lone_surrogates(value)
+            value = escape_lone_surrogates(value)
     if data.count(b"[") + data.count(b"{") > MAX_JSON_DEPTH and _depth_exceeds(value, MAX_JSON_DEPTH):
         raise _too_deep(data)
     return value
@@ -204,9 +206,13 @@ def _json_default(obj: Any) -> Any:
     return str(obj)
 
 
+def canonical_text(obj: Any) -> str:
+    """:func:`canonical_json` as text, before it is encoded (a lone surrogate kept as it is)."""
+    return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=_json_default)
+
+
 def _stdlib_canonical(obj: Any) -> bytes:
-    text = json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=_json_default)
-    return text.encode("utf-8")
+    return canonical_text(obj).encode("utf-8")
 
 
 def canonical_json(obj: Any) -> bytes:
@@ -224,13 +230,23 @@ def canonical_json(obj: Any) -> bytes:
 
 def canonical_record(raw: bytes, fpath: Path | str, lineno: int, what: str = "JSONL") -> bytes:
     """The canonical bytes of one JSONL line, or a RunError naming the file and line."""
+    return record_and_canonical(raw, fpath, lineno, what)[1]
+
+
+def record_and_canonical(
+    raw: bytes, fpath: Path | str, lineno: int, what: str = "JSONL"
+) -> tuple[Any, bytes]:
+    """One JSONL line's record and its canonical bytes (one parse for both), or a RunError
+    naming the file and line."""
     try:
-        return orjson.dumps(orjson.loads(raw), option=_ORJSON_CANONICAL)
+        value = orjson.loads(raw)
     except orjson.JSONDecodeError:
-        pass
+        value = parse_jsonl_line(raw, fpath, lineno, what)
+        return value, _stdlib_canonical(value)
+    try:
+        return value, orjson.dumps(value, option=_ORJSON_CANONICAL)
     except orjson.JSONEncodeError:
-        return _stdlib_canonical(orjson.loads(raw))
-    return _stdlib_canonical(parse_jsonl_line(raw, fpath, lineno, what))
+        return value, _stdlib_canonical(value)
 
 
 def json_safe(value: Any) -> Any:

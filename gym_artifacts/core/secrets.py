@@ -229,31 +229,87 @@ def _replace_all(text: str, secrets: Iterable[str]) -> str:
     return text
 
 
-def mask_values(value: Any, secrets: Iterable[str] = (), *, shapes: bool = True) -> Any:
-    """A copy of a decoded structure (dicts, lists, strings: a rollout, a metrics mapping, span
-    attributes, a request body) with every known secret, and with ``shapes`` every secret-shaped
-    part, masked in each string and key, before any encoding writes it out."""
-    wanted = {s for s in secrets if isinstance(s, str) and len(s) >= MIN_REDACTED_SECRET} | _known_secrets
-    forms = sorted({form for secret in wanted for form in _encoded_forms(secret)}, key=len, reverse=True)
+class ValueMasker:
+    """Masks decoded values (strings, and the strings inside dicts and lists) against the given
+    and the known secrets, and with ``shapes`` every secret-shaped part: the one way a value is
+    masked before any encoder (JSON, HTML, a chart, base64 of gzip) writes it out. Masking the
+    encoded text instead would also hit the encoder's own words (a page's ``var data``, a run of
+    base64): the encoding is never rewritten."""
 
-    def redact(text: str) -> str:
-        if shapes:
+    def __init__(self, secrets: Iterable[str] = (), *, shapes: bool = True) -> None:
+        wanted = {s for s in secrets if isinstance(s, str) and len(s) >= MIN_REDACTED_SECRET} | _known_secrets
+        self.forms = sorted({f for secret in wanted for f in _encoded_forms(secret)}, key=len, reverse=True)
+        self.shapes = shapes
+
+    def text(self, text: str) -> str:
+        """``text`` with every secret (and, with ``shapes``, every secret-shaped part) masked."""
+        if self.shapes:
             text = mask_uri_credentials(text)
-        for form in forms:
+        for form in self.forms:
             if form in text:
                 text = text.replace(form, MASK)
         return text
 
-    def walk(node: Any) -> Any:
+    def values(self, node: Any, *, keys: bool = True) -> Any:
+        """A copy of a decoded structure with every string masked, and with ``keys`` every
+        string key (without, the keys are the structure's own names: a page's data schema)."""
         if isinstance(node, str):
-            return redact(node)
+            return self.text(node)
         if isinstance(node, dict):
-            return {walk(k) if isinstance(k, str) else k: walk(v) for k, v in node.items()}
+            return {
+                self.text(k) if keys and isinstance(k, str) else k: self.values(v, keys=keys)
+                for k, v in node.items()
+            }
         if isinstance(node, list | tuple):
-            return [walk(v) for v in node]
+            return [self.values(v, keys=keys) for v in node]
         return node
 
-    return walk(value)
+
+def mask_values(value: Any, secrets: Iterable[str] = (), *, shapes: bool = True) -> Any:
+    """A copy of a decoded structure (dicts, lists, strings: a rollout, a metrics mapping, span
+    attributes, a request body) with every known secret, and with ``shapes`` every secret-shaped
+    part, masked in each string and key, before any encoding writes it out."""
+    return ValueMasker(secrets, shapes=shapes).values(value)
+
+
+def short_secrets(config: Any) -> list[tuple[str, int]]:
+    """``(key path, length)`` of each string under a secret key shorter than
+    ``MIN_REDACTED_SECRET`` characters (an interpolation as written is not a value yet). Such a
+    value is masked where it sits, but never looked for elsewhere: masking every ``a`` of a page
+    or a log would destroy it, so anywhere else it shows as it is."""
+    found: list[tuple[str, int]] = []
+
+    def walk(node: Any, path: str) -> None:
+        if isinstance(node, dict):
+            for k, v in node.items():
+                key = f"{path}.{k}" if path else str(k)
+                if is_secret_key(k) and isinstance(v, str) and 0 < len(v) < MIN_REDACTED_SECRET:
+                    found.append((key, len(v)))
+                else:
+                    walk(v, key)
+        elif isinstance(node, list | tuple):
+            for i, v in enumerate(node):
+                walk(v, f"{path}[{i}]")
+
+    walk(config, "")
+    return found
+
+
+_warned_short: set[tuple[str, str]] = set()
+
+
+def warn_short_secrets(config: Any, source: str) -> None:
+    """Warn (once per source and key) about every secret too short to be masked elsewhere."""
+    for key, length in short_secrets(config):
+        if (source, key) in _warned_short:
+            continue
+        _warned_short.add((source, key))
+        logging.getLogger(__name__).warning(
+            "%s: %s holds a secret of %d character(s): too short to be masked wherever else it "
+            "appears (a page, a log, a backend's text), so it is masked only under its own key; "
+            "use a secret of %d or more characters",
+            source, key, length, MIN_REDACTED_SECRET,
+        )  # fmt: skip
 
 
 def _has_value(value: Any) -> bool:

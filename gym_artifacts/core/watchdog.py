@@ -36,6 +36,9 @@ from gym_artifacts.core.errors import GymArtifactsError
 
 T = TypeVar("T")
 ABANDON_GRACE_S = 2.0  # after abandoning, how long to wait for the send's thread to end
+# The longest the main thread waits without running Python code: a Ctrl-C the kernel handed to
+# another thread (any that does not block SIGINT) is raised in the main thread only then.
+SIGNAL_CHECK_S = 0.2
 
 
 class DeadlinePassed(GymArtifactsError):
@@ -222,7 +225,7 @@ def run_watched(
     try:
         thread.start()
         while thread.is_alive() and watch.left() > 0:
-            thread.join(watch.left())
+            thread.join(min(watch.left(), SIGNAL_CHECK_S))
         if thread.is_alive():
             watch.abandon()
             if on_abandon is not None:

@@ -57,7 +57,7 @@ from gym_artifacts.run.identity import (
     run_identity,
     send_key,
 )
-from gym_artifacts.run.nemo_gym_params import load_nemo_gym_run_config, params_from_files
+from gym_artifacts.run.nemo_gym_params import load_nemo_gym_run_config
 from gym_artifacts.run.receipts import (
     Receipt,
     identity_differences,
@@ -66,6 +66,7 @@ from gym_artifacts.run.receipts import (
     receipt_for,
     utc_now_iso,
 )
+from gym_artifacts.run.rollouts_facts import row_values_of_export, run_params
 from gym_artifacts.run.run_config import backend_config, load_run_config, run_config_of_export
 
 logger = logging.getLogger(__name__)
@@ -154,8 +155,8 @@ def build_target(name: str, cfg: Any, run_config: Any | None = None, *, strict: 
 
     A problem becomes ``target.error`` (a FAILED result when it is sent); ``strict`` raises it
     instead (ConfigError naming the key), except for a section that cannot be resolved now (an
-    environment variable that is gone): that is left to the send, so that an already exported
-    run still skips.
+    environment variable that is gone): that is left to the send, where it is FAILED (never
+    SKIPPED on the strength of a receipt: without its settings, no destination is known).
     """
     target = Target(name, run_config=run_config)
     try:
@@ -265,15 +266,9 @@ def check_receipt(run: RunArtifacts, target: Target, identities: dict[str, str])
             ExportStatus.FAILED,
             reason=f"{exc}; nothing was sent. If it is not needed, delete {fpath} and export again",
         )
-    if target.key is None:  # the settings cannot be resolved now: only a matching receipt helps
-        if receipts and not identity_differences(receipts[-1].identities, identities):
-            return ExportResult(
-                name,
-                ExportStatus.SKIPPED,
-                backend_run_id=receipts[-1].backend_run_id,
-                reason=f"receipt matches; destination not resolved ({target.error})",
-            )
-        return None
+    if target.key is None:  # the settings cannot be resolved: no receipt can say where it went
+        reason = f"{target.error or 'destination not resolved'}; nothing was sent"
+        return ExportResult(name, ExportStatus.FAILED, reason=reason)
     target.saw_version_1 = any(r.destination_key is None for r in receipts)
     receipt = receipt_for(receipts, target.key, target.legacy_key if target.saw_version_1 else None)
     if receipt is None:
@@ -590,7 +585,8 @@ def export_resolved(
     try:
         signatures = file_signatures(run)
         line_counts: dict[str, int] = {}
-        key, known = send_key(run, line_counts)
+        row_values = any(getattr(t.cls, "reads_row_values", False) for t in resolved.targets)
+        key, known = send_key(run, line_counts, row_values)
         record_counts: dict[str, int] = {}
         if torn is None and _hash_while_sending(run, resolved, known):
             logger.info("hashing the run's content identity while sending it")
@@ -625,12 +621,14 @@ def export_resolved(
         identities_later=hashing.result if hashing is not None else None,
         files_unchanged=lambda: file_signatures(run) == signatures,
     )
-    # A run that saved no config gets the params its rollouts tell (``params_from_files``): a
-    # full read of the rollouts, so made only once a backend is about to send (a SKIP answers
-    # from stat calls, the identity cache and the receipt, whatever the run's size).
+    # A run that saved no config gets the params its rollouts tell (``run_params``: from the
+    # send key's one read of them when it was made, else a full read), asked only once a backend
+    # is about to send (a SKIP answers from stat calls, the identity cache and the receipt).
     reads_params = options.nemo_gym_config is None and not config_for_backends
     results = []
-    with run_config_of_export(run, run_config):  # a backend asking for it gets this one, not a re-read
+    # a backend asking for the run config gets this one, not a re-read; the rows' values the one
+    # read of the rollouts spooled for a backend are let go at the end
+    with run_config_of_export(run, run_config), row_values_of_export(run):
         for i, target in enumerate(resolved.targets):
             name = target.name
             if progress is not None:
@@ -644,7 +642,7 @@ def export_resolved(
             result = check_receipt(run, target, identities) if decides_first else None
             if reads_params and result is None:
                 try:  # a send may follow: only now are the rollouts read for the run's params
-                    plan, reads_params = replace(plan, config=params_from_files(run) or plan.config), False
+                    plan, reads_params = replace(plan, config=run_params(run) or plan.config), False
                 except OSError as exc:
                     result = _failed(name, f"cannot read {run.rollouts_fpath}: {exc}", start)
             if result is None:

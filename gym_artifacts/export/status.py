@@ -93,9 +93,26 @@ def run_status(path: str | os.PathLike[str], *, verify: bool = False) -> RunStat
     )
 
 
+def _configured(run: RunArtifacts) -> set[str]:
+    """The backends the run's export would use without ``-c``: the run's saved exporters, else
+    the embedded default's (each with a section, enabled or not)."""
+    from gym_artifacts.core.config import build_export_config, exporter_names
+    from gym_artifacts.run.run_config import load_run_config
+
+    try:
+        run_config = load_run_config(run)
+    except GymArtifactsError:  # an unreadable run config: the default's backends
+        run_config = None
+    try:
+        return set(exporter_names(build_export_config(None, run_config)[0]))
+    except GymArtifactsError:
+        return set()
+
+
 def _names(run: RunArtifacts) -> list[str]:
-    """Every registered exporter and every one with a receipt or marker beside the run."""
-    names = set(discover())
+    """Every configured exporter (:func:`_configured`) and every one with a receipt or marker
+    beside the run; a registered backend that nothing configures is left out."""
+    names = _configured(run) & set(discover())
     parent, prefix = run.stem.parent, run.stem.name + "_"
     if parent.is_dir():
         for p in parent.iterdir():

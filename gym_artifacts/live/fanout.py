@@ -302,11 +302,11 @@ class LiveRun:
         for t in threads:
             t.start()
         journal_closed = self.journal.close(min(timeout, max(0.0, deadline - time.monotonic())))
-        journal_stats = self.journal.worker.stats
         if self.journal_lost or not journal_closed:
+            worker = self.journal.worker
             logger.warning(
-                "live logging: the journal %s lost %d metric call(s) (queue full or disk failing: %s)",
-                self.journal.fpath, self.journal_lost, journal_stats.last_error,
+                "live logging: the journal %s lost %d metric call(s): %s",
+                self.journal.fpath, self.journal_lost, worker.stats.loss_causes(worker.max_queued, timeout),
             )  # fmt: skip
         if self.refused.count:
             logger.warning("live logging: %s", self.refused.describe())

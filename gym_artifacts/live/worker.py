@@ -41,9 +41,25 @@ class WorkerStats:
     failed: int = 0  # calls lost to backend errors
     failed_attempts: int = 0  # backend calls that raised (a batch is one attempt)
     dropped: int = 0
+    dropped_full: int = 0  # of ``dropped``: the queue was at its bound (the rest came after the stop)
     undelivered: int = 0
     last_error: str | None = None
     dropped_kinds: dict[str, int] = field(default_factory=dict)
+
+    def loss_causes(self, max_queued: int, timeout: float) -> str:
+        """Each kind of loss with its count and cause (``timeout``: the stop's idle deadline)."""
+        causes = []
+        if self.dropped_full:
+            causes.append(f"{self.dropped_full} dropped with its queue full ({max_queued:,} waiting: "
+                          "written slower than they came)")  # fmt: skip
+        if self.dropped > self.dropped_full:
+            causes.append(f"{self.dropped - self.dropped_full} handed to it after it had stopped")
+        if self.undelivered:
+            causes.append(f"{self.undelivered} not written before the {timeout:g} s deadline "
+                          "(the write in progress did not return)")  # fmt: skip
+        if self.failed:
+            causes.append(f"{self.failed} failed to write (last: {self.last_error})")
+        return "; ".join(causes) or f"it did not stop within {timeout:g} s"
 
 
 class Call(NamedTuple):
@@ -163,7 +179,7 @@ class BackgroundWorker:
             self._count_drop(call.kind)
             return False
         if call.droppable and len(self._queue) >= self.max_queued:
-            self._count_drop(call.kind)
+            self._count_drop(call.kind, full=True)
             return False
         self._queue.append(call)
         if self._idle:
@@ -173,15 +189,17 @@ class BackgroundWorker:
     def submit_record(self, record: MetricRecord) -> bool:
         """Hand a metric record to the worker (droppable); False when it was dropped."""
         if not self._accepting or len(self._queue) >= self.max_queued or self.records is None:
-            self._count_drop("metrics" if self.records is None else self.records.kind)
+            full = self._accepting and self.records is not None
+            self._count_drop("metrics" if self.records is None else self.records.kind, full=full)
             return False
         self._queue.append(record)
         if self._idle:
             self._wake.set()
         return True
 
-    def _count_drop(self, kind: str) -> None:
+    def _count_drop(self, kind: str, full: bool = False) -> None:
         self.stats.dropped += 1
+        self.stats.dropped_full += full
         self.stats.dropped_kinds[kind] = self.stats.dropped_kinds.get(kind, 0) + 1
 
     def flush(self, timeout: float) -> bool:

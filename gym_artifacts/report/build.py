@@ -9,15 +9,16 @@ import json
 import logging
 import math
 import os
+import urllib.parse
 from pathlib import Path
 from typing import Any
 
 from gym_artifacts.core.atomic import atomic_write_bytes
-from gym_artifacts.core.jsonio import json_safe, metric_value, read_json
+from gym_artifacts.core.jsonio import escaped_text, json_safe, metric_value, read_json
 from gym_artifacts.export.status import exporter_states, exports_table
 from gym_artifacts.report import charts
 from gym_artifacts.report.levels import cell_text, level_table_html
-from gym_artifacts.report.page import render_page, rollout_data_element
+from gym_artifacts.report.page import escape, masking, render_page, rollout_data_element
 from gym_artifacts.report.rollouts import RolloutTable, rollout_lines
 from gym_artifacts.run.aggregate import agent_labels, tracker_values
 from gym_artifacts.run.artifacts import RunArtifacts, agent_label
@@ -26,7 +27,7 @@ from gym_artifacts.run.identity import content_identities
 from gym_artifacts.run.journal import iter_journal
 from gym_artifacts.run.layout import RECORDING, SESSION_TIMES
 from gym_artifacts.run.names import NO_CONFIG, NO_CONFIG_PARAMS
-from gym_artifacts.run.nemo_gym_params import params_from_files
+from gym_artifacts.run.rollouts_facts import run_params
 from gym_artifacts.run.run_config import backend_config, load_run_config
 from gym_artifacts.run.sidecars import iter_nvml_series, nvml_summary
 from gym_artifacts.run.times import run_times
@@ -42,8 +43,7 @@ GPU_METRICS = {
 }
 
 
-def _e(text: Any) -> str:
-    return html.escape(str(text))
+_e = escape  # every text of the page: secrets masked, surrogates escaped, then HTML-escaped
 
 
 def _missing(message: str) -> str:
@@ -82,7 +82,7 @@ def _summary(run: RunArtifacts, identities: dict[str, str], coverage: Coverage) 
     if config is not None:
         text = json.dumps(json_safe(config), indent=2, sort_keys=True)
         parts.append(f'<h3>Config (secrets masked)</h3><pre class="config">{_e(text)}</pre>')
-    elif (told := params_from_files(run)) is not None:  # the params an export logs for it
+    elif (told := run_params(run)) is not None:  # the params an export logs for it
         parts.append(_missing(NO_CONFIG_PARAMS))
         parts.append("<h3>Params (from the rollouts)</h3>" + _table(["param", "value"], [[k, v] for k, v in told.items()], "kv"))
     else:
@@ -191,7 +191,7 @@ def _gpu(run: RunArtifacts) -> str:
     return "".join(parts)
 
 
-def _rollouts(run: RunArtifacts, coverage: Coverage, secrets: frozenset[str]) -> tuple[str, str]:
+def _rollouts(run: RunArtifacts, coverage: Coverage) -> tuple[str, str]:
     """(section HTML, the element carrying the table's rows; "" when there is no table)."""
     rollouts = run.rollouts_fpath
     if rollouts is None or not rollouts.is_file():
@@ -220,7 +220,7 @@ def _rollouts(run: RunArtifacts, coverage: Coverage, secrets: frozenset[str]) ->
         if rewards
         else ""
     )
-    data = rollout_data_element(header, rows, secrets)
+    data = rollout_data_element(header, rows)
     failed = len(table) - scored
     counts = f"{scored:,} rollouts" + (
         f" and {failed:,} failed (from the failures sidecar)" if failed else ""
@@ -244,11 +244,11 @@ def _recording(run: RunArtifacts, dest: Path, href: str | None) -> str:
         return _missing("No recording in this run.")
     if fpath.stat().st_size <= EMBED_VIDEO_MAX and href is None:
         src = "data:video/mp4;base64," + base64.b64encode(fpath.read_bytes()).decode()
-    else:
-        src = href or os.path.relpath(fpath, dest.parent)
+    else:  # a link, never masked (it would lead nowhere); a path's bytes percent-encoded
+        src = href or urllib.parse.quote(os.fsencode(os.path.relpath(fpath, dest.parent)))
     # the page's script sizes the video to its own width and height once they are known
     return (
-        f'<video id="recording-video" controls preload="metadata" src="{_e(src)}"></video>'
+        f'<video id="recording-video" controls preload="metadata" src="{html.escape(escaped_text(src))}"></video>'
         '<p id="recording-size" class="note"></p>'
     )
 
@@ -337,9 +337,10 @@ def build_report(
     """Write the run's report (default ``STEM_report.html`` beside the run); returns its path.
 
     ``identities`` and ``coverage``, when an export has computed them, are used as they are
-    (the run is not hashed again). ``secrets``: values redacted from the page (a report that
-    an export ships must not quote a config secret the run's own files hold); by default the
-    secrets of the run's own config (a report is shared as readily as an export).
+    (the run is not hashed again). ``secrets``: values masked in every value the page shows
+    (a report that an export ships must not quote a config secret the run's own files hold),
+    before it is rendered: the page's own script and packed data are never rewritten; by
+    default the secrets of the run's own config (a report is shared as readily as an export).
     """
     run = run if isinstance(run, RunArtifacts) else RunArtifacts.from_path(run)
     run.require_present()
@@ -352,23 +353,20 @@ def build_report(
         identities = content_identities(run, record_counts=record_counts)
         coverage = coverage_of(run, record_counts)
     logger.info("reading the rollouts for the table and histogram")
-    rollouts_html, rollout_data = _rollouts(run, coverage, secrets)
-    sections = [
-        ("summary", "Run summary", _summary(run, identities, coverage)),
-        ("aggregate", "Aggregate metrics", _aggregate(run)),
-        ("steps", "Step metrics", _steps(run)),
-        ("gpu", "GPU (NVML)", _gpu(run)),
-        ("rollouts", "Rollouts", rollouts_html),
-        ("recording", "Recording", _recording(run, dest, recording_href)),
-        ("profile", "Profiler: top operations", _profile(run)),
-    ]
-    page = render_page(
-        title=f"gym-artifacts report: {run.name}", sections=sections, rollout_data=rollout_data
-    )
-    if secrets:  # by value: one scan in C, however many rollouts the page shows
-        from gym_artifacts.core.secrets import redact_secret_values
-
-        page = redact_secret_values(page, secrets)
+    with masking(secrets):  # every value masked before it is escaped, drawn or encoded
+        rollouts_html, rollout_data = _rollouts(run, coverage)
+        sections = [
+            ("summary", "Run summary", _summary(run, identities, coverage)),
+            ("aggregate", "Aggregate metrics", _aggregate(run)),
+            ("steps", "Step metrics", _steps(run)),
+            ("gpu", "GPU (NVML)", _gpu(run)),
+            ("rollouts", "Rollouts", rollouts_html),
+            ("recording", "Recording", _recording(run, dest, recording_href)),
+            ("profile", "Profiler: top operations", _profile(run)),
+        ]
+        page = render_page(
+            title=f"gym-artifacts report: {run.name}", sections=sections, rollout_data=rollout_data
+        )
     logger.info("writing %s", dest)
     atomic_write_bytes(dest, page.encode("utf-8"))
     with contextlib.suppress(OSError):  # an earlier build's failure no longer holds

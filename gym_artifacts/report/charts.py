@@ -12,13 +12,15 @@ and maximum (the envelope a reader sees) before drawing. Each chart's SVG is wra
 
 from __future__ import annotations
 
-import html
 import io
 import itertools
 import math
 import re
+import warnings
 from collections.abc import Sequence
 from typing import Any
+
+from gym_artifacts.report.page import escape, shown
 
 PALETTE = ("#2563eb", "#dc2626", "#059669", "#d97706", "#7c3aed", "#0891b2", "#db2777", "#65a30d")
 MAX_POINTS = 2000  # drawn per series: 1,000 buckets, each its minimum and maximum
@@ -50,9 +52,9 @@ def _figure(title: str, x_label: str, y_label: str) -> tuple[Any, Any]:
     ax = fig.add_subplot()
     # parse_math=False: a name is text, never mathtext ("loss $_$" would not parse, "$a$" would
     # lose its dollars).
-    ax.set_title(title, fontsize=10, loc="left", parse_math=False)
-    ax.set_xlabel(x_label, fontsize=9, parse_math=False)
-    ax.set_ylabel(y_label, fontsize=9, parse_math=False)
+    ax.set_title(shown(title), fontsize=10, loc="left", parse_math=False)
+    ax.set_xlabel(shown(x_label), fontsize=9, parse_math=False)
+    ax.set_ylabel(shown(y_label), fontsize=9, parse_math=False)
     ax.tick_params(labelsize=8)
     ax.grid(True, color="#e5e7eb", linewidth=0.6)
     ax.set_axisbelow(True)
@@ -64,13 +66,16 @@ def _svg(fig: Any, chart_id: str, ax: Any, points: int, kind: str, title: str) -
 
     ax.patch.set_gid(f"{chart_id}-frame")
     buf = io.StringIO()
-    with matplotlib.rc_context({"svg.fonttype": "none", "svg.hashsalt": chart_id}):
+    with matplotlib.rc_context({"svg.fonttype": "none", "svg.hashsalt": chart_id}), warnings.catch_warnings():
+        # Text stays text: the browser draws it with its own fonts, so a character matplotlib's
+        # font lacks (a CJK run name, a control byte of a folder name) only costs a measurement.
+        warnings.filterwarnings("ignore", message=r"Glyph \d+ .*missing from font", category=UserWarning)
         fig.savefig(buf, format="svg", metadata={"Date": None, "Creator": None})
     # Inline SVG in HTML needs no XML header, namespaces or RDF metadata: the page names no URL.
     svg = _METADATA.sub("", _NAMESPACES.sub("", _XML_HEADER.sub("", buf.getvalue())))
     return (
         f'<div class="chart" id="{chart_id}" data-kind="{kind}" data-points="{points}" '
-        f'role="img" aria-label="{html.escape(title)}">{svg}</div>'
+        f'role="img" aria-label="{escape(title)}">{svg}</div>'
     )
 
 
@@ -92,13 +97,13 @@ def line_chart(
         drawn = envelope(pts)
         (line,) = ax.plot(
             [x for x, _ in drawn], [y for _, y in drawn], color=PALETTE[i % len(PALETTE)],
-            linewidth=1.2, marker="o" if len(drawn) == 1 else None, markersize=3, label=name,
+            linewidth=1.2, marker="o" if len(drawn) == 1 else None, markersize=3, label=shown(name),
         )  # fmt: skip
         line.set_gid(f"{chart_id}-series-{i}")
         lines.append(line)
     if len(finite) > 1:
         # Handles and labels given explicitly: matplotlib would drop a label starting with "_".
-        for text in ax.legend(lines, list(finite), fontsize=7, loc="best").get_texts():
+        for text in ax.legend(lines, [shown(name) for name in finite], fontsize=7, loc="best").get_texts():
             text.set_parse_math(False)
     ax.margins(x=0.02, y=0.08)
     return _svg(fig, chart_id, ax, sum(len(p) for p in finite.values()), "line", title)
@@ -123,8 +128,9 @@ def histogram(values: Sequence[float], *, title: str, x_label: str, y_label: str
 
 
 def _literal(text: str) -> str:
-    """Text matplotlib draws as written: ``$`` would otherwise start math mode."""
-    return str(text).replace("$", r"\$")
+    """Text matplotlib draws as written (``$`` would otherwise start math mode), as the page
+    shows it (:func:`shown`: secrets masked, surrogates escaped)."""
+    return shown(text).replace("$", r"\$")
 
 
 def forest_plot(

@@ -10,10 +10,10 @@ names them too. Values are written at full precision (see :func:`cell_text`).
 
 from __future__ import annotations
 
-import html
 import itertools
 from typing import Any
 
+from gym_artifacts.report.page import escape
 from gym_artifacts.run.aggregate import LevelTable
 
 SHOWN_COLUMNS = 10
@@ -46,16 +46,16 @@ def level_table_html(table: LevelTable) -> str:
     columns = column_order(table)
     hidden = columns[SHOWN_COLUMNS:]
     nested = [c for c in NESTED if c in table.columns]
-    name = html.escape(table.name)
+    name = escape(table.name)
 
     def cls(i: int) -> str:
         return ' class="extra"' if i >= SHOWN_COLUMNS else ""
 
-    head = "".join(f"<th{cls(i)}>{html.escape(c)}</th>" for i, c in enumerate(columns))
+    head = "".join(f"<th{cls(i)}>{escape(c)}</th>" for i, c in enumerate(columns))
     records = list(itertools.islice(table.iter_records(), MAX_ROWS))
     body = "".join(
         "<tr>"
-        + "".join(f"<td{cls(i)}>{html.escape(cell_text(rec.get(c)))}</td>" for i, c in enumerate(columns))
+        + "".join(f"<td{cls(i)}>{escape(cell_text(rec.get(c)))}</td>" for i, c in enumerate(columns))
         + "</tr>"
         for rec in records
     )
@@ -63,14 +63,14 @@ def level_table_html(table: LevelTable) -> str:
     if hidden:
         notes.append(
             f"Showing {SHOWN_COLUMNS} of {len(columns)} columns; hidden: "
-            + ", ".join(f"<code>{html.escape(c)}</code>" for c in hidden)
+            + ", ".join(f"<code>{escape(c)}</code>" for c in hidden)
             + f'. <button type="button" data-show-columns="{name}" data-label="show all {len(columns)} columns">'
             f"show all {len(columns)} columns</button>"
         )
     if nested:
         notes.append(
             "Not drawn (nested values; in the exported table): "
-            + ", ".join(f"<code>{html.escape(c)}</code>" for c in nested)
+            + ", ".join(f"<code>{escape(c)}</code>" for c in nested)
             + "."
         )
     more = len(table.rows) - MAX_ROWS
@@ -78,7 +78,7 @@ def level_table_html(table: LevelTable) -> str:
         notes.append(f"{more:,} more rows in the exported table.")
     note = f'<p class="note" id="note-{name}">' + " ".join(notes) + "</p>" if notes else ""
     return (
-        f"<h3>{name} (a row per {html.escape(table.index)})</h3>{note}"
+        f"<h3>{name} (a row per {escape(table.index)})</h3>{note}"
         f'<div class="scroll"><table class="level {name}" id="level-{name}">'
         f"<thead><tr>{head}</tr></thead><tbody>{body}</tbody></table></div>"
     )

@@ -2,16 +2,58 @@
 
 A large run's rollout rows are embedded gzip-compressed (base64) and unpacked by the browser's
 own DecompressionStream: the page stays one offline file, a fraction of the rows' JSON size.
+
+Every value a page shows passes :func:`shown` (text) or :func:`shown_values` (data) before it is
+escaped, drawn or encoded: the secrets of the page's :func:`masking` are masked in the values,
+never in the rendered page (whose script, markup and base64 hold any short word), and a path's
+undecodable bytes are written as escapes, so the page is always valid UTF-8.
 """
 
 from __future__ import annotations
 
 import base64
+import contextlib
 import html
 import json
 import zlib
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextvars import ContextVar
 from typing import Any
+
+from gym_artifacts.core.jsonio import escape_lone_surrogates, escaped_text
+from gym_artifacts.core.secrets import ValueMasker
+
+_MASKER: ContextVar[ValueMasker | None] = ContextVar("page_masker", default=None)
+
+
+@contextlib.contextmanager
+def masking(secrets: Iterable[str]) -> Iterator[None]:
+    """While a page is built: :func:`shown` and :func:`shown_values` mask ``secrets`` (and every
+    secret known to this process) by value."""
+    token = _MASKER.set(ValueMasker(secrets, shapes=False))
+    try:
+        yield
+    finally:
+        _MASKER.reset(token)
+
+
+def shown(value: Any) -> str:
+    """A value as a page shows it: its text, secrets masked, lone surrogates escaped."""
+    masker = _MASKER.get()
+    text = str(value)
+    return escaped_text(masker.text(text) if masker is not None else text)
+
+
+def escape(value: Any) -> str:
+    """:func:`shown`, escaped for HTML text and attributes."""
+    return html.escape(shown(value))
+
+
+def shown_values(node: Any) -> Any:
+    """A decoded structure as a page carries it (embedded JSON): every string value masked as
+    by :func:`shown`; keys (the names the page's script reads) and numbers as they are."""
+    masker = _MASKER.get()
+    return escape_lone_surrogates(masker.values(node, keys=False) if masker is not None else node)
 
 PACK_ABOVE_BYTES = 256 << 10  # rows JSON larger than this is embedded compressed
 
@@ -145,19 +187,16 @@ SCRIPT = r"""
 """
 
 
-ROWS_PER_CHUNK = 1000  # rows redacted and written (or compressed) at a time
+ROWS_PER_CHUNK = 1000  # rows written (or compressed) at a time
 
 
-def rollout_data_element(columns: list[str], rows: Iterable[list[Any]], secrets: frozenset[str]) -> str:
+def rollout_data_element(columns: list[str], rows: Iterable[list[Any]]) -> str:
     """The ``<script>`` element carrying the rollout table's rows, written chunk by chunk.
 
     Small tables are plain JSON; past ``PACK_ABOVE_BYTES`` the text goes through a gzip stream
     (the page unpacks it with the browser's ``DecompressionStream``) and is base64-embedded, so
-    the rows are never held whole. Each chunk has the known secret values redacted before it is
-    compressed (the page-wide redaction cannot see inside the packed rows).
+    the rows are never held whole. Each row is masked (:func:`shown_values`) before it is encoded.
     """
-    from gym_artifacts.core.secrets import redact_secret_values
-
     plain: list[str] = []
     size = 0
     packer: Any = None
@@ -168,7 +207,7 @@ def rollout_data_element(columns: list[str], rows: Iterable[list[Any]], secrets:
         # No "<" at all inside the element (JSON's own escape, valid only in strings, where any
         # "<" is): "</script", "<!--" and "<script" alike can never end the element or move the
         # HTML parser into its escaped script states.
-        text = redact_secret_values(text, secrets).replace("<", "\\u003c")
+        text = text.replace("<", "\\u003c")
         if packer is None:
             plain.append(text)
             size += len(text)
@@ -179,12 +218,13 @@ def rollout_data_element(columns: list[str], rows: Iterable[list[Any]], secrets:
             plain.clear()
         packed.append(packer.compress(text.encode("utf-8")))
 
-    emit(json.dumps({"columns": columns, "rows": []}, ensure_ascii=False)[:-2])
+    emit(json.dumps({"columns": shown_values(columns), "rows": []}, ensure_ascii=False)[:-2])
     chunk: list[str] = []
     first = True
     for row in rows:
         chunk.append(
-            ("" if first else ",") + json.dumps(row, ensure_ascii=False, allow_nan=False, default=str)
+            ("" if first else ",")
+            + json.dumps(shown_values(row), ensure_ascii=False, allow_nan=False, default=shown)
         )
         first = False
         if len(chunk) == ROWS_PER_CHUNK:
@@ -209,10 +249,9 @@ def render_page(
     """The whole page: no external resource of any kind. ``rollout_data``: the element from
     :func:`rollout_data_element` ("" when there is no table), or another page's data element
     with its own ``script`` and ``extra_style`` (the compare page)."""
-    nav = "".join(f'<a href="#{sid}">{html.escape(name)}</a>' for sid, name, _ in sections)
+    nav = "".join(f'<a href="#{sid}">{escape(name)}</a>' for sid, name, _ in sections)
     body = "".join(
-        f'<section id="{sid}"><h2>{html.escape(name)}</h2>{content}</section>'
-        for sid, name, content in sections
+        f'<section id="{sid}"><h2>{escape(name)}</h2>{content}</section>' for sid, name, content in sections
     )
     data = rollout_data
     return (
@@ -220,7 +259,7 @@ def render_page(
         '<meta name="viewport" content="width=device-width, initial-scale=1">'
         "<meta http-equiv=\"Content-Security-Policy\" content=\"default-src 'none'; style-src 'unsafe-inline'; "
         "script-src 'unsafe-inline'; img-src data:; media-src data: file: 'self'\">"
-        f"<title>{html.escape(title)}</title><style>{STYLE}{extra_style}</style></head>"
-        f"<body><header><h1>{html.escape(title)}</h1><nav>{nav}</nav></header><main>{body}</main>"
+        f"<title>{escape(title)}</title><style>{STYLE}{extra_style}</style></head>"
+        f"<body><header><h1>{escape(title)}</h1><nav>{nav}</nav></header><main>{body}</main>"
         f"{data}<script>{script}</script></body></html>\n"
     )

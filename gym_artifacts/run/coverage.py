@@ -13,6 +13,10 @@ the aggregate's per-task ``expected_num_rollouts`` / ``missing_num_rollouts``. F
   ``scored + failed + missing = expected``. NeMo Gym's own ``coverage/missing`` (its step
   metric) is ``expected - scored``, failed rollouts included; shown beside ``coverage/failed``
   that read as every failure lost twice. Without a failures sidecar both are the same number.
+  NeMo Gym's own figures are restated to this definition wherever they pass (``nemo_gym_coverage``):
+  the live drop-in (``gym_artifacts.nemo_gym.export_metrics``, with the failures sidecar as it is
+  then) and the journal's points a post-run export sends (``RunPayload.journal``), so every
+  backend, the report and the journal agree.
 
 The export rule (README, "Partial runs"): a run whose every planned rollout is accounted for
 (scored or recorded as failed) is exported, and marked partial when any failed; a run with
@@ -23,6 +27,7 @@ the explicit "accepted partial" path.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -121,6 +126,29 @@ class Coverage:
             "as an accepted partial by writing STEM_acceptance.json with omitted_rows >= "
             f"{self.unaccounted}"
         )
+
+
+def _count(value: Any) -> int | None:
+    """A count as NeMo Gym logs one (an int, or a float holding one), else None."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    if isinstance(value, float) and not value.is_integer():
+        return None
+    return int(value) if value >= 0 else None
+
+
+def nemo_gym_coverage(metrics: Mapping[str, Any], failed: int | None) -> dict[str, float] | None:
+    """NeMo Gym's own end-of-collection figures (``coverage/expected``, ``coverage/scored``,
+    ``coverage/missing`` = expected - scored) restated under this module's one definition, with
+    ``failed`` rows of the failures sidecar (None: no sidecar, missing stays expected - scored):
+    the ``coverage/*`` values ``Coverage.metrics`` gives. None when ``metrics`` hold no
+    ``coverage/missing`` beside countable expected and scored figures (nothing to restate)."""
+    if "coverage/missing" not in metrics:
+        return None
+    expected, scored = _count(metrics.get("coverage/expected")), _count(metrics.get("coverage/scored"))
+    if expected is None or scored is None:
+        return None
+    return Coverage(scored, expected, None, failed, None).metrics()
 
 
 def coverage_of(run: RunArtifacts, record_counts: dict[str, int] | None = None) -> Coverage:

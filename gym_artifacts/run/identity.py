@@ -11,12 +11,11 @@ import contextlib
 import gzip
 import json
 import os
-import re
 import time
 import zlib
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import blake3
 
@@ -31,18 +30,17 @@ from gym_artifacts.core.jsonio import (
     read_yaml,
 )
 from gym_artifacts.run.artifacts import METRICS_JOURNAL, ROLLOUTS
+from gym_artifacts.run.digests import PREFIX as PREFIX
+from gym_artifacts.run.digests import JsonlDigest, LineCounter
+from gym_artifacts.run.digests import hex_digest as _hex
 from gym_artifacts.run.torn import partial_last_line
 
 if TYPE_CHECKING:
     from gym_artifacts.run.artifacts import RunArtifacts
 
-PREFIX = "b3:"
 _CHUNK = 1 << 20
-_MOD = 1 << 256
-
-
-def _hex(hasher: blake3.blake3) -> str:
-    return PREFIX + hasher.hexdigest()
+# An identity computed this export: ``(stat key, identity)``, or with the file's record count.
+Known = tuple[list[int], str] | tuple[list[int], str, int]
 
 
 _BYTES_BUFFER = 8 << 20
@@ -63,44 +61,6 @@ def hash_bytes_file(fpath: Path, lines: LineCounter | None = None) -> str:
             if lines is not None:
                 lines.feed(buffer if n == len(buffer) else bytes(view[:n]))
     return _hex(hasher)
-
-
-# Two newlines with only white space between them: a blank line (``bytes.strip``'s white space).
-_BLANK_LINE = re.compile(rb"\n[ \t\r\x0b\x0c]*\n")
-
-
-class LineCounter:
-    """Non-blank lines of a stream fed in chunks, by ``jsonio.count_lines``'s rule (a line of
-    white space only does not count; an unterminated last line with text does), in constant
-    memory however long a line is. A chunk without a blank line, the usual case, is counted by
-    its newlines and one regular-expression scan (C speed: about as fast as ``count_lines``, but
-    from a read the export makes anyway)."""
-
-    __slots__ = ("_lines", "_tail_has_text")
-
-    def __init__(self) -> None:
-        self._lines = 0
-        self._tail_has_text = False
-
-    def feed(self, chunk: bytes | bytearray) -> None:
-        first = chunk.find(b"\n")
-        if first < 0:
-            self._tail_has_text = self._tail_has_text or bool(chunk.strip())
-            return
-        last = chunk.rfind(b"\n")
-        if self._tail_has_text or chunk[:first].strip():
-            self._lines += 1  # the line that ends at the chunk's first newline
-        if last > first:  # the lines between the first newline and the last
-            middle = chunk.count(b"\n", first + 1, last + 1)
-            if _BLANK_LINE.search(chunk, first, last + 1) is not None:
-                pieces = chunk[first + 1 : last].split(b"\n")
-                middle = sum(1 for piece in pieces if piece.strip())
-            self._lines += middle
-        self._tail_has_text = bool(chunk[last + 1 :].strip())
-
-    @property
-    def count(self) -> int:
-        return self._lines + (1 if self._tail_has_text else 0)
 
 
 def hash_gzip_file(fpath: Path) -> str:
@@ -135,35 +95,6 @@ def hash_json_file(fpath: Path) -> str:
 def hash_yaml_file(fpath: Path) -> str:
     """Digest of the canonical form of the YAML content, interpolations as written."""
     return _hex(blake3.blake3(canonical_json(read_yaml(fpath))))
-
-
-class JsonlDigest:
-    """A multiset digest of JSONL records: the sum modulo 2**256 of the records' digests.
-
-    Addition commutes, so line order does not count, and partial sums over chunks of a file can
-    be computed apart (in parallel) and merged.
-    """
-
-    __slots__ = ("count", "total")
-
-    def __init__(self, count: int = 0, total: int = 0) -> None:
-        self.count = count
-        self.total = total
-
-    def add_record_bytes(self, canonical: bytes) -> None:
-        digest = blake3.blake3(canonical).digest()
-        self.total = (self.total + int.from_bytes(digest, "big")) % _MOD
-        self.count += 1
-
-    def merge(self, other: JsonlDigest) -> None:
-        self.count += other.count
-        self.total = (self.total + other.total) % _MOD
-
-    def hexdigest(self) -> str:
-        final = blake3.blake3(b"jsonl-multiset-v1\0")
-        final.update(self.count.to_bytes(8, "big"))
-        final.update(self.total.to_bytes(32, "big"))
-        return _hex(final)
 
 
 def digest_jsonl_range(fpath: Path, start: int = 0, end: int | None = None) -> JsonlDigest:
@@ -297,7 +228,7 @@ def content_identities(
     use_cache: bool = True,
     progress: Callable[[str, int, int], None] | None = None,
     record_counts: dict[str, int] | None = None,
-    known: Mapping[str, tuple[list[int], str]] | None = None,
+    known: Mapping[str, Known] | None = None,
     started: Mapping[str, tuple[list[int], JsonlInFlight]] | None = None,
 ) -> dict[str, str]:
     """``{artifact name: digest}`` for every file of the run that is present.
@@ -323,7 +254,8 @@ def content_identities(
             cached = cache.lookup(name, before) if cache is not None else None
             fresh = cached is None
             if fresh and known is not None and name in known and known[name][0] == stat_key(before):
-                cached = known[name][1], None
+                entry = known[name]
+                cached = entry[1], (entry[2] if len(entry) > 2 else None)
             if cached is not None:
                 identities[name], records = cached
             elif name.endswith(".jsonl"):
@@ -384,9 +316,12 @@ class IdentityCache:
     """Identities of a run's files keyed on (device, inode, size, mtime_ns, ctime_ns).
 
     ``ctime`` cannot be set by a writer, so a file rewritten with its old size and mtime still
-    misses. A file modified within the last ``RACY_NS`` (its timestamps may not yet tell two
-    writes apart) or that changed while it was hashed is never cached. The cache is a hidden
-    file beside the run; failing to write it only costs a rehash next time.
+    misses. A file whose modification time lies within ``RACY_NS`` of now, on either side (its
+    timestamps may not yet tell two writes apart), or that changed while it was hashed is not
+    cached. A modification time further in the future (a copy from a machine whose clock runs
+    ahead) is cached like a past one: the next write sets the time to now, which differs, so a
+    clock in the future costs one hash, not one per command. The cache is a hidden file beside
+    the run; failing to write it only costs a rehash next time.
     """
 
     VERSION = 1
@@ -417,6 +352,23 @@ class IdentityCache:
             return None
         return identity, records if isinstance(records, int) else None
 
+    def lookup_product(self, name: str, key: list[int]) -> tuple[bool, Any]:
+        """``(True, product)`` when a product of the file's one read (``store_product``) was
+        recorded for it as it is now (stat key ``key``), else ``(False, None)``."""
+        entry = self.entries.get(name)
+        if not isinstance(entry, dict) or entry.get("key") != key or "product" not in entry:
+            return False, None
+        return True, entry["product"]
+
+    def store_product(self, name: str, before: os.stat_result, after: os.stat_result, product: Any) -> None:
+        """Record a JSON-able product of the file's read, under the same rules as an identity."""
+        key = stat_key(before)
+        if key != stat_key(after) or time.time_ns() - before.st_mtime_ns < self.RACY_NS:
+            self.entries.pop(name, None)
+        else:
+            self.entries[name] = {"key": key, "product": product}
+        self.dirty = True
+
     def store(
         self,
         name: str,
@@ -426,7 +378,7 @@ class IdentityCache:
         records: int | None = None,
     ) -> None:
         key = stat_key(before)
-        if key != stat_key(after) or time.time_ns() - before.st_mtime_ns < self.RACY_NS:
+        if key != stat_key(after) or abs(time.time_ns() - before.st_mtime_ns) < self.RACY_NS:
             self.entries.pop(name, None)
             self.dirty = True
             return
@@ -464,25 +416,32 @@ _BYTES_ENTRY = "bytes:"
 
 
 def send_key(
-    run: RunArtifacts, record_counts: dict[str, int] | None = None
-) -> tuple[str, dict[str, tuple[list[int], str]]]:
+    run: RunArtifacts, record_counts: dict[str, int] | None = None, row_values: bool = False
+) -> tuple[str, dict[str, Known]]:
     """A digest of every artifact's name and bytes, and the identities that came with it.
 
     The bytes are hashed with blake3 on every core (gigabytes a second: a small part of any copy
     of them), each file's digest cached by its stat key like an identity. The same bytes give the
     same key from any folder and after a ``touch``. A file whose identity is its bytes
     (``identity_kind`` ``bytes``: a recording, a trace) gets its identity from the same read:
-    returned as ``{name: (stat_key, identity)}`` for ``content_identities(known=...)``.
+    returned as ``{name: (stat_key, identity)}`` for ``content_identities(known=...)``; so does
+    a JSONL file not in the cache, whose records are parsed from the same read (``jsonl_pass``:
+    the rollouts' facts recorded too, and with ``row_values`` each row's values for a backend
+    that asks, ``rollouts_facts.rollout_row_values``).
     ``record_counts``, when given, receives each JSONL file's non-blank lines, counted from the
     same read (its records, unless its last line is torn).
     """
     cache = IdentityCache(run.identity_cache_fpath)
     digests: dict[str, str] = {}
-    known: dict[str, tuple[list[int], str]] = {}
+    known: dict[str, Known] = {}
     for name, fpath in sorted(run.artifact_files().items()):
         try:
             before = os.stat(fpath)
             cached = cache.lookup(_BYTES_ENTRY + name, before)
+            if cached is None and name.endswith(".jsonl") and cache.lookup(name, before) is None:
+                read = _read_jsonl_once(run, cache, name, fpath, before, row_values)
+                if read is not None:
+                    cached, known[name] = read
             lines = LineCounter() if name.endswith(".jsonl") else None
             if cached is None:
                 digest = hash_bytes_file(fpath, lines)
@@ -503,7 +462,55 @@ def send_key(
     return SEND_KEY_PREFIX + hasher.hexdigest(), known
 
 
-def identities_cached(run: RunArtifacts, known: Mapping[str, tuple[list[int], str]]) -> bool:
+def _read_jsonl_once(
+    run: RunArtifacts,
+    cache: IdentityCache,
+    name: str,
+    fpath: Path,
+    before: os.stat_result,
+    rows: bool = False,
+) -> tuple[tuple[str, int], Known] | None:
+    """A JSONL file not in the cache, read once (``jsonl_pass``): its bytes digest and line
+    count for the send key, and its identity (with its record count) as known for
+    ``content_identities``; what the rollouts tell (params, times) recorded for
+    ``rollouts_facts``. None when a line is too long for the one read's blocks (the file is then
+    read by the separate passes)."""
+    from gym_artifacts.run.jsonl_pass import (
+        FACTS_ENTRY,
+        LineTooLong,
+        read_jsonl_once,
+        remember_facts,
+        remember_rows,
+    )
+
+    end = _complete_bytes(name, fpath)
+    large = before.st_size >= PARALLEL_MIN_BYTES
+    try:
+        rollouts = name == ROLLOUTS
+        read = read_jsonl_once(fpath, end, tally=rollouts, parallel=large, rows=rows and rollouts)
+    except LineTooLong:
+        return None
+    except RunError:
+        digest_jsonl_range(fpath, 0, end)  # again in order: the error names the line
+        raise
+    after = os.stat(fpath)
+    identity = read.records.hexdigest()
+    cache.store(_BYTES_ENTRY + name, before, after, read.bytes_digest, read.lines)
+    cache.store(name, before, after, identity, read.records.count)
+    if read.facts is not None:
+        facts = read.facts.as_json()
+        cache.store_product(FACTS_ENTRY + name, before, after, facts)
+        if stat_key(before) == stat_key(after):
+            remember_facts(fpath, stat_key(before), facts)
+    if read.rows is not None:
+        if stat_key(before) == stat_key(after):
+            remember_rows(fpath, stat_key(before), read.rows)
+        else:
+            read.rows.close()
+    return (read.bytes_digest, read.lines), (stat_key(before), identity, read.records.count)
+
+
+def identities_cached(run: RunArtifacts, known: Mapping[str, Known]) -> bool:
     """Whether every file's identity is known without reading it (cached, or from ``known``)."""
     cache = IdentityCache(run.identity_cache_fpath)
     for name, fpath in run.artifact_files().items():
@@ -528,7 +535,7 @@ class IdentitiesInFlight:
     records are hashed on the other cores. ``result()`` waits and raises what the hashing raised.
     """
 
-    def __init__(self, run: RunArtifacts, known: Mapping[str, tuple[list[int], str]] | None = None) -> None:
+    def __init__(self, run: RunArtifacts, known: Mapping[str, Known] | None = None) -> None:
         import threading
 
         self._result: tuple[dict[str, str], str] | None = None
@@ -551,7 +558,7 @@ class IdentitiesInFlight:
     def _hash(
         self,
         run: RunArtifacts,
-        known: Mapping[str, tuple[list[int], str]] | None,
+        known: Mapping[str, Known] | None,
         started: Mapping[str, tuple[list[int], JsonlInFlight]],
     ) -> None:
         try:

@@ -47,9 +47,13 @@ def _config_name(config: Any, keys: Sequence[str]) -> str | None:
 
 
 def default_run_name(run: RunArtifacts) -> str:
-    """``<folder>/<stem>`` of the output (the stem alone for a run in the file system root)."""
+    """``<folder>/<stem>`` of the output (the stem alone for a run in the file system root); a
+    name's undecodable bytes (``r\xe9sultats`` on a UTF-8 system) as escapes: text a tracker
+    stores."""
+    from gym_artifacts.core.jsonio import escaped_text
+
     folder = run.stem.parent.name
-    return f"{folder}/{run.stem.name}" if folder else run.stem.name
+    return escaped_text(f"{folder}/{run.stem.name}" if folder else run.stem.name)
 
 
 def run_name(run: RunArtifacts, config: Any, backend: str) -> str:

@@ -55,19 +55,67 @@ def _task_key(agent: Any, task: Any) -> Any:
     return json.dumps([agent, task])
 
 
+class ParamsTally:
+    """What rollouts tell about their run, counted a record at a time: agents, environment
+    servers, models, and rollouts per task (tallies of parts of a file merge). ``params()``
+    gives the run's params (``params_from_files``)."""
+
+    __slots__ = ("agents", "environments", "models", "per_task")
+
+    def __init__(self) -> None:
+        self.agents: Counter[str] = Counter()
+        self.environments: Counter[str] = Counter()
+        self.models: Counter[str] = Counter()
+        self.per_task: Counter[Any] = Counter()
+
+    def add(self, row: Any) -> None:
+        """One record (anything but a JSON object tells nothing)."""
+        if not isinstance(row, dict):
+            return
+        agent = row.get("agent_ref")
+        agent = agent.get("name") if isinstance(agent, dict) else agent
+        if isinstance(agent, str):
+            self.agents[agent] += 1
+        environment = row.get("_ng_environment_server")
+        if isinstance(environment, str):
+            self.environments[environment] += 1
+        response = row.get("response")
+        model = response.get("model") if isinstance(response, dict) else None
+        if isinstance(model, str):
+            self.models[model] += 1
+        task = row.get("_ng_task_index")
+        if task is not None:
+            self.per_task[_task_key(agent, task)] += 1
+
+    def merge(self, other: ParamsTally) -> None:
+        self.agents.update(other.agents)
+        self.environments.update(other.environments)
+        self.models.update(other.models)
+        self.per_task.update(other.per_task)
+
+    def params(self) -> dict[str, Any] | None:
+        """The params the records tell; None when they tell none."""
+        params = {
+            AGENT_PARAM: _one_value(self.agents),
+            ENVIRONMENT_PARAM: _one_value(self.environments),
+            MODEL_PARAM: _one_value(self.models),
+            REPEATS_PARAM: max(self.per_task.values()) if self.per_task else None,
+        }
+        params = {k: v for k, v in params.items() if v is not None}
+        return params or None
+
+
 def params_from_files(run: RunArtifacts) -> dict[str, Any] | None:
     """What a NeMo Gym run's rollouts tell about it: agent, environment server, model, repeats.
 
     None when the rollouts tell none of these (the run then has no params, as before). A line
-    that is not a JSON object is skipped: the export's own checks report bad files.
+    that is not a JSON object is skipped: the export's own checks report bad files. A full read
+    of the file: ``rollouts_facts.run_params`` answers from the export's one read instead.
     """
     fpath = run.rollouts_fpath
     if fpath is None or not fpath.is_file():
         return None
-    agents: Counter[str] = Counter()
-    environments: Counter[str] = Counter()
-    models: Counter[str] = Counter()
-    per_task: Counter[Any] = Counter()
+    tally = ParamsTally()
     with open(fpath, "rb") as fh:
         for line in fh:
             if not line.endswith(b"\n"):
@@ -79,27 +127,5 @@ def params_from_files(run: RunArtifacts) -> dict[str, Any] | None:
                     row = json.loads(line)
                 except (ValueError, RecursionError):
                     continue
-            if not isinstance(row, dict):
-                continue
-            agent = row.get("agent_ref")
-            agent = agent.get("name") if isinstance(agent, dict) else agent
-            if isinstance(agent, str):
-                agents[agent] += 1
-            environment = row.get("_ng_environment_server")
-            if isinstance(environment, str):
-                environments[environment] += 1
-            response = row.get("response")
-            model = response.get("model") if isinstance(response, dict) else None
-            if isinstance(model, str):
-                models[model] += 1
-            task = row.get("_ng_task_index")
-            if task is not None:
-                per_task[_task_key(agent, task)] += 1
-    params = {
-        AGENT_PARAM: _one_value(agents),
-        ENVIRONMENT_PARAM: _one_value(environments),
-        MODEL_PARAM: _one_value(models),
-        REPEATS_PARAM: max(per_task.values()) if per_task else None,
-    }
-    params = {k: v for k, v in params.items() if v is not None}
-    return params or None
+            tally.add(row)
+    return tally.params()

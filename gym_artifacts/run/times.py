@@ -112,6 +112,11 @@ def _rollouts(run: RunArtifacts) -> RunTimes | None:
     with _ROLLOUT_TIMES_LOCK:
         if key in _ROLLOUT_TIMES:
             return _ROLLOUT_TIMES[key]
+    from gym_artifacts.run.rollouts_facts import cached_window
+
+    found, window = cached_window(run)  # the export's one read of the rollouts recorded it
+    if found:
+        return None if window is None else RunTimes(window[0], window[1], "rollouts")
     first = last = None
     try:
         for _, record in iter_jsonl(fpath, "rollouts JSONL"):

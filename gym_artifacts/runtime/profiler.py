@@ -2,19 +2,24 @@
 
 ``EXPERIMENT_PROFILE_RANGE="start,stop"`` (inclusive) picks the chunks; an invalid range is
 warned about and ignored. Activities are what this torch supports (CPU-only works). The
-profiler is exited when the range ends, when a chunk body raises, or at ``close()``, so it is
-never left open. The trace (gzip chrome trace) and a summary table are published atomically.
-Only rank 0 profiles.
+profiler is exited when the range ends, when a chunk body raises, at ``close()``, at the
+session's ``finalize`` (a range past the last chunk: ``"2,4"`` with 3 chunks) or at process exit,
+so it is never left open. The trace (gzip chrome trace) and a summary table are published
+atomically; the session's manifest says which chunks of the range were profiled and which never
+ran, or why there is no trace (:func:`finish_profilers`). Only rank 0 profiles.
 """
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import gzip
 import logging
 import os
 import shutil
 import tempfile
+import threading
+import weakref
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -59,6 +64,10 @@ class ChunkRangeProfiler:
         self._profiler: Any = None
         self._done = False
         self.error: str | None = None
+        self.profiled: tuple[int, int] | None = None  # the first and last chunk profiled
+        self.last_chunk: int | None = None  # the last chunk run, in the range or not
+        if self.range is not None:
+            _register(self)
 
     @property
     def active(self) -> bool:
@@ -71,6 +80,7 @@ class ChunkRangeProfiler:
 
     @contextlib.contextmanager
     def chunk(self, index: int) -> Iterator[None]:
+        self.last_chunk = index
         if not self.active or self.range is None or not (self.range[0] <= index <= self.range[1]):
             yield
             return
@@ -78,6 +88,7 @@ class ChunkRangeProfiler:
         if marker is None:  # the profiler could not start: the chunk runs unprofiled
             yield
             return
+        self.profiled = (self.profiled[0] if self.profiled else index, index)
         try:
             with marker:
                 yield
@@ -142,7 +153,76 @@ class ChunkRangeProfiler:
         if partial_at is not None and self.range is not None:
             first, last = self.range
             table = f"partial profile: chunk {partial_at} raised inside range {first},{last}\n{table}"
+        elif self.never_ran():
+            table = f"partial profile: {self._never_ran_text()}\n{table}"
         atomic_write_bytes(self.artifacts_dpath / SUMMARY_NAME, table.encode())
+
+
+    def never_ran(self) -> list[list[int]]:
+        """The chunks of the range after the last one profiled, as ``[[first, last]]`` (none when
+        the range was profiled to its end)."""
+        if self.range is None or self.profiled is None or self.profiled[1] >= self.range[1]:
+            return []
+        return [[self.profiled[1] + 1, self.range[1]]]
+
+    def _never_ran_text(self) -> str:
+        assert self.range is not None
+        first, last = self.never_ran()[0]
+        return f"range {self.range[0]},{self.range[1]}: chunks {first}..{last} never ran (closed before them)"
+
+    def outcome(self) -> tuple[dict[str, Any] | None, str | None]:
+        """What the manifest says of this profiler: (a note on what the trace covers, or None;
+        why there is no trace, or None)."""
+        if self.range is None:
+            return None, None
+        spec = f"EXPERIMENT_PROFILE_RANGE={self.range[0]},{self.range[1]}"
+        if self.profiled is None:
+            ran = "no chunk ran" if self.last_chunk is None else f"the last chunk run was {self.last_chunk}"
+            return None, self.error or f"{spec}: no chunk in the range ran ({ran}); nothing was profiled"
+        note = {"range": list(self.range), "profiled": list(self.profiled), "never_ran": self.never_ran()}
+        return note, (f"{spec}: {self.error}" if self.error else None)
+
+
+# Profilers with a range, until their session's ``finalize`` or process exit closes them.
+_profilers: weakref.WeakSet[ChunkRangeProfiler] = weakref.WeakSet()
+_profilers_lock = threading.Lock()
+
+
+def _register(profiler: ChunkRangeProfiler) -> None:
+    with _profilers_lock:
+        if not _profilers:
+            atexit.register(_close_all)
+        _profilers.add(profiler)
+
+
+def _close_all() -> None:
+    """At process exit: no profiler is left open, whatever its range."""
+    with _profilers_lock:
+        profilers = list(_profilers)
+    for profiler in profilers:
+        profiler.close()
+
+
+def finish_profilers(artifacts_dpath: Path) -> list[tuple[dict[str, Any] | None, str | None]]:
+    """Close every profiler writing into ``artifacts_dpath`` (publishing what it recorded) and
+    return each one's :meth:`ChunkRangeProfiler.outcome`; the session's ``finalize`` calls it
+    before writing the manifest."""
+    with _profilers_lock:
+        mine = [p for p in _profilers if _same_dir(p.artifacts_dpath, artifacts_dpath)]
+    outcomes = []
+    for profiler in mine:
+        profiler.close()
+        outcomes.append(profiler.outcome())
+        with _profilers_lock:
+            _profilers.discard(profiler)
+    return outcomes
+
+
+def _same_dir(a: Path, b: Path) -> bool:
+    try:
+        return a.resolve() == b.resolve()
+    except OSError:
+        return a == b
 
 
 def _has_cuda(profiler: Any) -> bool:

@@ -1,13 +1,16 @@
 """Recording assembly: ``init.mp4`` + ``chunk_<n>.m4s`` into one fragmented MP4, zero-copy.
 
-Chunks are ordered by their integer index (``chunk_100000`` after ``chunk_99999``), missing
-indexes are reported, and the bytes move in the kernel (``os.copy_file_range``, else
-``os.sendfile``, else a buffered copy; the kernel loop is ``snapshot``'s), never through a
-whole-file buffer. The result is published atomically.
+Chunks are ordered by their integer index (``chunk_100000`` after ``chunk_99999``); the gaps
+between them are reported as ranges, so memory follows the chunks present, never the values of
+their indexes (``chunk_1733212800`` beside ``chunk_0..2`` is one gap, not 1.7 billion entries).
+The bytes move in the kernel (``os.copy_file_range``, else ``os.sendfile``, else a buffered copy;
+the kernel loop is ``snapshot``'s), never through a whole-file buffer. The result is published
+atomically.
 """
 
 from __future__ import annotations
 
+import itertools
 import os
 import re
 from collections.abc import Callable
@@ -28,9 +31,19 @@ class RecordingReport:
     chunks: int
     first_index: int | None
     last_index: int | None
-    missing_indexes: list[int] = field(default_factory=list)
+    missing_ranges: list[tuple[int, int]] = field(default_factory=list)  # inclusive (first, last)
     bytes: int = 0
     method: str = ""
+
+    @property
+    def missing_count(self) -> int:
+        """How many indexes the gaps hold (a number, however large)."""
+        return sum(last - first + 1 for first, last in self.missing_ranges)
+
+
+def missing_ranges(indexes: list[int]) -> list[tuple[int, int]]:
+    """The gaps between sorted distinct ``indexes``, each as an inclusive ``(first, last)``."""
+    return [(a + 1, b - 1) for a, b in itertools.pairwise(indexes) if b - a > 1]
 
 
 def chunk_files(session_dir: Path) -> list[tuple[int, Path]]:
@@ -89,7 +102,6 @@ def assemble_recording(session_dir: Path | str, dest: Path | str, *, durable: bo
         raise RunError(f"{session_dir}: no init.mp4, cannot assemble a recording")
     chunks = chunk_files(session_dir)
     indexes = [i for i, _ in chunks]
-    missing = sorted(set(range(indexes[0], indexes[-1] + 1)) - set(indexes)) if indexes else []
     method = [_initial_method()]
     total = 0
     with atomic_writer(dest, durable=durable) as out:
@@ -107,7 +119,7 @@ def assemble_recording(session_dir: Path | str, dest: Path | str, *, durable: bo
         chunks=len(chunks),
         first_index=indexes[0] if indexes else None,
         last_index=indexes[-1] if indexes else None,
-        missing_indexes=missing,
+        missing_ranges=missing_ranges(indexes),
         bytes=total,
         method=method[0],
     )

@@ -29,6 +29,7 @@ from gym_artifacts.run.layout import (
     MANIFEST,
     NVML_SERIES,
     NVML_SUMMARY,
+    PROFILER_TRACE,
     RECORDING,
     SESSION_START,
     SESSION_TIMES,
@@ -210,11 +211,29 @@ class ExperimentSession:
                     "chunks": report.chunks,
                     "first_index": report.first_index,
                     "last_index": report.last_index,
-                    "missing_indexes": report.missing_indexes,
+                    "missing_ranges": [list(r) for r in report.missing_ranges],
+                    "missing_count": report.missing_count,
                     "bytes": report.bytes,
                     "copy": report.method,
                 }
+        self._finish_profilers()
         return self._write_manifest()
+
+    def _finish_profilers(self) -> None:
+        """Close the chunk-range profilers of this folder (a range past the last chunk is still
+        open) and record what each covers, or why it wrote no trace."""
+        from gym_artifacts.runtime.profiler import finish_profilers
+
+        try:
+            outcomes = finish_profilers(self.artifacts_dpath)
+        except Exception as exc:
+            self.failures[PROFILER_TRACE] = f"{type(exc).__name__}: {exc}"
+            return
+        for note, failure in outcomes:
+            if note is not None:
+                self.notes["profile"] = note
+            if failure is not None:
+                self.failures[PROFILER_TRACE] = failure
 
     def _write_manifest(self) -> dict[str, Any]:
         artifacts = []

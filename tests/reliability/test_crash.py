@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 import textwrap
 import time
@@ -22,6 +21,7 @@ from gym_artifacts.contract.hooks import ExportStatus
 from gym_artifacts.run.artifacts import RunArtifacts
 from gym_artifacts.run.identity import content_identities
 from gym_artifacts.run.receipts import read_receipt
+from tests.processes import run_bounded
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -80,7 +80,7 @@ KILLER = textwrap.dedent(
 def killed(target: str, nth: int, when: str, argv: list[str], env: dict[str, str] | None = None) -> None:
     full_env = {k: v for k, v in os.environ.items() if k != "WANDB_SERVICE"}
     full_env.update(env or {})
-    proc = subprocess.run([sys.executable, "-c", KILLER, target, str(nth), when, json.dumps(argv)],
+    proc = run_bounded([sys.executable, "-c", KILLER, target, str(nth), when, json.dumps(argv)],
                           cwd=REPO, capture_output=True, text=True, timeout=180, env=full_env)  # fmt: skip
     assert proc.returncode == -9, (
         f"not killed at {target}#{nth} {when}: rc={proc.returncode} {proc.stderr[-1500:]}"

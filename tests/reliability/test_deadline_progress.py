@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 
 from gym_artifacts.core.watchdog import DeadlinePassed, made_progress, run_watched
+from tests.load import scaled
 
 DEADLINE = 1.0
 BOUND = 15.0  # generous over the deadline: a loaded 2-core machine stalls threads for seconds
@@ -152,17 +153,19 @@ def test_a_trace_export_whose_server_stops_answering_fails_a_deadline_after_the_
         return real(self, experiment_id, body)
 
     monkeypatch.setattr(ScopedMlflow, "post_otlp", stops_answering)
+    # a fresh server's first trace batch takes seconds under load: the deadline scales with it
+    deadline = scaled(8)
     try:
-        result = export_traces_in_batches_of_25(quickstart_run, mlflow_server.uri, "stalled", 8)
+        result = export_traces_in_batches_of_25(quickstart_run, mlflow_server.uri, "stalled", deadline)
         failed_at = time.monotonic()
     finally:
         never.set()
     assert result.status is ExportStatus.FAILED and "DeadlinePassed" in (result.reason or "")
     assert len(calls) == 4
-    assert 8 * 0.95 <= failed_at - calls[3] < 8 + BOUND
+    assert deadline * 0.95 <= failed_at - calls[3] < deadline + BOUND
     assert not RunArtifacts.from_path(quickstart_run).export_done_fpath("mlflow").exists()
     # the same process exports again to the same server, once it answers: no closed pooled
     # connection of the abandoned export is reused
     monkeypatch.setattr(ScopedMlflow, "post_otlp", real)
-    again = export_traces_in_batches_of_25(quickstart_run, mlflow_server.uri, "after-stall", 8)
+    again = export_traces_in_batches_of_25(quickstart_run, mlflow_server.uri, "after-stall", deadline)
     assert again.status is ExportStatus.EXPORTED, again.reason

@@ -9,7 +9,6 @@ import json
 import os
 import shutil
 import statistics
-import subprocess
 import sys
 import textwrap
 import time
@@ -24,6 +23,7 @@ from gym_artifacts import export_run
 from gym_artifacts.contract.hooks import ExportStatus
 from gym_artifacts.live import live_exporters
 from tests.mlflow_server import MlflowServer
+from tests.processes import run_bounded
 from tests.reliability.faulty_servers import HttpFault, black_hole, http_fault
 
 REPO = Path(__file__).resolve().parents[2]
@@ -220,16 +220,16 @@ LOCAL_FAULT_SCRIPT = textwrap.dedent(
 def read_only(path: Path) -> Iterator[Path]:
     """``path`` re-mounted read-only (a bind mount: binding even root's writes)."""
     path.mkdir(parents=True, exist_ok=True)
-    mount = subprocess.run(["mount", "--bind", str(path), str(path)], capture_output=True, text=True)
+    mount = run_bounded(["mount", "--bind", str(path), str(path)], capture_output=True, text=True, timeout=60)
     if mount.returncode != 0:
         pytest.skip(f"cannot bind-mount here: {mount.stderr.strip()}")
     try:
-        ro = subprocess.run(["mount", "-o", "remount,bind,ro", str(path)], capture_output=True, text=True)
+        ro = run_bounded(["mount", "-o", "remount,bind,ro", str(path)], capture_output=True, text=True, timeout=60)
         if ro.returncode != 0:
             pytest.skip(f"cannot remount read-only here: {ro.stderr.strip()}")
         yield path
     finally:
-        subprocess.run(["umount", str(path)], check=False)
+        run_bounded(["umount", str(path)], timeout=60)
 
 
 def test_local_backend_disk_full(quickstart_run: Path, tmp_path: Path, healthy_median: float) -> None:
@@ -238,7 +238,7 @@ def test_local_backend_disk_full(quickstart_run: Path, tmp_path: Path, healthy_m
     out.parent.mkdir()
     env = {k: v for k, v in os.environ.items() if k != "WANDB_SERVICE"}
     env["PYTHONPATH"] = str(REPO)
-    proc = subprocess.run([sys.executable, "-c", LOCAL_FAULT_SCRIPT, "disk-full", str(root), str(out)],
+    proc = run_bounded([sys.executable, "-c", LOCAL_FAULT_SCRIPT, "disk-full", str(root), str(out)],
                           capture_output=True, text=True, timeout=120, env=env)  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-2000:]
     result = json.loads(proc.stdout.strip().splitlines()[-1])

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import copy_quickstart
+from tests.processes import run_bounded
 from tests.reliability.test_bad_input import fingerprint
 
 REPO = Path(__file__).resolve().parents[2]
@@ -46,7 +46,7 @@ class Outcome:
 def cli(tmp_path: Path, *args: str, timeout: float = 120) -> Outcome:
     rss = tmp_path / f"rss-{os.getpid()}-{len(list(tmp_path.glob('rss-*')))}"
     env = {**os.environ, "RSS_OUT": str(rss)}
-    proc = subprocess.run(
+    proc = run_bounded(
         [sys.executable, "-c", _CLI, *args], capture_output=True, text=True, cwd=REPO, env=env, timeout=timeout
     )  # a hang raises TimeoutExpired: the test fails, CI does not block
     rss_mb = int(rss.read_text()) / 1024 if rss.exists() else 0.0
@@ -259,7 +259,7 @@ def test_a_rollouts_file_that_is_a_fifo_is_named_so(tmp_path: Path) -> None:
     os.mkfifo(rollouts)
     cmd = [sys.executable, "-m", "gym_artifacts", "export", str(rollouts), "-e", "local",
            f"exporters.local.root={tmp_path / 'store'}"]  # fmt: skip
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    proc = run_bounded(cmd, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert "is not a regular file" in proc.stdout + proc.stderr and "missing" not in proc.stdout + proc.stderr
     assert "Traceback" not in proc.stdout + proc.stderr

@@ -5,13 +5,13 @@ teardown runs before the interpreter's shutdown forbids new exit hooks and threa
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 import textwrap
 from pathlib import Path
 
 import pytest
 
+from tests.processes import run_bounded
 from tests.wandb_records import offline_runs
 
 REPO = Path(__file__).resolve().parents[2]
@@ -47,7 +47,7 @@ EVAL = textwrap.dedent("""
 def test_exit_without_teardown_delivers_to_mlflow_and_wandb(tmp_path: Path, how: str) -> None:
     env = {k: v for k, v in os.environ.items() if k != "WANDB_SERVICE"}
     env["PYTHONPATH"] = str(REPO)
-    proc = subprocess.run([sys.executable, "-c", EVAL, str(tmp_path), how], capture_output=True, text=True,
+    proc = run_bounded([sys.executable, "-c", EVAL, str(tmp_path), how], capture_output=True, text=True,
                           cwd=tmp_path, env=env, timeout=300)  # fmt: skip
     assert proc.returncode == 0 and "eval done" in proc.stdout, proc.stderr[-3000:]
     assert "after shutdown" not in proc.stderr, proc.stderr[-3000:]

@@ -13,13 +13,15 @@ from pathlib import Path
 
 import pytest
 
+from tests.processes import run_bounded
+
 REPO = Path(__file__).resolve().parents[2]
 
 
 def cli(*args: str, cwd: Path | None = None, timeout: float = 120) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if k != "WANDB_SERVICE"}
     env["PYTHONPATH"] = str(REPO)
-    return subprocess.run([sys.executable, "-m", "gym_artifacts.cli", *args], capture_output=True, text=True,
+    return run_bounded([sys.executable, "-m", "gym_artifacts.cli", *args], capture_output=True, text=True,
                           cwd=cwd or REPO, env=env, timeout=timeout)  # fmt: skip
 
 

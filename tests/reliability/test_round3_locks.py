@@ -14,14 +14,14 @@ import pytest
 
 from gym_artifacts.core.locking import exclusive_lock, try_lock
 from gym_artifacts.run.artifacts import RunArtifacts
-from tests.processes import reaped
+from tests.processes import reaped, run_bounded
 
 REPO = Path(__file__).resolve().parents[2]
 
 
 def cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if k != "WANDB_SERVICE"}
-    return subprocess.run([sys.executable, "-m", "gym_artifacts.cli", *args], capture_output=True, text=True,
+    return run_bounded([sys.executable, "-m", "gym_artifacts.cli", *args], capture_output=True, text=True,
                           cwd=REPO, env=env, timeout=timeout)  # fmt: skip
 
 

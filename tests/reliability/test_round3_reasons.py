@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
 from gym_artifacts.core.secrets import mask_uri_credentials
+from tests.processes import run_bounded
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -24,7 +24,7 @@ def test_a_token_in_a_tracking_uris_user_part_is_never_printed(
     env = {k: v for k, v in os.environ.items() if k != "WANDB_SERVICE"}
     env["MLFLOW_HTTP_REQUEST_MAX_RETRIES"] = "0"
     env["MLFLOW_HTTP_REQUEST_TIMEOUT"] = "5"
-    proc = subprocess.run(
+    proc = run_bounded(
         [sys.executable, "-m", "gym_artifacts.cli", "-v", "export", str(quickstart_run), "-e", "mlflow", "--json",
          f"exporters.mlflow.tracking_uri=http://{token}@127.0.0.1:9"],
         capture_output=True, text=True, cwd=tmp_path, env=env, timeout=240,

@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -16,6 +15,7 @@ from omegaconf import OmegaConf
 
 from gym_artifacts.live import live_exporters
 from tests.mlflow_server import MlflowServer
+from tests.processes import run_bounded
 
 REPO = Path(__file__).resolve().parents[2]
 CANARIES = {
@@ -171,7 +171,7 @@ def test_no_canary_reaches_any_backend_log_or_environment(
     ]
     # post-run, with the CLI (the run's saved config routes it to all three backends)
     env = {k: v for k, v in os.environ.items() if k != "WANDB_SERVICE"}
-    proc = subprocess.run([sys.executable, "-m", "gym_artifacts.cli", "-v", "export", str(quickstart_run), "--json"],
+    proc = run_bounded([sys.executable, "-m", "gym_artifacts.cli", "-v", "export", str(quickstart_run), "--json"],
                           capture_output=True, text=True, cwd=REPO, env=env, timeout=300)  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.count('"EXPORTED"') == 4

@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import os
 import socket
-import subprocess
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -18,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.processes import run_bounded
 from tests.reliability.faulty_servers import HttpFault, http_fault
 
 REPO = Path(__file__).resolve().parents[2]
@@ -60,7 +60,7 @@ def test_failed_export_never_shows_uri_password_or_token(kind: str, quickstart_r
     env = {**os.environ, "PYTHONWARNINGS": "always"}
     with SERVERS[kind]() as uri:
         authed = uri.replace("http://", f"http://user:{PASSWORD}@")
-        proc = subprocess.run(
+        proc = run_bounded(
             [sys.executable, "-m", "gym_artifacts.cli", "-v", "export", str(quickstart_run), "-e", "mlflow", "--json",
              f"exporters.mlflow.tracking_uri={authed}", f"exporters.mlflow.tracking_token={TOKEN}", *FAST],
             capture_output=True, text=True, cwd=REPO, timeout=120, env=env,

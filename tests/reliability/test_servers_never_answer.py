@@ -6,7 +6,6 @@ and the CLI exits; the time is bounded by the subprocess timeout (a hang fails t
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -16,6 +15,7 @@ from typing import Any
 
 import pytest
 
+from tests.processes import run_bounded
 from tests.reliability.faulty_servers import black_hole, drip_server
 
 REPO = Path(__file__).resolve().parents[2]
@@ -28,7 +28,7 @@ def test_export_ends_failed_within_the_deadline(kind: str, quickstart_run: Path)
     pytest.importorskip("mlflow")
     with SERVERS[kind]() as server:
         started = time.monotonic()
-        proc = subprocess.run(
+        proc = run_bounded(
             [sys.executable, "-m", "gym_artifacts.cli", "export", str(quickstart_run), "-e", "mlflow", "--json",
              f"exporters.mlflow.tracking_uri={server.uri}", f"exporters.mlflow.export_deadline={DEADLINE}"],
             capture_output=True, text=True, cwd=REPO, timeout=DEADLINE + 90,

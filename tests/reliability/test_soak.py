@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 import textwrap
 import time
 from pathlib import Path
 
 import pytest
+
+from tests.processes import run_bounded
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -44,7 +45,7 @@ SOAK = textwrap.dedent(
 def test_a_million_calls_with_a_failing_backend(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if k != "WANDB_SERVICE"}
     started = time.monotonic()
-    proc = subprocess.run([sys.executable, "-c", SOAK, str(tmp_path / "eval.jsonl"), "1000000"],
+    proc = run_bounded([sys.executable, "-c", SOAK, str(tmp_path / "eval.jsonl"), "1000000"],
                           cwd=REPO, capture_output=True, text=True, timeout=300, env=env)  # fmt: skip
     wall = time.monotonic() - started
     assert proc.returncode == 0, proc.stderr[-2000:]

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import logging
-import subprocess
 import sys
 from pathlib import Path
 
@@ -15,6 +14,7 @@ from omegaconf import OmegaConf
 from gym_artifacts import export_run
 from gym_artifacts.contract.hooks import ExportStatus
 from tests.load import scaled
+from tests.processes import run_bounded
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -40,7 +40,7 @@ def test_torn_last_journal_line_dropped_and_reported(
         ["status", str(quickstart_run)],
         ["report", str(quickstart_run), "-o", str(tmp_path / "r.html")],
     ):
-        proc = subprocess.run(
+        proc = run_bounded(
             [sys.executable, "-m", "gym_artifacts.cli", *command],
             capture_output=True,
             text=True,
@@ -64,7 +64,7 @@ print(json.dumps({"lost": live.journal_lost}))
 
 def test_disk_full_journal_whole_lines_and_an_exact_loss_count(tmp_path: Path) -> None:
     out = tmp_path / "eval.jsonl"
-    proc = subprocess.run(
+    proc = run_bounded(
         [sys.executable, "-c", DISK_FULL_CHILD, str(out)],
         capture_output=True,
         text=True,
