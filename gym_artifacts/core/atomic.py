@@ -212,7 +212,7 @@ def dumps_pretty(obj: Any) -> bytes:
     """JSON for people and diffs: indented, keys sorted, a final newline.
 
     Integers past 64 bits (which orjson refuses) are written exactly, by the standard library,
-    and so is a lone surrogate (a path's undecodable byte, ``os.fsdecode``'s ``\udce9``): as its
+    and so is a lone surrogate (a path's undecodable byte, ``os.fsdecode``'s ``\\udce9``): as its
     JSON escape, so the file stays UTF-8 and reads back as the same string.
     """
     try:
