@@ -35,7 +35,7 @@ def test_exporters_lists_without_importing_any_sdk() -> None:
     expected = (
         ("tensorboard", "tensorboard", "live, post-run"),
         ("langsmith", "langsmith", "live, post-run"),
-        ("phoenix", "phoenix", "post-run only"),
+        ("phoenix", "phoenix", "live, post-run"),
     )
     for name, sdk, modes in expected:
         installed = "yes" if importlib.util.find_spec(sdk) is not None else "no"
