@@ -73,7 +73,10 @@ def test_ids_are_the_same_for_the_same_rollout_and_scope_only() -> None:
     assert [s.span_id for s in first.spans] == [s.span_id for s in again.spans]
     assert first.trace_id == again.trace_id
     assert rollout_trace("b", 4, record, 0.0).trace_id != first.trace_id
-    assert rollout_trace("a", 5, record, 0.0).trace_id != first.trace_id
+    # the rollout is named by NeMo Gym's task/rollout indices (live and post-run alike), not its row
+    assert rollout_trace("a", 5, record, 0.0).trace_id == first.trace_id
+    other = {**record, "_ng_rollout_index": record["_ng_rollout_index"] + 1}
+    assert rollout_trace("a", 4, other, 0.0).trace_id != first.trace_id
     assert failure_trace("a", 4, {}, None, 0.0).trace_id != first.trace_id
     assert len({s.span_id for s in first.spans}) == len(first.spans)
 
