@@ -387,17 +387,13 @@ def _responses_steps(request: Any, response: dict[str, Any], observed: dict[str,
             timed = observed.get(call_id)
             found = call_id in results
             steps.append(
-                ToolCall(
-                    call_id=call_id,
-                    name=str(call.get("name") or "tool"),
-                    arguments=call.get("arguments"),
-                    result=results.get(call_id, timed.result if timed else None),
-                    status=timed.status if timed else ("completed" if found else "missing"),
-                    error=timed.error
-                    if timed
-                    else (None if found else "no function_call_output for this call"),
-                    start_s=timed.start_s if timed else None,
-                    end_s=timed.end_s if timed else None,
+                _tool_call(
+                    call_id,
+                    str(call.get("name") or "tool"),
+                    call.get("arguments"),
+                    results.get(call_id, timed.result if timed else None),
+                    found,
+                    timed,
                 )
             )
     return steps
@@ -513,17 +509,13 @@ def _evidence_steps(evidence: dict[str, Any], response: dict[str, Any]) -> list[
             timed = observed.get(call_id)
             found = timed is not None or call_id in outputs
             steps.append(
-                ToolCall(
-                    call_id=call_id,
-                    name=str(item.get("name") or (timed.name if timed else "tool")),
-                    arguments=item.get("arguments"),
-                    result=timed.result if timed and timed.result is not None else outputs.get(call_id),
-                    status=timed.status if timed else ("completed" if found else "missing"),
-                    error=timed.error
-                    if timed
-                    else (None if found else "no function_call_output for this call"),
-                    start_s=timed.start_s if timed else None,
-                    end_s=timed.end_s if timed else None,
+                _tool_call(
+                    call_id,
+                    str(item.get("name") or (timed.name if timed else "tool")),
+                    item.get("arguments"),
+                    timed.result if timed and timed.result is not None else outputs.get(call_id),
+                    found,
+                    timed,
                 )
             )
     for call_id, timed in observed.items():  # timed calls no model output names (kept, not lost)
@@ -673,3 +665,17 @@ def failures_with_plans(run: RunArtifacts) -> Iterator[tuple[int, Any, Any]]:
     for index, record in enumerate(failures):
         yield index, record, planned.get(where(record))
 
+
+def _tool_call(call_id: str, name: str, arguments: Any, result: Any, found: bool, timed: Any) -> ToolCall:
+    """A tool call with its timing from NeMo Gym's evidence when there is some, else its status
+    from whether the conversation holds its output (one rule for both readings of a rollout)."""
+    return ToolCall(
+        call_id=call_id,
+        name=name,
+        arguments=arguments,
+        result=result,
+        status=timed.status if timed else ("completed" if found else "missing"),
+        error=timed.error if timed else (None if found else "no function_call_output for this call"),
+        start_s=timed.start_s if timed else None,
+        end_s=timed.end_s if timed else None,
+    )
