@@ -26,6 +26,7 @@ from gym_artifacts.compare.policy import DEFAULT_MAX_INPUT_MISMATCH, Policy
 from gym_artifacts.compare.stats import DEFAULT_ALPHA, PairedResult, check_alpha_margin, paired_test
 from gym_artifacts.compare.tasks import PRIMARY_METRIC, RunTasks, TaskKey, read_run_tasks, sort_key
 from gym_artifacts.core.errors import GymArtifactsError
+from gym_artifacts.core.jsonio import attributes_json
 from gym_artifacts.core.suggest import did_you_mean
 from gym_artifacts.run.artifacts import RunArtifacts
 
@@ -63,17 +64,11 @@ class TaskRow:
         return finite_or_none(self.candidate_value - self.base_value)
 
     def to_json(self) -> dict[str, Any]:
-        return {
-            "task": self.key,
-            "base": self.base_state,
-            "candidate": self.candidate_state,
-            "base_value": self.base_value,
-            "candidate_value": self.candidate_value,
-            "delta": self.delta,
-            "input_differs": self.input_differs,
-            "base_failed_rollouts": self.base_failed,
-            "candidate_failed_rollouts": self.candidate_failed,
-        }
+        return attributes_json(
+            self,
+            "task=key base=base_state candidate=candidate_state base_value candidate_value delta"
+            " input_differs base_failed_rollouts=base_failed candidate_failed_rollouts=candidate_failed",
+        )
 
 
 @dataclass

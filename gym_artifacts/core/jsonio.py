@@ -386,3 +386,15 @@ def metric_value(value: Any) -> float | None:
         if isinstance(inner, bool | int | float):
             return float(inner)
     return None
+
+
+def attributes_json(obj: Any, fields: str) -> dict[str, Any]:
+    """An object's attributes as a JSON object, in the order named: ``fields`` is a space-separated
+    list of ``name`` (the key is the attribute's name) or ``key=attribute`` (the key differs).
+    The one way the result types (coverage, a compared task) turn into their JSON, so each says
+    only which attributes it shows, under which keys."""
+    out = {}
+    for field in fields.split():
+        key, _, attribute = field.partition("=")
+        out[key] = getattr(obj, attribute or key)
+    return out

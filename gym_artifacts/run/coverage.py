@@ -31,7 +31,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from gym_artifacts.core.jsonio import count_lines
+from gym_artifacts.core.jsonio import attributes_json, count_lines
 
 if TYPE_CHECKING:
     from gym_artifacts.run.artifacts import RunArtifacts
@@ -87,14 +87,11 @@ class Coverage:
 
     def to_json(self) -> dict[str, Any]:
         return {
-            "expected": self.expected,
-            "expected_from": self.expected_source,
-            "scored": self.scored,
-            "failed": self.failed,
-            "missing": self.missing,
-            "unaccounted": self.unaccounted,
-            "partial": self.partial,
-            "accepted_omitted_rows": self.accepted_omitted,
+            **attributes_json(
+                self,
+                "expected expected_from=expected_source scored failed missing unaccounted partial"
+                " accepted_omitted_rows=accepted_omitted",
+            ),
             "text": self.text(),
         }
 
