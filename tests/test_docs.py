@@ -204,6 +204,20 @@ def test_readme_is_a_landing_page_that_links_every_reference_page() -> None:
     assert pages - linked == set()
 
 
+def test_every_docs_page_is_linked_from_the_index_and_the_nav() -> None:
+    """A page not linked from ``docs/index.md`` (nor in the site's nav) is a page nobody finds."""
+    index = REPO / "docs" / "index.md"
+    linked = {
+        (index.parent / m["target"].partition("#")[0]).resolve()
+        for line in _prose_lines(index.read_text()) for m in LINK.finditer(line)
+    }  # fmt: skip
+    config = yaml.safe_load((REPO / "mkdocs.yml").read_text())
+    in_nav = {(REPO / "docs" / page).resolve() for page in nav_pages(config["nav"])}
+    pages = {p.resolve() for p in doc_files() if p != README and p != index}
+    assert sorted(p.relative_to(REPO).as_posix() for p in pages - linked) == []
+    assert sorted(p.relative_to(REPO).as_posix() for p in pages - in_nav) == []
+
+
 def doc_files() -> list[Path]:
     """README and every docs page (notes waiting to be folded in excepted)."""
     pages = sorted(p for p in (REPO / "docs").rglob("*.md") if not p.name.startswith("notes-issue-"))
