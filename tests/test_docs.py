@@ -9,6 +9,8 @@ Each check is also shown to fail on a planted broken link.
 
 from __future__ import annotations
 
+import ast
+import builtins
 import importlib
 import re
 import subprocess
@@ -218,6 +220,23 @@ def test_every_docs_page_is_linked_from_the_index_and_the_nav() -> None:
     assert sorted(p.relative_to(REPO).as_posix() for p in pages - in_nav) == []
 
 
+# A sentence stating how long the test suite runs: the suite (or the test script) and a duration.
+SUITE_TIME = re.compile(
+    r"(?i)(suite|scripts/test\.sh|what CI runs).*\b\d+ ?(minutes?|min|hours?)\b"
+    r"|\b\d+ ?(minutes?|min|hours?)\b.*(suite|scripts/test\.sh)"
+)
+
+
+def test_the_suite_s_running_time_is_stated_on_one_page_only() -> None:
+    """docs/development.md says how long the suite takes; a second figure elsewhere drifts from it."""
+    stating = [
+        f"{path.relative_to(REPO)}:{n}"
+        for path in doc_files() for n, line in enumerate(path.read_text().splitlines(), 1)
+        if SUITE_TIME.search(line)
+    ]  # fmt: skip
+    assert stating and all(place.startswith("docs/development.md:") for place in stating), stating
+
+
 def doc_files() -> list[Path]:
     """README and every docs page (notes waiting to be folded in excepted)."""
     pages = sorted(p for p in (REPO / "docs").rglob("*.md") if not p.name.startswith("notes-issue-"))
@@ -284,4 +303,69 @@ def test_the_name_check_catches_a_moved_module_a_renamed_test_and_a_missing_file
         "gym_artifacts.no_such_module.thing: no such module or attribute",
         "tests/test_docs.py::no_such_test: no such test",
         "scripts/no_such_script.py: no such path",
+    ]
+
+
+PYTHON_BLOCK = re.compile(r"^```python\n(?P<code>.*?)^```\n(?P<after>(?:.*\n){0,3})", re.M | re.S)
+EXAMPLE_LINK = re.compile(r"\]\((?:\.\./)*(?P<path>examples/[\w/]+\.py)\)")
+
+
+def _top_level_names(tree: ast.Module) -> set[str]:
+    """The names a module or a code block binds: imports, defs, classes, assignments, loop and
+    ``with`` targets (anywhere in it: a block's later lines may use them)."""
+    names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            names.update((a.asname or a.name).split(".")[0] for a in node.names)
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+            names.add(node.id)
+    return names
+
+
+def _importable(module: str, name: str) -> bool:
+    """``from module import name`` works: an attribute, or a submodule."""
+    if hasattr(importlib.import_module(module), name):
+        return True
+    try:
+        importlib.import_module(f"{module}.{name}")
+    except ImportError:
+        return False
+    return True
+
+
+def missing_code_names(markdown: str) -> list[str]:
+    """Each name a ``python`` block of ``markdown`` calls or imports from gym_artifacts that does not
+    exist: a called name must be a builtin, bound in the block, or defined in the example file the
+    lines after the block link to (the block is an excerpt of it); ``from gym_artifacts.X import Y``
+    must import."""
+    problems = []
+    for block in PYTHON_BLOCK.finditer(markdown):
+        tree = ast.parse(block["code"])
+        known = _top_level_names(tree) | set(dir(builtins))
+        for example in EXAMPLE_LINK.finditer(block["after"]):
+            known |= _top_level_names(ast.parse((REPO / example["path"]).read_text()))
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id not in known:
+                problems.append(f"{node.func.id}(): not defined")
+            elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("gym_artifacts"):
+                problems += [f"{node.module}.{a.name}: no such name" for a in node.names if not _importable(node.module, a.name)]
+    return problems
+
+
+@pytest.mark.parametrize("markdown_file", doc_files(), ids=lambda p: str(p.relative_to(REPO)))
+def test_the_code_blocks_call_only_names_that_exist(markdown_file: Path) -> None:
+    assert missing_code_names(markdown_file.read_text()) == []
+
+
+def test_the_code_block_check_catches_an_invented_function_and_import() -> None:
+    markdown = (
+        "```python\nfrom gym_artifacts.live import live_exporters, live_everything\n"
+        "with live_exporters({}, 'o.jsonl') as live:\n    write_aggregate_metrics('a.json')\n"
+        "    write_aggregate(out, rows)\n```\nAn excerpt of [the example](examples/live_eval.py).\n"
+    )
+    assert missing_code_names(markdown) == [
+        "gym_artifacts.live.live_everything: no such name",
+        "write_aggregate_metrics(): not defined",
     ]
