@@ -7,6 +7,7 @@ contract breaks each contract, named in the report.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -109,3 +110,103 @@ def test_every_public_name_of_the_package_resolves() -> None:
     proc = run_bounded([sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert int(proc.stdout) >= 10
+
+
+# ``docs/architecture.md``'s tree: a line is ``NAME  job`` (two or more spaces between), nested by
+# two spaces per level; a folder ends in ``/``.
+TREE_LINE = re.compile(r"^(?P<indent>(?:  )*)(?P<name>[\w.]+/?) {2,}(?P<job>\S.*)$")
+TREE_ROOTS = ("gym_artifacts", "exporters")
+
+
+def documented_tree(markdown: str) -> tuple[dict[str, str], list[str]]:
+    """The tree under ``## The tree`` as ``{path: job}`` (folders end in ``/``), and the lines
+    that are not one ``NAME  job`` entry (a module without its job, a wrapped job, a bad indent)."""
+    section = markdown.split("\n## The tree\n", 1)[1]
+    block = section.split("```\n", 2)[1]
+    entries: dict[str, str] = {}
+    bad: list[str] = []
+    parents: list[str] = []
+    for line in block.splitlines():
+        match = TREE_LINE.match(line)
+        depth = len(match.group("indent")) // 2 if match else 0
+        if match is None or depth > len(parents):
+            bad.append(line)
+            continue
+        del parents[depth:]
+        path = "".join(parents) + match.group("name")
+        entries[path] = match.group("job")
+        if path.endswith("/"):
+            parents.append(match.group("name"))
+    return entries, bad
+
+
+def real_tree(root: Path) -> set[str]:
+    """Every module of the package and of the built-in backends, and every folder holding one; a
+    subpackage's ``__init__.py`` is its folder's line."""
+    paths: set[str] = set()
+    for top in TREE_ROOTS:
+        for module in (root / top).rglob("*.py"):
+            relative = module.relative_to(root)
+            folders = relative.parent.parts
+            paths.update("/".join(folders[: i + 1]) + "/" for i in range(len(folders)))
+            if not (relative.name == "__init__.py" and len(folders) > 1):
+                paths.add(relative.as_posix())
+    return paths - {f"{top}/__init__.py" for top in TREE_ROOTS[1:]}
+
+
+def tree_mismatch(markdown: str, root: Path) -> list[str]:
+    """What the documented tree gets wrong against the files under ``root``."""
+    entries, bad = documented_tree(markdown)
+    real = real_tree(root)
+    return (
+        [f"listed but not a module: {p}" for p in sorted(set(entries) - real)]
+        + [f"a module missing from the tree: {p}" for p in sorted(real - set(entries))]
+        + [f"not one 'NAME  job' line: {line!r}" for line in bad]
+    )
+
+
+def test_the_documented_tree_is_every_module_with_its_job() -> None:
+    """docs/architecture.md lists every module of gym_artifacts/ and exporters/ and nothing else,
+    each with its one-line job: a new, moved or removed module must change that page."""
+    assert tree_mismatch((REPO / "docs" / "architecture.md").read_text(), REPO) == []
+
+
+def test_the_tree_check_catches_a_missing_an_invented_and_a_jobless_module(tmp_path: Path) -> None:
+    markdown = (REPO / "docs" / "architecture.md").read_text()
+    for top in TREE_ROOTS:
+        shutil.copytree(REPO / top, tmp_path / top, ignore=shutil.ignore_patterns("__pycache__"))
+    (tmp_path / "gym_artifacts" / "core" / "planted_new.py").write_text('"""A module nobody listed."""\n')
+    (tmp_path / "gym_artifacts" / "run" / "torn.py").unlink()
+    planted = markdown.replace(
+        "    watchdog.py ", "    watchdog_old.py  a module that moved\n    watchdog.py "
+    ).replace("  cli.py                   the command line", "  cli.py\n    the command line")
+    assert tree_mismatch(planted, tmp_path) == [
+        "listed but not a module: gym_artifacts/core/watchdog_old.py",
+        "listed but not a module: gym_artifacts/run/torn.py",
+        "a module missing from the tree: gym_artifacts/cli.py",
+        "a module missing from the tree: gym_artifacts/core/planted_new.py",
+        "not one 'NAME  job' line: '  cli.py'",
+        "not one 'NAME  job' line: '    the command line: argv into one API call, and printing'",
+    ]
+
+
+DUPLICATES = shutil.which("duplicates")
+
+
+@pytest.mark.skipif(DUPLICATES is None, reason="the `duplicates` tool is not installed here")
+@pytest.mark.parametrize("package", ["gym_artifacts", "exporters"])
+def test_the_product_code_repeats_no_ten_lines(package: str) -> None:
+    """No run of 10 or more lines (the same, or the same shape with other names) stands twice in
+    the product code: a fact or a rule written twice drifts. ``contract/`` is the backend
+    contract's own rework and is left out here."""
+    proc = run_bounded(
+        [DUPLICATES, "--repo", package, "--min-lines", "10", "--most", "50", "--seconds", "120"],
+        cwd=REPO, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    pairs = [
+        row for row in proc.stdout.splitlines()
+        if re.match(r"D\d+ ", row) and not all(side.strip().startswith("contract/") for side in row.split(" ", 1)[1].split(" ~ "))
+    ]  # fmt: skip
+    assert "incomplete:" not in proc.stdout, proc.stdout
+    assert pairs == [], proc.stdout
