@@ -6,6 +6,7 @@ contract breaks each contract, named in the report.
 
 from __future__ import annotations
 
+import ast
 import os
 import re
 import shutil
@@ -210,3 +211,15 @@ def test_the_product_code_repeats_no_ten_lines(package: str) -> None:
     ]  # fmt: skip
     assert "incomplete:" not in proc.stdout, proc.stdout
     assert pairs == [], proc.stdout
+
+
+def test_no_two_classes_of_the_product_code_share_a_name() -> None:
+    """One name, one meaning: a class name that stands in two modules (two ``Sent``, two
+    ``DeadlinePassed``) makes a reader, a traceback and a failure reason ambiguous."""
+    where: dict[str, list[str]] = {}
+    for top in TREE_ROOTS:
+        for module in sorted((REPO / top).rglob("*.py")):
+            for node in ast.walk(ast.parse(module.read_text(), str(module))):
+                if isinstance(node, ast.ClassDef):
+                    where.setdefault(node.name, []).append(module.relative_to(REPO).as_posix())
+    assert {name: places for name, places in where.items() if len(places) > 1} == {}
