@@ -34,8 +34,9 @@ logger = logging.getLogger(__name__)
 CONNECT_TIMEOUT_S = 10.0  # a server that does not even accept the connection is not waited for
 
 
-class DeadlinePassed(Exception):
-    """The overall time allowed for one backend's export ran out."""
+class RequestDeadlinePassed(Exception):
+    """The overall time allowed for this client's requests (their retries included) ran out: the
+    MLflow backend's own limit, not the export watchdog's ``DeadlinePassed`` (``core/watchdog.py``)."""
 
 
 class ServerRefused(Exception):
@@ -78,7 +79,7 @@ class RequestLimits:
 
     ``deadline`` (seconds, from when the client is made) bounds every request together,
     retries included, whatever the server does: one that never answers or drips a byte at a
-    time (no read timeout ever fires) ends in DeadlinePassed. None: no overall deadline.
+    time (no read timeout ever fires) ends in RequestDeadlinePassed. None: no overall deadline.
     """
 
     timeout: float
@@ -99,12 +100,15 @@ class Deadline:
         if self.seconds is not None:
             self.at = time.monotonic() + self.seconds
 
+    def passed(self) -> RequestDeadlinePassed:
+        return RequestDeadlinePassed(f"export deadline of {self.seconds:g} s passed (server not answering)")
+
     def remaining(self) -> float | None:
         if self.at is None:
             return None
         left = self.at - time.monotonic()
         if left <= 0:
-            raise DeadlinePassed(f"export deadline of {self.seconds:g} s passed (server not answering)")
+            raise self.passed()
         return left
 
     def timeout(self, per_request: float) -> tuple[float, float]:
@@ -114,7 +118,7 @@ class Deadline:
         return min(CONNECT_TIMEOUT_S, read), read
 
     def run(self, fn: Callable[[], Any]) -> Any:
-        """``fn()``, or DeadlinePassed once the deadline passes while it still runs.
+        """``fn()``, or RequestDeadlinePassed once the deadline passes while it still runs.
 
         The request runs on a daemon thread: a server that drips bytes keeps every read
         timeout from firing, so only leaving the thread behind bounds the wait.
@@ -138,7 +142,7 @@ class Deadline:
             watch = current_watch()
             if watch is not None:
                 watch.abandon()  # the request's socket shut down: it sends nothing more
-            raise DeadlinePassed(f"export deadline of {self.seconds:g} s passed (server not answering)")
+            raise self.passed()
         if "error" in outcome:
             raise outcome["error"]
         return outcome["value"]
@@ -476,7 +480,7 @@ class ScopedMlflow:
                     )  # fmt: skip
                 augmented_raise_for_status(response)
                 return
-            except DeadlinePassed:
+            except RequestDeadlinePassed:
                 raise
             except Exception as exc:
                 refusal = as_refusal(f"the upload of {endpoint}", exc)

@@ -51,7 +51,7 @@ RESOURCE = {"service.name": "gym-artifacts"}
 
 
 @dataclass
-class Sent:
+class MlflowTracesSent:
     """What one export traced: every trace, the ERROR ones among them, and the first and last
     trace's start (epoch ms; None before any)."""
 
@@ -167,7 +167,7 @@ def log_rollout_traces(
     run_id: str,
     traces: Iterable[RolloutTrace],
     assessments: bool = True,
-) -> Sent:
+) -> MlflowTracesSent:
     """Send every trace to the ``mlflow server`` behind ``ml`` (a trace already there is
     rewritten in place, never doubled). Memory is bounded by the batch, not the rows.
 
@@ -175,7 +175,7 @@ def log_rollout_traces(
     (its times from them, its state from the root span, its tags from the root's
     ``mlflow.traceTag.*`` attributes, verdicts among them as text), about 6x cheaper a trace."""
     store = ml.client._tracking_client.store  # the scoped REST client of MLflow's public REST API
-    sent = Sent()
+    sent = MlflowTracesSent()
     with ThreadPoolExecutor(WORKERS, thread_name_prefix="gym-artifacts-mlflow-trace") as pool:
         for batch in trace_batches(traces, BATCH):
             if assessments:

@@ -45,7 +45,10 @@ class NotLanded(GymArtifactsError):
 
 
 @dataclass
-class Sent:
+class PhoenixTracesSent:
+    """What one export sent to Phoenix as traces: the traces, and the failed rollouts among them
+    (not the contract's ``Sent``, which the backend returns for the whole export)."""
+
     traces: int = 0
     failed: int = 0
 
@@ -131,10 +134,10 @@ def _annotations(batch: list[RolloutTrace]) -> list[dict[str, Any]]:
 
 def send_traces(
     client: Any, project: str, traces: Iterable[RolloutTrace], timeout: float, wait_s: float
-) -> Sent:
+) -> PhoenixTracesSent:
     """Send the traces and their annotations to the Phoenix behind ``client`` (a
     ``phoenix.client.Client``), then read every root span back; returns what was sent."""
-    sent = Sent()
+    sent = PhoenixTracesSent()
     headers = {"Content-Type": "application/x-protobuf", "x-project-name": project}
     resource = {"openinference.project.name": project, "service.name": SOURCE}
     previous: list[RolloutTrace] = []

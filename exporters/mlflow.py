@@ -60,7 +60,7 @@ from ._headline import headline
 from ._mlflow_bookkeeping import bookkeeping_of
 from ._mlflow_client import (
     IDENTITY_KEY,
-    DeadlinePassed,
+    RequestDeadlinePassed,
     RequestLimits,
     ScopedMlflow,
     ServerRefused,
@@ -82,8 +82,7 @@ from ._mlflow_report import ReportTarget, build_and_upload, has_report, job_for
 from ._mlflow_report import start as start_report
 from ._mlflow_schema import ensure_sqlite_schema
 from ._mlflow_traces import BATCH as TRACE_BATCH
-from ._mlflow_traces import Sent as TracesSent
-from ._mlflow_traces import log_rollout_traces, only_missing
+from ._mlflow_traces import MlflowTracesSent, log_rollout_traces, only_missing
 from ._mlflow_views import DESCRIPTION_TAG, evaluation_dataset, planned_inputs
 from ._nemo_gym_shapes import MLFLOW_TABLE_FILE, file_documents, write_split_table
 from ._rollouts import payload_traces
@@ -219,7 +218,7 @@ class MlflowExporter(LiveExporter):
 
         return (
             *super().expected_errors(), MlflowException, requests.RequestException, ValueError,
-            DeadlinePassed, ServerRefused, SQLAlchemyError, sqlite3.Error,
+            RequestDeadlinePassed, ServerRefused, SQLAlchemyError, sqlite3.Error,
         )  # fmt: skip
 
     def _client(self, *, live: bool, limits: RequestLimits | None = None) -> ScopedMlflow:
@@ -717,7 +716,7 @@ class MlflowExporter(LiveExporter):
 
     def _log_traces(
         self, ml: ScopedMlflow, run_id: str, payload: RunPayload, fallback_ms: int, plan: ExportPlan
-    ) -> TracesSent:
+    ) -> MlflowTracesSent:
         """Every rollout (failed ones too) as a trace in the run's experiment, linked to the run
         (see _mlflow_traces); a database store gets MLflow's own server for the duration. A
         rollout without its own time is placed at ``fallback_ms`` (the eval's start) plus its row
