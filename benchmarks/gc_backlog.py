@@ -26,7 +26,7 @@ import gc, json, sys, time
 from collections import deque
 sys.path.insert(0, REPO)
 from gym_artifacts.contract import registry
-from gym_artifacts.live import live_exporters
+from gym_artifacts.live import live_run
 from tests.backends import UnansweringLive
 
 registry.register(UnansweringLive)
@@ -49,7 +49,7 @@ def queued_the_old_way(n):
 
 cfg = {"exporters": {"unanswering": {"enabled": True}}}
 result = {}
-with live_exporters(cfg, OUT) as live:
+with live_run(cfg, OUT) as live:
     worker = live.channels[0].worker
     worker.max_queued = BACKLOG + worker.MAX_BATCH
     live.flush(0.5)  # setup and config done; the metrics will wait behind an unanswering call

@@ -23,9 +23,9 @@ def _config(tmp: Path, mlflow_uri: str) -> dict:
 
 
 def _async_costs(cfg: dict, out: Path, calls: int, kill: object = None) -> tuple[list[float], object]:
-    from gym_artifacts.live import live_exporters
+    from gym_artifacts.live import live_run
 
-    with live_exporters(cfg, out, teardown_timeout=10) as live:
+    with live_run(cfg, out, teardown_timeout=10) as live:
         live.flush(60)
         if kill is not None:
             kill()  # the server dies before the measured calls
@@ -61,12 +61,12 @@ def _sync_costs(cfg: dict, out: Path, calls: int) -> list[float]:
 
 
 def _throughput(tmp: Path, points: int) -> float:
-    from gym_artifacts.live import live_exporters
+    from gym_artifacts.live import live_run
 
     cfg = {"exporters": {"local": {"enabled": True, "root": str(tmp / "tp")}}}
     per_call = 10
     metrics = {f"m{i}": float(i) for i in range(per_call)}
-    with live_exporters(cfg, tmp / "tp" / "out.jsonl") as live:
+    with live_run(cfg, tmp / "tp" / "out.jsonl") as live:
         live.flush(10)
         worker = live.channels[0].worker
         assert worker is not None

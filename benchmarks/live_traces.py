@@ -31,12 +31,12 @@ PAUSE_EVERY, PAUSE_S = 10, 0.005  # 2,000 rollouts a second at most: a fast eval
 MEMORY = """
 import time
 from gym_artifacts.core.jsonio import iter_jsonl
-from gym_artifacts.live import live_exporters
+from gym_artifacts.live import live_run
 records = [r for _, r in iter_jsonl({source!r})]
 cfg = {{'exporters': {{'mlflow': {{'enabled': True, 'tracking_uri': {uri!r}, 'experiment_name': 'memory',
         'log_traces': True}}}}}}
 __base = peak_rss_mb()
-with live_exporters(cfg, {out!r}, teardown_timeout=5, teardown_hard_cap=30) as live:
+with live_run(cfg, {out!r}, teardown_timeout=5, teardown_hard_cap=30) as live:
     live.flush(60)
     for i in range({rows}):
         record = dict(records[i % len(records)], _ng_task_index=i // 4, _ng_rollout_index=i % 4)
@@ -61,10 +61,10 @@ def _records(dpath: Path, n: int) -> tuple[Path, list[Any]]:
 def _live_costs(cfg: dict, out: Path, records: list[Any]) -> tuple[list[float], float, Any]:
     """Microseconds of each ``export_rollouts`` call, the seconds until every backend took every
     call (its traces sent), and the report."""
-    from gym_artifacts.live import live_exporters
+    from gym_artifacts.live import live_run
 
     costs: list[float] = []
-    with live_exporters(cfg, out, teardown_timeout=30, teardown_hard_cap=600) as live:
+    with live_run(cfg, out, teardown_timeout=30, teardown_hard_cap=600) as live:
         live.flush(120)
         export, clock = live.export_rollouts, time.perf_counter_ns
         started = time.perf_counter()

@@ -111,9 +111,9 @@ def measure_threads(cfg: dict, out: str, calls: int, gc_off: bool, kill_pgid: in
     """In the measured process: the shipped design (backend workers are threads of this process)."""
     import signal
 
-    from gym_artifacts.live import live_exporters
+    from gym_artifacts.live import live_run
 
-    with live_exporters(cfg, out, teardown_timeout=10) as live:
+    with live_run(cfg, out, teardown_timeout=10) as live:
         live.flush(120)
         if kill_pgid:
             os.killpg(kill_pgid, signal.SIGKILL)  # the MLflow server dies after setup
@@ -176,10 +176,10 @@ def serve_from_pipe(cfg_json: str, out: str, kill_pgid: str) -> None:
     """The backend process: the live fan-out fed with the records read from stdin."""
     import signal
 
-    from gym_artifacts.live import live_exporters
+    from gym_artifacts.live import live_run
 
     stdin = sys.stdin.buffer
-    with live_exporters(json.loads(cfg_json), out, teardown_timeout=10) as live:
+    with live_run(json.loads(cfg_json), out, teardown_timeout=10) as live:
         live.flush(120)
         if int(kill_pgid):
             os.killpg(int(kill_pgid), signal.SIGKILL)

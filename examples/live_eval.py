@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from gym_artifacts.core.config import load_yaml_config
-from gym_artifacts.live import live_exporters
+from gym_artifacts.live import live_run
 
 DEFAULT_CONFIG: dict[str, Any] = {
     "exporters": {
@@ -66,7 +66,7 @@ def main(config: Any = None, out: Path = Path("results/eval.jsonl")) -> None:
     config = DEFAULT_CONFIG if config is None else config
     batches = toy_batches()
     written: list[dict[str, Any]] = []
-    with live_exporters(config, out) as live, open(out, "w") as rollouts_file:
+    with live_run(config, out) as live, open(out, "w") as rollouts_file:
         for step, finished in enumerate(batches):
             r = sum(x["reward"] for x in finished) / len(finished)
             l = 1.0 / (step + 1)  # noqa: E741 (the README's names)

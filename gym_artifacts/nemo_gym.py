@@ -1,4 +1,4 @@
-"""NeMo Gym's exporter module (``nemo_gym.exporters``) as a drop-in, on top of :func:`live_exporters`.
+"""NeMo Gym's exporter module (``nemo_gym.exporters``) as a drop-in, on top of :func:`live_run`.
 
 A NeMo Gym call site switches by its import line alone::
 
@@ -24,7 +24,7 @@ It behaves as NeMo Gym's module does (``tests/test_nemo_gym_dropin.py`` states e
   backend that opens, without a journal (nothing is left to export), said once in a warning.
 
 With an output path the calls make the same backend runs and metrics journal as
-``live_exporters``, so ``gym-artifacts export OUT.jsonl`` afterwards completes those runs (one
+``live_run``, so ``gym-artifacts export OUT.jsonl`` afterwards completes those runs (one
 backend run per destination; see ``live_certify``).
 """
 
@@ -45,7 +45,7 @@ from typing import Any
 from gym_artifacts.contract.live_exporter import LiveExporter
 from gym_artifacts.core.errors import ConfigError
 from gym_artifacts.live.channel import teardown_limits
-from gym_artifacts.live.fanout import LiveRun, NoOpLiveRun, at_interpreter_exit, live_exporters
+from gym_artifacts.live.fanout import LiveRun, NoOpLiveRun, at_interpreter_exit, live_run
 
 logger = logging.getLogger(__name__)
 
@@ -132,7 +132,7 @@ def plain_config(global_config_dict: Any) -> dict[str, Any]:
 
 
 def drop_in_config(global_config_dict: Any) -> dict[str, Any]:
-    """The config ``live_exporters`` gets: NeMo Gym's flat keys turned into ``exporters.<name>``
+    """The config ``live_run`` gets: NeMo Gym's flat keys turned into ``exporters.<name>``
     sections under NeMo Gym's availability rules (an explicit ``enabled`` wins)."""
     config = plain_config(global_config_dict)
     exporters = config.get("exporters")
@@ -208,7 +208,7 @@ def setup_exporters(global_config_dict: Mapping[str, Any] | Any) -> list[LiveExp
             scratch = Path(tempfile.mkdtemp(prefix="gym-artifacts-nemo-gym-"))
             output = str(scratch / "live.jsonl")
         with _lock:
-            context = live_exporters(config, output)
+            context = live_run(config, output)
             _live = context.__enter__()
             _context, _scratch = context, scratch
         live = _live

@@ -16,7 +16,7 @@ import time
 
 import ray
 
-from gym_artifacts.live import live_exporters
+from gym_artifacts.live import live_run
 
 
 @ray.remote(num_cpus=0, scheduling_strategy="SPREAD")
@@ -43,7 +43,7 @@ class Worker:
 def main() -> None:
     address, out, cfg, actors, calls = json.loads(sys.argv[1])
     ray.init(address=address, logging_level="ERROR")
-    with live_exporters(cfg, out) as live:
+    with live_run(cfg, out) as live:
         handle = live.handle()
         workers = [Worker.remote(handle) for _ in range(actors)]
         done = ray.get([w.work.remote(i, calls) for i, w in enumerate(workers)], timeout=600)

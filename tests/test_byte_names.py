@@ -155,7 +155,7 @@ def test_wandb_live_logging_into_a_folder_whose_name_is_not_utf8(
     """Live logging offline into a run folder that is not UTF-8 (W&B's folder there): every step
     logged, read back from W&B's files; no link outlives the run."""
     pytest.importorskip("wandb")
-    from gym_artifacts.live import live_exporters
+    from gym_artifacts.live import live_run
     from tests.wandb_records import offline_runs
 
     folder = Path(os.fsdecode(os.path.join(os.fsencode(tmp_path), b"r\xe9sultats")))
@@ -168,7 +168,7 @@ def test_wandb_live_logging_into_a_folder_whose_name_is_not_utf8(
     monkeypatch.setenv("WANDB_DIR", str(folder / "wb"))
     (folder / "wb").mkdir()
     cfg = {"exporters": {"wandb": {"enabled": True, "project": "bytes", "mode": "offline"}}}
-    with live_exporters(cfg, folder / "eval.jsonl") as live:
+    with live_run(cfg, folder / "eval.jsonl") as live:
         for step in range(3):
             live.export_metrics({"loss": 1 / (step + 1)}, step=step)
         live.flush(60)

@@ -361,8 +361,8 @@ def test_the_code_blocks_call_only_names_that_exist(markdown_file: Path) -> None
 
 def test_the_code_block_check_catches_an_invented_function_and_import() -> None:
     markdown = (
-        "```python\nfrom gym_artifacts.live import live_exporters, live_everything\n"
-        "with live_exporters({}, 'o.jsonl') as live:\n    write_aggregate_metrics('a.json')\n"
+        "```python\nfrom gym_artifacts.live import live_run, live_everything\n"
+        "with live_run({}, 'o.jsonl') as live:\n    write_aggregate_metrics('a.json')\n"
         "    write_aggregate(out, rows)\n```\nAn excerpt of [the example](examples/live_eval.py).\n"
     )
     assert missing_code_names(markdown) == [

@@ -146,9 +146,9 @@ def test_an_empty_local_root_is_refused_by_every_route(
 ) -> None:
     """One rule in the local settings model: an empty root never means ``./default/...``."""
     if via == "live":  # a live run never raises into the eval: the backend is left out, said in the log
-        from gym_artifacts.live import live_exporters
+        from gym_artifacts.live import live_run
 
-        with live_exporters({"exporters": {"local": {"enabled": True, "root": root}}}, "out/eval.jsonl") as run:
+        with live_run({"exporters": {"local": {"enabled": True, "root": root}}}, "out/eval.jsonl") as run:
             run.export_metrics({"a": 1}, step=0)
         message = caplog.text
     elif via == "cli":

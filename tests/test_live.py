@@ -14,7 +14,8 @@ import pytest
 
 from gym_artifacts.contract import registry
 from gym_artifacts.contract.hooks import RunStatus
-from gym_artifacts.live.fanout import LiveRun, NoOpLiveRun, live_exporters
+from gym_artifacts.live import live_exporters
+from gym_artifacts.live.fanout import LiveRun, NoOpLiveRun, live_run
 from gym_artifacts.live.worker import BackgroundWorker, Call
 from gym_artifacts.run.artifacts import RunArtifacts
 from gym_artifacts.run.receipts import read_marker
@@ -63,7 +64,7 @@ def test_hostile_backend_never_slows_or_fails_the_eval(tmp_path: Path, hostile: 
     out = tmp_path / "out" / "eval.jsonl"
     costs = []
     start = time.monotonic()
-    with live_exporters(config(store, hostile), out, teardown_timeout=3.0) as live:
+    with live_run(config(store, hostile), out, teardown_timeout=3.0) as live:
         assert isinstance(live, LiveRun)
         for step in range(200):
             t0 = time.perf_counter()
@@ -96,7 +97,7 @@ def test_failing_backend_is_backed_off_and_logged_once_per_burst(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.WARNING)
-    with live_exporters(
+    with live_run(
         config(tmp_path / "s", "failing"), tmp_path / "eval.jsonl", teardown_timeout=1.0
     ) as live:
         for step in range(500):
@@ -112,7 +113,7 @@ def test_journal_keeps_every_step_when_every_backend_fails(tmp_path: Path) -> No
     out = tmp_path / "eval.jsonl"
     cfg = {"exporters": {"failing": {"enabled": True}, "brokensetup": {"enabled": True}}}
     before = time.time()
-    with live_exporters(cfg, out, teardown_timeout=1.0) as live:
+    with live_run(cfg, out, teardown_timeout=1.0) as live:
         for step in range(100):
             live.export_metrics({"reward": step / 100}, step=step)
     lines = [json.loads(line) for line in out.with_name("eval_metrics.jsonl").read_text().splitlines()]
@@ -121,8 +122,23 @@ def test_journal_keeps_every_step_when_every_backend_fails(tmp_path: Path) -> No
     assert lines[42]["metrics"] == {"reward": 0.42}
 
 
+def test_the_old_name_live_exporters_still_opens_the_same_live_run_and_says_it_is_deprecated(
+    tmp_path: Path,
+) -> None:
+    """``live_exporters`` (public before it was named for what it yields) keeps working: the same
+    arguments give a LiveRun that journals every step, with a DeprecationWarning naming ``live_run``."""
+    out = tmp_path / "eval.jsonl"
+    with pytest.warns(DeprecationWarning, match=r"use gym_artifacts\.live\.live_run\(\)"):
+        opened = live_exporters(config(tmp_path / "s", "recording"), out, teardown_timeout=3.0)
+    with opened as live:
+        assert isinstance(live, LiveRun)
+        live.export_metrics({"reward": 0.5}, step=7)
+    lines = [json.loads(line) for line in out.with_name("eval_metrics.jsonl").read_text().splitlines()]
+    assert [(line["step"], line["metrics"]) for line in lines] == [(7, {"reward": 0.5})]
+
+
 def test_secrets_masked_before_log_config(tmp_path: Path) -> None:
-    with live_exporters(config(tmp_path / "s", "recording"), tmp_path / "eval.jsonl"):
+    with live_run(config(tmp_path / "s", "recording"), tmp_path / "eval.jsonl"):
         pass
     [cfg] = [payload for kind, payload in RecordingLive.received if kind == "config"]
     assert cfg["policy"]["api_key"] == "***"
@@ -136,7 +152,7 @@ def test_secrets_masked_before_log_config(tmp_path: Path) -> None:
 
 def test_failed_eval_ends_run_failed(tmp_path: Path) -> None:
     out = tmp_path / "eval.jsonl"
-    with pytest.raises(RuntimeError), live_exporters(config(tmp_path / "s"), out) as live:
+    with pytest.raises(RuntimeError), live_run(config(tmp_path / "s"), out) as live:
         live.export_metrics({"x": 1})
         raise RuntimeError("eval crashed")
     assert json.loads((local_run_dpath(tmp_path / "s", out) / "run.json").read_text())["status"] == "FAILED"
@@ -144,7 +160,7 @@ def test_failed_eval_ends_run_failed(tmp_path: Path) -> None:
 
 def test_other_ranks_get_a_noop(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("RANK", "3")
-    with live_exporters(config(tmp_path / "s"), tmp_path / "eval.jsonl") as live:
+    with live_run(config(tmp_path / "s"), tmp_path / "eval.jsonl") as live:
         assert isinstance(live, NoOpLiveRun)
         live.export_metrics({"x": 1}, step=0)
         live.export_rollouts([{}])
@@ -171,7 +187,7 @@ def test_rank_from_slurm_and_from_the_caller(
     for var, value in env.items():
         monkeypatch.setenv(var, value)
     set_rank(declared)
-    with live_exporters(config(tmp_path / "s"), tmp_path / "eval.jsonl") as live:
+    with live_run(config(tmp_path / "s"), tmp_path / "eval.jsonl") as live:
         live.export_metrics({"x": 1}, step=0)
     assert isinstance(live, NoOpLiveRun) is not rank_zero
     assert (tmp_path / "eval_metrics.jsonl").exists() is rank_zero
@@ -189,7 +205,7 @@ def test_malformed_rank_is_rank_zero_with_warning(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     monkeypatch.setenv("LOCAL_RANK", "zero")
-    with live_exporters(config(tmp_path / "s"), tmp_path / "eval.jsonl") as live:
+    with live_run(config(tmp_path / "s"), tmp_path / "eval.jsonl") as live:
         assert isinstance(live, LiveRun)
     assert any("LOCAL_RANK='zero' is not an integer" in r.getMessage() for r in caplog.records)
 
@@ -212,7 +228,7 @@ def test_overflow_drops_metrics_first_never_config_or_rollouts() -> None:
 
 def test_calls_in_a_forked_child_never_hang(tmp_path: Path) -> None:
     out = tmp_path / "eval.jsonl"
-    with live_exporters(config(tmp_path / "s"), out) as live:
+    with live_run(config(tmp_path / "s"), out) as live:
         live.export_metrics({"x": 0}, step=0)
         pid = os.fork()
         if pid == 0:  # child: the worker threads are gone; calls must return at once
@@ -229,7 +245,7 @@ def test_calls_in_a_forked_child_never_hang(tmp_path: Path) -> None:
 
 def test_teardown_status_killed_on_interrupt(tmp_path: Path) -> None:
     out = tmp_path / "eval.jsonl"
-    with pytest.raises(KeyboardInterrupt), live_exporters(config(tmp_path / "s", "recording"), out):
+    with pytest.raises(KeyboardInterrupt), live_run(config(tmp_path / "s", "recording"), out):
         raise KeyboardInterrupt
     assert ("teardown", RunStatus.KILLED) in RecordingLive.received
 
@@ -276,7 +292,7 @@ def test_automatic_steps_from_several_threads_are_unique_and_in_order(tmp_path: 
     switch = sys.getswitchinterval()
     sys.setswitchinterval(1e-6)  # threads interleave as often as the interpreter lets them
     try:
-        with live_exporters(config(tmp_path / "store", "recording"), out) as live:
+        with live_run(config(tmp_path / "store", "recording"), out) as live:
             assert isinstance(live, LiveRun)
 
             def log() -> None:
@@ -303,7 +319,7 @@ def test_calls_after_teardown_are_counted_late_sent_nowhere_and_warned_once(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     store, out = tmp_path / "store", tmp_path / "run" / "eval.jsonl"
-    with live_exporters(config(store, "recording"), out) as live:
+    with live_run(config(store, "recording"), out) as live:
         assert isinstance(live, LiveRun)
         live.export_metrics({"loss": 1.0}, step=0)
     received = list(RecordingLive.received)
@@ -331,7 +347,7 @@ def test_a_thread_still_logging_during_teardown_loses_no_call_uncounted(tmp_path
     stop = threading.Event()
     started = threading.Event()
 
-    with live_exporters(config(tmp_path / "store", "recording"), out) as live:
+    with live_run(config(tmp_path / "store", "recording"), out) as live:
         assert isinstance(live, LiveRun)
 
         def log() -> None:
@@ -381,7 +397,7 @@ def test_a_journal_that_loses_calls_says_why(
     out = tmp_path / "eval.jsonl"
     caplog.set_level(logging.WARNING, logger="gym_artifacts.live.fanout")
     try:
-        with live_exporters(config(tmp_path / "store"), out, teardown_timeout=0.5) as live:
+        with live_run(config(tmp_path / "store"), out, teardown_timeout=0.5) as live:
             for step in range(40):
                 live.export_metrics({"reward": step / 40}, step=step)
     finally:

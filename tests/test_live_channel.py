@@ -24,7 +24,7 @@ from gym_artifacts.contract import registry
 from gym_artifacts.contract.exporter import CERTIFIED_NOTE
 from gym_artifacts.contract.hooks import ExportStatus, LiveHooks, PostRunHooks
 from gym_artifacts.live.channel import LiveChannel
-from gym_artifacts.live.fanout import LiveRun, live_exporters
+from gym_artifacts.live.fanout import LiveRun, live_run
 from gym_artifacts.run.artifacts import RunArtifacts
 from gym_artifacts.run.receipts import read_marker, write_marker
 from tests.conftest import QUICKSTART
@@ -137,7 +137,7 @@ def write_eval_output(out: Path) -> None:
 
 
 def probe_eval(out: Path, cfg: dict[str, Any]) -> LiveRun:
-    with live_exporters(cfg, out, teardown_timeout=60) as live:
+    with live_run(cfg, out, teardown_timeout=60) as live:
         assert isinstance(live, LiveRun)
         for step in range(5):
             live.export_metrics({"reward": step / 10}, step=step)
@@ -198,7 +198,7 @@ def test_a_backends_context_is_set_once_per_setup_on_its_worker_thread(tmp_path:
     try:
         out = tmp_path / "eval.jsonl"
         cfg = {"exporters": {"context_probe": {"enabled": True}}}
-        with live_exporters(cfg, out, teardown_timeout=60) as live:
+        with live_run(cfg, out, teardown_timeout=60) as live:
             live.export_config({"api_key": "sk-secret-value-123456", "lr": 1})
             live.export_metrics({"reward": 1.0}, step=0)
             write_eval_output(out)

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from gym_artifacts.live import live_exporters
+from gym_artifacts.live import live_run
 from gym_artifacts.live.handle import HandleReceiver, LiveHandle, _send_frame
 
 
@@ -32,7 +32,7 @@ def test_a_spawned_process_logs_through_a_pickled_handle(tmp_path: Path) -> None
     out.parent.mkdir()
     ctx = multiprocessing.get_context("spawn")
     queue = ctx.Queue()
-    with live_exporters(local_cfg(tmp_path), out) as live:
+    with live_run(local_cfg(tmp_path), out) as live:
         handle = live.handle()
         assert pickle.loads(pickle.dumps(handle)).port == handle.port
         child = ctx.Process(target=_log_from_child, args=(handle, 3000, queue))
@@ -83,7 +83,7 @@ def test_a_frame_sent_again_after_a_broken_connection_is_applied_once() -> None:
 def test_calls_after_the_run_ended_are_not_applied_and_never_raise(tmp_path: Path) -> None:
     out = tmp_path / "run" / "eval.jsonl"
     out.parent.mkdir()
-    with live_exporters(local_cfg(tmp_path), out) as live:
+    with live_run(local_cfg(tmp_path), out) as live:
         handle = live.handle()
         handle.export_metrics({"x": 1}, step=0)
         assert handle.flush(30)
@@ -96,7 +96,7 @@ def test_calls_after_the_run_ended_are_not_applied_and_never_raise(tmp_path: Pat
 @pytest.mark.parametrize("rank", ["1"])
 def test_other_ranks_get_a_no_op_handle(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, rank: str) -> None:
     monkeypatch.setenv("RANK", rank)
-    with live_exporters(local_cfg(tmp_path), tmp_path / "eval.jsonl") as live:
+    with live_run(local_cfg(tmp_path), tmp_path / "eval.jsonl") as live:
         handle = live.handle()
         handle.export_metrics({"x": 1})
         assert handle.flush() is True

@@ -29,7 +29,7 @@ from mlflow.tracking import MlflowClient
 from gym_artifacts import export_run
 from gym_artifacts.cli import main
 from gym_artifacts.contract.hooks import ExportStatus
-from gym_artifacts.live.fanout import NoOpLiveRun, live_exporters
+from gym_artifacts.live.fanout import NoOpLiveRun, live_run
 from gym_artifacts.run.artifacts import RunArtifacts
 from gym_artifacts.run.receipts import read_marker
 from tests.conftest import QUICKSTART
@@ -57,7 +57,7 @@ def three_backends(tmp_path: Path) -> dict[str, Any]:
 
 
 def live_eval(cfg: dict[str, Any], out: Path, **kwargs: Any) -> list[Any]:
-    with live_exporters(cfg, out, teardown_timeout=kwargs.pop("teardown_timeout", 120)) as live:
+    with live_run(cfg, out, teardown_timeout=kwargs.pop("teardown_timeout", 120)) as live:
         for step in range(STEPS):
             live.export_metrics({"reward": step / 10}, step=step)
         write_eval_output(out)
@@ -137,10 +137,10 @@ WRITER = textwrap.dedent(
     """
     import sys, time
     from pathlib import Path
-    from gym_artifacts.live import live_exporters
+    from gym_artifacts.live import live_run
     out, who, go, root = sys.argv[1], sys.argv[2], Path(sys.argv[3]), sys.argv[4]
     cfg = {"exporters": {"local": {"enabled": True, "root": root}}}
-    with live_exporters(cfg, out, teardown_timeout=60) as live:
+    with live_run(cfg, out, teardown_timeout=60) as live:
         print("refused" if getattr(live, "writer_refused", None) else "writing", flush=True)
         for step in range(5):
             live.export_metrics({"writer": who, "x": step}, step=step)
@@ -194,8 +194,8 @@ def test_a_dead_live_writer_blocks_nothing(tmp_path: Path) -> None:
     os.kill(dead.pid, signal.SIGKILL)
     dead.communicate(timeout=30)
     started = time.monotonic()
-    with live_exporters({"exporters": {}}, out) as live:
+    with live_run({"exporters": {}}, out) as live:
         assert not isinstance(live, NoOpLiveRun)
-        with live_exporters({"exporters": {}}, out) as same_output:  # a second writer, even here
+        with live_run({"exporters": {}}, out) as same_output:  # a second writer, even here
             assert isinstance(same_output, NoOpLiveRun) and same_output.writer_refused
     assert time.monotonic() - started < scaled(30)

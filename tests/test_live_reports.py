@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from gym_artifacts.live.fanout import NoOpLiveRun, live_exporters
+from gym_artifacts.live.fanout import NoOpLiveRun, live_run
 
 ADDRESS = re.compile(r" object at 0x[0-9a-f]+")
 
@@ -25,7 +25,7 @@ def _config(tmp_path: Path) -> dict:
 
 def test_reprs_say_what_the_objects_hold(tmp_path: Path) -> None:
     out = tmp_path / "run" / "eval.jsonl"
-    with live_exporters(_config(tmp_path), out) as live:
+    with live_run(_config(tmp_path), out) as live:
         live.export_metrics({"reward": 0.5}, step=1)
         live.export_metrics(None)  # type: ignore[arg-type]
         live.export_metrics({"reward": 0.6}, step="x")  # type: ignore[arg-type]
@@ -45,7 +45,7 @@ def test_reprs_say_what_the_objects_hold(tmp_path: Path) -> None:
 def test_teardown_logs_one_summary_line_at_info(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     out = tmp_path / "run" / "eval.jsonl"
     with caplog.at_level(logging.INFO, logger="gym_artifacts"):
-        with live_exporters(_config(tmp_path), out) as live:
+        with live_run(_config(tmp_path), out) as live:
             for step in range(3):
                 live.export_metrics({"reward": step / 3}, step=step)
         summaries = [r for r in caplog.records if r.getMessage().startswith("live logging: teardown:")]

@@ -22,7 +22,7 @@ from mlflow.tracking import MlflowClient
 
 from gym_artifacts import export_run
 from gym_artifacts.contract.hooks import ExportStatus
-from gym_artifacts.live.fanout import live_exporters
+from gym_artifacts.live.fanout import live_run
 from tests.fixture_paths import NEMO_GYM_FIXTURES
 from tests.load import scaled
 from tests.mlflow_server import MlflowServer
@@ -124,7 +124,7 @@ def test_live_traces_grow_while_the_eval_runs_and_the_export_adds_none(
             exp = experiment_id(client, "live-traces")
             seen.append(len(trace_infos(client, exp)) if exp else 0)
 
-    with live_exporters(cfg, out, teardown_timeout=30.0, teardown_hard_cap=120.0) as live:
+    with live_run(cfg, out, teardown_timeout=30.0, teardown_hard_cap=120.0) as live:
         run_eval(out, live, records, watch)
         exp = experiment_id(client, "live-traces")
         assert exp is not None
@@ -163,7 +163,7 @@ def test_live_traces_with_the_server_killed_and_restarted_end_exactly_once(
         if i == 120 and back == "during-the-run":
             server.start()
 
-    with live_exporters(cfg, out, teardown_timeout=30.0, teardown_hard_cap=120.0) as live:
+    with live_run(cfg, out, teardown_timeout=30.0, teardown_hard_cap=120.0) as live:
         original = live.export_rollouts
 
         def timed(rollouts: list[Any]) -> None:

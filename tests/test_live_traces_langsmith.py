@@ -17,7 +17,7 @@ pytest.importorskip("langsmith")
 
 from gym_artifacts import export_run
 from gym_artifacts.contract.hooks import ExportStatus
-from gym_artifacts.live.fanout import live_exporters
+from gym_artifacts.live.fanout import live_run
 from tests.langsmith_api import LangsmithApi
 from tests.test_live_traces import ROLLOUTS, nemo_gym_rollouts, write_aggregate
 
@@ -38,7 +38,7 @@ def test_langsmith_live_runs_grow_back_off_a_rate_limit_and_the_export_adds_none
         records = nemo_gym_rollouts(ROLLOUTS)
         cfg = {"exporters": {"langsmith": {"enabled": True, "api_url": api.url, "api_key": API_KEY}}}
         seen = []
-        with live_exporters(cfg, out, teardown_timeout=30.0, teardown_hard_cap=120.0) as live:
+        with live_run(cfg, out, teardown_timeout=30.0, teardown_hard_cap=120.0) as live:
             with open(out, "ab") as fh:
                 for i, record in enumerate(records):
                     fh.write(json.dumps(record).encode() + b"\n")

@@ -18,7 +18,7 @@ from phoenix.client import Client
 
 from gym_artifacts import export_run
 from gym_artifacts.contract.hooks import ExportStatus
-from gym_artifacts.live.fanout import live_exporters
+from gym_artifacts.live.fanout import live_run
 from tests.phoenix_server import PhoenixServer
 from tests.test_live_traces import ROLLOUTS, nemo_gym_rollouts, run_eval, write_aggregate
 from tests.test_phoenix import trace_annotations
@@ -60,7 +60,7 @@ def test_phoenix_live_traces_grow_while_the_eval_runs_and_the_export_adds_none(
     seen: list[int] = []
     project: list[str] = []
 
-    with live_exporters(cfg, out, teardown_timeout=30.0, teardown_hard_cap=120.0) as live:
+    with live_run(cfg, out, teardown_timeout=30.0, teardown_hard_cap=120.0) as live:
         [channel] = live.channels
 
         def watch(i: int) -> None:

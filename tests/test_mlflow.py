@@ -27,7 +27,7 @@ from gym_artifacts._builtin_exporters._mlflow_mapping import (
     unique_names,
 )
 from gym_artifacts.contract.hooks import ExportStatus
-from gym_artifacts.live import live_exporters
+from gym_artifacts.live import live_run
 from gym_artifacts.run.artifacts import RunArtifacts
 from tests.load import scaled
 from tests.mlflow_server import MlflowServer, free_port
@@ -193,7 +193,7 @@ def test_live_run_then_certify(quickstart_run: Path, tracking_uri: str, tmp_path
     out.parent.mkdir()
     cfg = {"exporters": {"mlflow": {"enabled": True, "tracking_uri": tracking_uri, "experiment_name": "tests"}},
            "policy_api_key": API_KEY, "resume": True}  # fmt: skip
-    with live_exporters(cfg, out, teardown_timeout=120) as live:  # a fresh SQLite store is slow
+    with live_run(cfg, out, teardown_timeout=120) as live:  # a fresh SQLite store is slow
         for step in range(10):
             live.export_metrics(
                 {"reward": step / 10, "pass@1": 0.5, "phase": "warmup" if step < 5 else "main"}, step=step
@@ -229,13 +229,13 @@ def test_resume_reopens_the_marker_run(tmp_path: Path) -> None:
         "exporters": {"mlflow": {"enabled": True, "tracking_uri": uri, "experiment_name": "tests"}},
         "resume": True,
     }
-    with pytest.raises(RuntimeError), live_exporters(cfg, out) as live:
+    with pytest.raises(RuntimeError), live_run(cfg, out) as live:
         live.export_metrics({"loss": 1.0}, step=0)
         raise RuntimeError("preempted")
     run_id = live.reports[0].run_id
     client = MlflowClient(uri)
     assert client.get_run(run_id).info.status == "FAILED"
-    with live_exporters(cfg, out) as live:
+    with live_run(cfg, out) as live:
         live.flush(30)
         assert client.get_run(run_id).info.status == "RUNNING"
         live.export_metrics({"loss": 0.5}, step=1)
@@ -250,7 +250,7 @@ def test_server_killed_mid_run(quickstart_run: Path, own_mlflow_server: MlflowSe
     cfg = {"exporters": {"mlflow": {"enabled": True, "tracking_uri": server.uri, "experiment_name": "tests"}}}
     before, after = [], []
     started = time.monotonic()
-    with live_exporters(cfg, out, teardown_timeout=5.0) as live:
+    with live_run(cfg, out, teardown_timeout=5.0) as live:
         for step in range(300):
             t0 = time.perf_counter()
             live.export_metrics({"reward": step}, step=step)
@@ -294,7 +294,7 @@ def test_secrets_appear_nowhere_in_the_server(
     quickstart_run.with_name("eval_aggregate_metrics.json").touch()
     out = tmp_path / "live.jsonl"
     live_cfg = OmegaConf.load(config)
-    with live_exporters(live_cfg, out) as live:
+    with live_run(live_cfg, out) as live:
         live.export_metrics({"x": 1}, step=0)
     assert live.reports[0].lost == 0, live.reports[0].describe()
     proc = run_bounded([sys.executable, "-m", "gym_artifacts.cli", "export", str(quickstart_run), "--json", "-e", "mlflow"],

@@ -283,7 +283,7 @@ def test_report_shows_coverage_and_levels(tmp_path: Path) -> None:
 
 
 def test_live_layer_saves_the_config_nemo_gym_does_not(tmp_path: Path) -> None:
-    from gym_artifacts.live import live_exporters
+    from gym_artifacts.live import live_run
 
     out = tmp_path / "results" / "rollouts.jsonl"
     config = {
@@ -291,14 +291,14 @@ def test_live_layer_saves_the_config_nemo_gym_does_not(tmp_path: Path) -> None:
         "mlflow_run_name": "ng-run",
         "exporters": {"local": {"enabled": True, "root": str(tmp_path / "store")}},
     }
-    with live_exporters(config, out) as live:
+    with live_run(config, out) as live:
         live.export_metrics({"progress/total/rollouts_per_min": 10.0}, step=1)
         write_run(out, tasks=3, repeats=2)
     saved = out.with_name("rollouts_config.yaml")
     text = saved.read_text()
     assert "${oc.env:NG_TEST_KEY,sk-live-canary-123}" in text  # unresolved, as NeMo Gym's seed contract says
     assert stat.S_IMODE(saved.stat().st_mode) == 0o600
-    with live_exporters({**config, "mlflow_run_name": "other"}, out):
+    with live_run({**config, "mlflow_run_name": "other"}, out):
         pass
     assert saved.read_text() == text  # the eval's own (or the first) config is never overwritten
     folder = exported_local(out, tmp_path)

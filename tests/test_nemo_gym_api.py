@@ -1,4 +1,4 @@
-"""NeMo Gym's five module functions make the same backend runs and journal as live_exporters."""
+"""NeMo Gym's five module functions make the same backend runs and journal as live_run."""
 
 from __future__ import annotations
 
@@ -44,7 +44,7 @@ IMPORT_LINE = (
 
 LIVE_EXPORTERS_STYLE = """
 import json
-from gym_artifacts.live import live_exporters
+from gym_artifacts.live import live_run
 
 global_config_dict = {
     "output_jsonl_fpath": "results/eval.jsonl",
@@ -55,7 +55,7 @@ global_config_dict = {
     "mlflow_run_name": "ng-run",
     "exporters": {"local": {"enabled": True, "root": "store"}},
 }
-with live_exporters(global_config_dict, global_config_dict["output_jsonl_fpath"]) as live:
+with live_run(global_config_dict, global_config_dict["output_jsonl_fpath"]) as live:
     names = sorted(e.name for e in live.exporters)
     for step in range(20):
         live.export_metrics({"progress/done": step, "reward": step / 20}, step=step)
@@ -108,7 +108,7 @@ def test_module_functions_match_live_exporters(tmp_path: Path) -> None:
     script = textwrap.dedent(NEMO_GYM_STYLE.format(import_line=IMPORT_LINE))
     # the NeMo Gym-style body names nothing of ours but the import line
     body = script.replace(IMPORT_LINE, "")
-    assert "gym_artifacts" not in body and "live_exporters" not in body
+    assert "gym_artifacts" not in body and "live_run" not in body
     ng_names = _run(script, tmp_path / "ng")
     live_names = _run(textwrap.dedent(LIVE_EXPORTERS_STYLE), tmp_path / "live")
     assert ng_names == live_names == ["local", "mlflow"]

@@ -4,7 +4,7 @@ Three ways an eval ends, each followed by the CLI export, must leave exactly one
 destination (a real ``mlflow server``, W&B offline files, the local folder): NeMo Gym's own call
 sequence through ``gym_artifacts.nemo_gym`` (no ``complete()``; the aggregate written after
 teardown), the README's live example as written (``examples/live_eval.py``), and a
-``live_exporters`` run whose aggregate is written after the ``with`` block. The export decides
+``live_run`` run whose aggregate is written after the ``with`` block. The export decides
 from content that the files are the live run's. A run whose files truly differ from what the
 live run logged is still exported anew, the live run marked superseded.
 """
@@ -56,13 +56,13 @@ out.with_name(out.stem + "_aggregate_metrics.json").write_text(json.dumps(agg))
 LATE_AGGREGATE = """
 import json, sys
 from pathlib import Path
-from gym_artifacts.live import live_exporters
+from gym_artifacts.live import live_run
 
 config = json.loads(sys.argv[1])
 out = Path(sys.argv[2])
 out.parent.mkdir(parents=True, exist_ok=True)
 rows = [{"agent_ref": {"name": "a"}, "_ng_task_index": i, "reward": float(i % 2)} for i in range(6)]
-with live_exporters(config, out) as live:
+with live_run(config, out) as live:
     for step in range(3):
         live.export_metrics({"reward": step / 3}, step=step)
     live.export_rollouts(rows)

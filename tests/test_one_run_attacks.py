@@ -126,7 +126,7 @@ def test_verify_recreates_a_deleted_certified_live_tensorboard_folder(tmp_path: 
 def live_eval_then_sidecar(tmp_path: Path, *, routed: bool) -> tuple[Path, str]:
     """A live-logged eval (local backend) whose failures sidecar gains a row after the live run
     ended; ``routed``: a failure was in the sidecar (and handed to the live run) already."""
-    from gym_artifacts.live import live_exporters
+    from gym_artifacts.live import live_run
 
     out = tmp_path / "results" / "eval.jsonl"
     out.parent.mkdir(parents=True)
@@ -134,7 +134,7 @@ def live_eval_then_sidecar(tmp_path: Path, *, routed: bool) -> tuple[Path, str]:
     rows = [{"agent_ref": {"name": "a"}, "_ng_task_index": i, "reward": float(i % 2)} for i in range(4)]
     failed = {"agent_ref": {"name": "a"}, "_ng_task_index": 7, "_ng_failure_class": "HTTPError"}
     cfg = {"exporters": {"local": {"enabled": True, "root": str(tmp_path / "store"), "experiment": "e"}}}
-    with live_exporters(cfg, out) as live:
+    with live_run(cfg, out) as live:
         for step in range(3):
             live.export_metrics({"reward": step / 3}, step=step)
         live.export_rollouts(rows + ([failed] if routed else []))

@@ -19,7 +19,7 @@ Then ``gym-artifacts export OUT.jsonl`` (and of a copy of the run in another fol
 MLflow run (FINISHED, its start and end the eval's, each metric's history points once, the
 aggregates once), one W&B run id in one offline folder, one local folder, one TensorBoard folder.
 Also with the MLflow server killed for part of the collection (the live run lost calls: repaired
-by the export, not replaced), and outside NeMo Gym (``live_exporters``).
+by the export, not replaced), and outside NeMo Gym (``live_run``).
 """
 
 from __future__ import annotations
@@ -349,10 +349,10 @@ def test_a_live_run_that_lost_calls_while_the_server_was_down_is_repaired_not_re
 
 
 def small_live_eval(tmp_path: Path, exporters: dict[str, Any], *, unlogged_rows: int = 0) -> Path:
-    """A small eval live-logged through ``live_exporters`` (5 steps, 4 rollouts), its aggregate
+    """A small eval live-logged through ``live_run`` (5 steps, 4 rollouts), its aggregate
     written after the ``with`` block; ``unlogged_rows`` more rollouts are written to ``OUT.jsonl``
     that the live run never logged. Returns ``OUT.jsonl``."""
-    from gym_artifacts.live import live_exporters
+    from gym_artifacts.live import live_run
 
     out = tmp_path / "results" / "eval.jsonl"
     out.parent.mkdir(parents=True)
@@ -360,7 +360,7 @@ def small_live_eval(tmp_path: Path, exporters: dict[str, Any], *, unlogged_rows:
     written = rows + [
         {"agent_ref": {"name": "a"}, "_ng_task_index": 9 + i, "reward": 1.0} for i in range(unlogged_rows)
     ]
-    with live_exporters({"exporters": exporters}, out) as live:
+    with live_run({"exporters": exporters}, out) as live:
         for step in range(5):
             live.export_metrics({"reward": step / 5}, step=step)
         live.export_rollouts(rows)
@@ -399,9 +399,9 @@ def test_resume_after_a_crash_with_nothing_lost_continues_the_run(
     crash = textwrap.dedent(
         """
         import json, os, sys
-        from gym_artifacts.live import live_exporters
+        from gym_artifacts.live import live_run
         cfg = {"exporters": {"local": {"enabled": True, "root": sys.argv[2], "experiment": "r"}}, "resume": True}
-        with live_exporters(cfg, sys.argv[1]) as live:
+        with live_run(cfg, sys.argv[1]) as live:
             for step in range(5):
                 live.export_metrics({"reward": step / 5}, step=step)
             assert live.flush(30)
@@ -410,11 +410,11 @@ def test_resume_after_a_crash_with_nothing_lost_continues_the_run(
     )
     run_bounded([sys.executable, "-c", crash, str(out), str(store)], timeout=120, cwd=tmp_path)
     [live_id] = [p.name for p in (store / "r").iterdir()]
-    from gym_artifacts.live import live_exporters
+    from gym_artifacts.live import live_run
 
     cfg = {"exporters": {"local": {"enabled": True, "root": str(store), "experiment": "r"}}, "resume": True}
     rows = [{"agent_ref": {"name": "a"}, "reward": float(i % 2)} for i in range(4)]
-    with live_exporters(cfg, out) as live:
+    with live_run(cfg, out) as live:
         for step in range(5, 10):
             live.export_metrics({"reward": step / 10}, step=step)
         out.write_text("".join(json.dumps(r) + "\n" for r in rows))

@@ -44,7 +44,7 @@ def test_coming_from_nemo_gym_shows_both_call_site_forms_with_real_names() -> No
         if isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
     }
     assert imported.get("gym_artifacts.nemo_gym") == API  # the one-import-line switch
-    assert "live_exporters" in imported.get("gym_artifacts.live", set())  # the context-manager form
+    assert "live_run" in imported.get("gym_artifacts.live", set())  # the context-manager form
     assert API - {"get_exporters"} <= called
     for module, names in imported.items():
         if module.startswith("gym_artifacts"):

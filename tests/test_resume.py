@@ -16,7 +16,7 @@ from omegaconf import OmegaConf
 from gym_artifacts import export_run
 from gym_artifacts.contract import registry
 from gym_artifacts.contract.hooks import ExportStatus
-from gym_artifacts.live import live_exporters
+from gym_artifacts.live import live_run
 from gym_artifacts.run.artifacts import RunArtifacts
 from gym_artifacts.run.receipts import RunIdMarker, read_marker, write_marker
 from tests.backends import FailingLive
@@ -27,11 +27,11 @@ REPO = Path(__file__).resolve().parent.parent
 LOGGER = textwrap.dedent(
     """
     import sys, time
-    from gym_artifacts.live import live_exporters
+    from gym_artifacts.live import live_run
     store, out, first, last, resume, hang = sys.argv[1:7]
     cfg = {"exporters": {"local": {"enabled": True, "root": store, "experiment": "live"}},
            "resume": resume}
-    with live_exporters(cfg, out) as live:
+    with live_run(cfg, out) as live:
         for step in range(int(first), int(last)):
             live.export_metrics({"value": step * 10}, step=step)
         assert live.flush(10)
@@ -113,7 +113,7 @@ def test_start_over_replaces_a_reopened_run(tmp_path: Path) -> None:
     store, out = tmp_path / "store", tmp_path / "eval.jsonl"
     log_steps(store, out, 0, 5, resume=False, kill=False)
     old = marker_of(out).run_id
-    with live_exporters(resume_cfg(store), out) as live:
+    with live_run(resume_cfg(store), out) as live:
         live.flush(5)
         assert live.exporters[0].reopened
         live.start_over()
@@ -129,7 +129,7 @@ def test_start_over_replaces_a_reopened_run(tmp_path: Path) -> None:
 
 def test_start_over_is_a_noop_unless_reopened(tmp_path: Path) -> None:
     store, out = tmp_path / "store", tmp_path / "eval.jsonl"
-    with live_exporters(resume_cfg(store), out) as live:
+    with live_run(resume_cfg(store), out) as live:
         live.export_metrics({"value": 0}, step=0)
         live.flush(5)
         first = marker_of(out).run_id
@@ -143,7 +143,7 @@ def test_start_over_leaves_a_marker_naming_another_run(tmp_path: Path) -> None:
     store, out = tmp_path / "store", tmp_path / "eval.jsonl"
     log_steps(store, out, 0, 2, resume=False, kill=False)
     marker_fpath = RunArtifacts.from_path(out).run_id_marker_fpath("local")
-    with live_exporters(resume_cfg(store), out) as live:
+    with live_run(resume_cfg(store), out) as live:
         live.flush(5)
         exporter = live.exporters[0]
         assert exporter.reopened
@@ -171,7 +171,7 @@ def finish_run(out: Path) -> None:
 
 def test_complete_then_certify_completes_the_live_run(tmp_path: Path) -> None:
     store, out = tmp_path / "store", tmp_path / "eval.jsonl"
-    with live_exporters(resume_cfg(store), out) as live:
+    with live_run(resume_cfg(store), out) as live:
         for step in range(5):
             live.export_metrics({"value": step}, step=step)
         finish_run(out)
@@ -191,7 +191,7 @@ def test_complete_then_certify_completes_the_live_run(tmp_path: Path) -> None:
 @pytest.mark.parametrize("complete", [False, True])
 def test_uncertifiable_live_run_is_superseded(tmp_path: Path, complete: bool) -> None:
     store, out = tmp_path / "store", tmp_path / "eval.jsonl"
-    with live_exporters(resume_cfg(store), out) as live:
+    with live_run(resume_cfg(store), out) as live:
         live.export_metrics({"value": 1}, step=0)
         finish_run(out)
         if complete:
@@ -215,7 +215,7 @@ def test_post_run_export_sends_the_journal_when_live_backends_failed(tmp_path: P
     registry.register(FailingLive)
     try:
         out = tmp_path / "eval.jsonl"
-        with live_exporters({"exporters": {"failing": {"enabled": True}}}, out, teardown_timeout=1.0) as live:
+        with live_run({"exporters": {"failing": {"enabled": True}}}, out, teardown_timeout=1.0) as live:
             for step in range(30):
                 live.export_metrics({"reward": step / 30}, step=step)
     finally:
@@ -242,7 +242,7 @@ def test_automatic_steps_continue_after_the_previous_processs_last_step(tmp_path
     cfg = {"exporters": {"local": {"enabled": True, "root": str(store), "experiment": "live"}}, "resume": True}
     reopened = []
     for _ in range(2):  # the second block is a resumed process: same output, resume on
-        with live_exporters(cfg, out) as live:
+        with live_run(cfg, out) as live:
             for _ in range(3):
                 live.export_metrics({"value": 1.0})  # no step: the automatic one
             assert live.flush(10)

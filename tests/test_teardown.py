@@ -67,10 +67,10 @@ SCRIPT = textwrap.dedent(
     """
     import json, sys, time
     from gym_artifacts.core.config import load_default_config
-    from gym_artifacts.live import live_exporters
+    from gym_artifacts.live import live_run
     cfg = load_default_config()
     started = time.perf_counter()
-    with live_exporters(cfg, "results/eval.jsonl") as live:
+    with live_run(cfg, "results/eval.jsonl") as live:
         t0 = time.perf_counter()
         for step in range(1000):
             live.export_metrics({"reward": step / 1000, "loss": 1.0 / (step + 1)}, step=step)

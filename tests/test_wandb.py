@@ -19,7 +19,7 @@ pytest.importorskip("wandb")
 
 from gym_artifacts import export_run
 from gym_artifacts.contract.hooks import ExportStatus
-from gym_artifacts.live import live_exporters
+from gym_artifacts.live import live_run
 from gym_artifacts.run.artifacts import RunArtifacts
 from tests.load import scaled
 from tests.mlflow_server import free_port
@@ -192,7 +192,7 @@ def test_two_offline_folders_are_two_destinations(
 def test_live_run_config_metrics_and_rollouts(tmp_path: Path) -> None:
     out = tmp_path / "eval.jsonl"
     cfg = {"exporters": {"wandb": wandb_section(tmp_path)}, "judge": {"api_key": API_KEY, "model": "j"}}
-    with live_exporters(cfg, out) as live:
+    with live_run(cfg, out) as live:
         for step in range(5):
             live.export_metrics({"loss": 1 / (step + 1), "nested": {"acc": step / 5}}, step=step)
         live.export_rollouts([{"id": 1, "reward": 1.0}, {"id": 2, "reward": 0.0}])
@@ -218,11 +218,11 @@ def test_live_run_config_metrics_and_rollouts(tmp_path: Path) -> None:
 LIVE_SCRIPT = textwrap.dedent(
     """
     import sys, time
-    from gym_artifacts.live import live_exporters
+    from gym_artifacts.live import live_run
     wbdir, out, first, last, hang = sys.argv[1:6]
     cfg = {"exporters": {"wandb": {"enabled": True, "project": "tests", "mode": "offline", "dir": wbdir}},
            "resume": True}
-    with live_exporters(cfg, out) as live:
+    with live_run(cfg, out) as live:
         for step in range(int(first), int(last)):
             live.export_metrics({"value": step}, step=step)
         assert live.flush(60)
@@ -274,7 +274,7 @@ def test_online_without_network_fails_fast_in_isolation(tmp_path: Path) -> None:
     }
     started = time.monotonic()
     costs = []
-    with live_exporters(cfg, out, teardown_timeout=10) as live:
+    with live_run(cfg, out, teardown_timeout=10) as live:
         for step in range(100):
             t0 = time.perf_counter()
             live.export_metrics({"x": step}, step=step)
@@ -290,10 +290,10 @@ def test_online_without_network_fails_fast_in_isolation(tmp_path: Path) -> None:
 def test_online_without_key_never_prompts(tmp_path: Path) -> None:
     script = textwrap.dedent(
         f"""
-        from gym_artifacts.live import live_exporters
+        from gym_artifacts.live import live_run
         cfg = {{"exporters": {{"wandb": {{"enabled": True, "project": "t", "mode": "online",
                 "base_url": "http://127.0.0.1:{free_port()}", "init_timeout": 2, "dir": {str(tmp_path / "wb")!r}}}}}}}
-        with live_exporters(cfg, {str(tmp_path / "eval.jsonl")!r}) as live:
+        with live_run(cfg, {str(tmp_path / "eval.jsonl")!r}) as live:
             live.export_metrics({{"x": 1}})
         print("setup_error:", live.reports[0].setup_error)
         """
@@ -317,7 +317,7 @@ def test_api_key_appears_in_no_wandb_file(quickstart_run: Path, tmp_path: Path) 
     cfg = OmegaConf.create({"exporters": {"wandb": wandb_section(tmp_path)}})
     [result] = export_run(quickstart_run, cfg)
     assert result.status is ExportStatus.EXPORTED
-    with live_exporters({"exporters": {"wandb": wandb_section(tmp_path)}}, tmp_path / "l.jsonl") as live:
+    with live_run({"exporters": {"wandb": wandb_section(tmp_path)}}, tmp_path / "l.jsonl") as live:
         live.export_metrics({"x": 1}, step=0)
     assert "WANDB_API_KEY" not in os.environ
     roots = [
@@ -391,7 +391,7 @@ def test_rollouts_table_is_readable_with_every_planned_rollout_and_the_headline(
 
 def test_live_rollouts_make_one_table_artifact_per_run_not_one_per_call(tmp_path: Path) -> None:
     out = tmp_path / "eval.jsonl"
-    with live_exporters({"exporters": {"wandb": wandb_section(tmp_path)}}, out) as live:
+    with live_run({"exporters": {"wandb": wandb_section(tmp_path)}}, out) as live:
         for call in range(20):
             live.export_rollouts([{"id": call, "reward": 1.0}])
         live.flush(60)

@@ -1,6 +1,6 @@
 """Live logging that never slows or fails the eval: the fan-out from one call to every backend.
 
-``live_exporters`` opens a ``LiveRun``: one call of the eval is journaled (``journal``) and
+``live_run`` opens a ``LiveRun``: one call of the eval is journaled (``journal``) and
 handed to one ``LiveChannel`` per enabled backend (``live_channel``: the worker, guards, marker
 and report), which alone calls the backend's hooks (``contract.hooks.LiveHooks``, on ``LiveExporter``).
 This module also holds the exit hook that tears down a run the eval left open.
@@ -14,6 +14,7 @@ import logging
 import os
 import threading
 import time
+import warnings
 from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -434,7 +435,7 @@ def build_live_exporters(cfg: Any) -> list[LiveExporter]:
 
 
 @contextlib.contextmanager
-def live_exporters(
+def live_run(
     config: Any,
     output_jsonl_fpath: str | Any,
     *,
@@ -508,3 +509,23 @@ def live_exporters(
             live.teardown(teardown_timeout, status, teardown_hard_cap)
     finally:
         writer.release()
+
+
+def live_exporters(
+    config: Any,
+    output_jsonl_fpath: str | Any,
+    *,
+    teardown_timeout: float | None = None,
+    teardown_hard_cap: float | None = None,
+) -> contextlib.AbstractContextManager[LiveRun | NoOpLiveRun]:
+    """Deprecated: the old name of :func:`live_run` (it yields a live run, not exporters); the same
+    arguments, the same run, and a ``DeprecationWarning``."""
+    warnings.warn(
+        "gym_artifacts.live.live_exporters() is deprecated: use gym_artifacts.live.live_run() "
+        "(the same arguments)",
+        DeprecationWarning,
+        stacklevel=2,
+    )
+    return live_run(
+        config, output_jsonl_fpath, teardown_timeout=teardown_timeout, teardown_hard_cap=teardown_hard_cap
+    )

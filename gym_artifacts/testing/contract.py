@@ -30,7 +30,7 @@ from gym_artifacts.contract.live_exporter import LiveExporter
 from gym_artifacts.core.destination import destination_key
 from gym_artifacts.core.jsonio import canonical_json
 from gym_artifacts.core.secrets import is_secret_key
-from gym_artifacts.live.fanout import LiveRun, live_exporters
+from gym_artifacts.live.fanout import LiveRun, live_run
 from gym_artifacts.run.artifacts import RunArtifacts
 from gym_artifacts.run.receipts import read_marker, read_receipts
 from gym_artifacts.testing.sample_run import (
@@ -140,7 +140,7 @@ class Backend:
 
     def live(self, out: Path, *, resume: bool = False) -> Any:
         cfg = run_config(self.name, self.settings) | ({"resume": True} if resume else {})
-        return live_exporters(cfg, out, teardown_timeout=TEARDOWN_DEADLINE_S)
+        return live_run(cfg, out, teardown_timeout=TEARDOWN_DEADLINE_S)
 
 
 def _fixture_name(name: str) -> str:

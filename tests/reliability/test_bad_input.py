@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 from gym_artifacts.cli import main
 from gym_artifacts.contract import registry
-from gym_artifacts.live import live_exporters
+from gym_artifacts.live import live_run
 from gym_artifacts.run.artifacts import RunArtifacts
 from tests.backends import CountingExporter
 from tests.conftest import copy_quickstart
@@ -262,7 +262,7 @@ def test_generated_markers(tmp_path_factory: pytest.TempPathFactory, content: ob
         marker.write_text(json.dumps(content))
     COUNTS["markers"] = COUNTS.get("markers", 0) + 1
     cfg = {"exporters": {"local": {"enabled": True, "root": str(folder / "store")}}, "resume": True}
-    with live_exporters(cfg, out) as live:  # a marker that is not ours: a new run, never a crash
+    with live_run(cfg, out) as live:  # a marker that is not ours: a new run, never a crash
         live.export_metrics({"x": 1}, step=0)
     [report] = live.reports
     assert report.setup_error is None and report.lost == 0

@@ -21,7 +21,7 @@ from omegaconf import OmegaConf
 
 from gym_artifacts import export_run
 from gym_artifacts.contract.hooks import ExportStatus
-from gym_artifacts.live import live_exporters
+from gym_artifacts.live import live_run
 from tests.mlflow_server import MlflowServer
 from tests.processes import run_bounded
 from tests.reliability.faulty_servers import HttpFault, black_hole, http_fault
@@ -87,7 +87,7 @@ def finish_eval(out: Path, source: Path) -> None:
 def run_eval(cfg: dict, out: Path, mid_run: Any = None) -> tuple[list[float], float, Any]:
     costs = []
     # a setup still running counts as progress: the cap keeps the test's bound
-    with live_exporters(cfg, out, teardown_timeout=TEARDOWN, teardown_hard_cap=TEARDOWN + 1.0) as live:
+    with live_run(cfg, out, teardown_timeout=TEARDOWN, teardown_hard_cap=TEARDOWN + 1.0) as live:
         for step in range(STEPS):
             if step == STEPS // 2 and mid_run is not None:
                 mid_run()
@@ -198,10 +198,10 @@ LOCAL_FAULT_SCRIPT = textwrap.dedent(
     if mode == "disk-full":
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)          # writes past the limit fail with EFBIG
         resource.setrlimit(resource.RLIMIT_FSIZE, (64_000, 64_000))
-    from gym_artifacts.live import live_exporters
+    from gym_artifacts.live import live_run
     cfg = {"exporters": {"local": {"enabled": True, "root": root}}}
     costs = []
-    with live_exporters(cfg, out, teardown_timeout=3, teardown_hard_cap=3) as live:
+    with live_run(cfg, out, teardown_timeout=3, teardown_hard_cap=3) as live:
         big = {"text": "x" * 2000}
         for step in range(300):
             t0 = time.perf_counter()

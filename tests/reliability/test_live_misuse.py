@@ -16,7 +16,7 @@ from omegaconf import OmegaConf
 
 from gym_artifacts import export_run
 from gym_artifacts.contract.hooks import ExportStatus
-from gym_artifacts.live.fanout import LiveRun, live_exporters
+from gym_artifacts.live.fanout import LiveRun, live_run
 from gym_artifacts.run.artifacts import RunArtifacts
 from gym_artifacts.run.receipts import read_marker
 
@@ -53,7 +53,7 @@ def test_misuse_never_raises_is_cheap_counted_and_the_run_stays_exportable(
     out = tmp_path / "out" / "eval.jsonl"
     cfg = {"exporters": {"local": {"enabled": True, "root": str(store), "experiment": "live"}}}
     costs: dict[str, list[float]] = {}
-    with live_exporters(cfg, out) as live:
+    with live_run(cfg, out) as live:
         assert isinstance(live, LiveRun)
         live.export_metrics({"reward": 0.0}, step=0)
         for _ in range(200):
@@ -122,7 +122,7 @@ def test_one_poison_value_among_500_calls_loses_only_itself_in_every_backend(
         }
     }
     out = tmp_path / "out" / "eval.jsonl"
-    with live_exporters(cfg, out, teardown_timeout=120) as live:
+    with live_run(cfg, out, teardown_timeout=120) as live:
         assert isinstance(live, LiveRun)
         live.flush(120)  # the backends are set up: the 500 calls then queue as one batch
         for step in range(500):

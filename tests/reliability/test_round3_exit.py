@@ -1,4 +1,4 @@
-"""Issue 27 (4): an eval that calls ``setup_exporters`` (or enters ``live_exporters`` by hand) and
+"""Issue 27 (4): an eval that calls ``setup_exporters`` (or enters ``live_run`` by hand) and
 never tears down still delivers to MLflow and W&B when the interpreter exits: the exit-time
 teardown runs before the interpreter's shutdown forbids new exit hooks and thread pools."""
 
@@ -19,7 +19,7 @@ REPO = Path(__file__).resolve().parents[2]
 EVAL = textwrap.dedent("""
     import sys
     from gym_artifacts import nemo_gym
-    from gym_artifacts.live import live_exporters
+    from gym_artifacts.live import live_run
     work, how = sys.argv[1], sys.argv[2]
     config = {
         "output_jsonl_fpath": f"{work}/run/eval.jsonl",
@@ -33,7 +33,7 @@ EVAL = textwrap.dedent("""
         for step in range(5):
             nemo_gym.export_metrics({"reward": step / 5}, step=step)
     else:  # the context entered by hand, never left
-        context = live_exporters(config, config["output_jsonl_fpath"])  # kept: never collected
+        context = live_run(config, config["output_jsonl_fpath"])  # kept: never collected
         live = context.__enter__()
         for step in range(5):
             live.export_metrics({"reward": step / 5}, step=step)
@@ -43,7 +43,7 @@ EVAL = textwrap.dedent("""
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("how", ["setup_exporters", "live_exporters"])
+@pytest.mark.parametrize("how", ["setup_exporters", "live_run"])
 def test_exit_without_teardown_delivers_to_mlflow_and_wandb(tmp_path: Path, how: str) -> None:
     env = {k: v for k, v in os.environ.items() if k != "WANDB_SERVICE"}
     env["PYTHONPATH"] = str(REPO)

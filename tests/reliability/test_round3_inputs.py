@@ -136,10 +136,10 @@ def test_live_logging_never_raises_a_config_error_into_the_eval(
     tmp_path: Path, config: object, caplog: pytest.LogCaptureFixture
 ) -> None:
     from gym_artifacts import nemo_gym
-    from gym_artifacts.live import live_exporters
+    from gym_artifacts.live import live_run
 
     out = tmp_path / "run" / "eval.jsonl"
-    with live_exporters(config, out, teardown_timeout=5) as live:
+    with live_run(config, out, teardown_timeout=5) as live:
         live.export_metrics({"x": 1.0}, step=0)
         assert not getattr(live, "exporters", ())
     assert "cannot" in caplog.text or "must be" in caplog.text
@@ -212,11 +212,11 @@ def test_a_long_stem_that_holds_every_name_exports(make_run, tmp_path: Path) -> 
 
 
 def test_live_logging_to_a_stem_too_long_is_refused_not_raised(tmp_path: Path) -> None:
-    from gym_artifacts.live import live_exporters
+    from gym_artifacts.live import live_run
 
     out = tmp_path / "live" / ("r" * 215 + ".jsonl")
     out.parent.mkdir()
-    with live_exporters({"exporters": {}}, out) as live:
+    with live_run({"exporters": {}}, out) as live:
         live.export_metrics({"x": 1.0}, step=0)
     assert live.writer_refused is not None and "too long" in live.writer_refused
     assert list(out.parent.iterdir()) == []

@@ -43,9 +43,9 @@ def test_a_lock_that_is_a_symlink_is_never_written_through(
     else:
         from omegaconf import OmegaConf
 
-        from gym_artifacts.live import live_exporters
+        from gym_artifacts.live import live_run
 
-        with live_exporters(OmegaConf.create({"exporters": {}}), quickstart_run) as live:
+        with live_run(OmegaConf.create({"exporters": {}}), quickstart_run) as live:
             assert live.writer_refused is not None and "not a regular file" in live.writer_refused
     assert victim.read_text() == "keep me\n"
     assert lock.is_symlink()  # the user's link is theirs: reported, never removed or followed
@@ -63,7 +63,7 @@ def test_a_lock_that_is_a_fifo_never_blocks(quickstart_run: Path, tmp_path: Path
 def test_no_lock_file_remains_after_an_export_or_a_live_run(quickstart_run: Path, tmp_path: Path) -> None:
     from omegaconf import OmegaConf
 
-    from gym_artifacts.live import live_exporters
+    from gym_artifacts.live import live_run
 
     proc = cli(
         "export", str(quickstart_run), "-e", "local", "--json", f"exporters.local.root={tmp_path / 's'}"
@@ -71,7 +71,7 @@ def test_no_lock_file_remains_after_an_export_or_a_live_run(quickstart_run: Path
     assert json.loads(proc.stdout)[0]["status"] == "EXPORTED", proc.stderr[-2000:]
     out = tmp_path / "live" / "eval.jsonl"
     out.parent.mkdir()
-    with live_exporters(OmegaConf.create({"exporters": {}}), out) as live:
+    with live_run(OmegaConf.create({"exporters": {}}), out) as live:
         live.export_metrics({"x": 1.0}, step=0)
     leftovers = [
         p.name for p in [*quickstart_run.parent.iterdir(), *out.parent.iterdir()] if p.name.endswith(".lock")
@@ -138,13 +138,13 @@ def test_open_regular_refuses_links_fifos_and_folders(tmp_path: Path, mode: str)
 def test_a_journal_planted_as_a_link_is_not_written_through(tmp_path: Path) -> None:
     from omegaconf import OmegaConf
 
-    from gym_artifacts.live import live_exporters
+    from gym_artifacts.live import live_run
 
     victim = tmp_path / "victim"
     victim.write_text("keep\n")
     out = tmp_path / "run" / "eval.jsonl"
     out.parent.mkdir()
     out.with_name("eval_metrics.jsonl").symlink_to(victim)
-    with live_exporters(OmegaConf.create({"exporters": {}}), out, teardown_timeout=5) as live:
+    with live_run(OmegaConf.create({"exporters": {}}), out, teardown_timeout=5) as live:
         live.export_metrics({"x": 1.0}, step=0)
     assert victim.read_text() == "keep\n"

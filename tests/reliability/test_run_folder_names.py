@@ -20,7 +20,7 @@ from omegaconf import OmegaConf
 
 from gym_artifacts import export_run
 from gym_artifacts.contract.hooks import ExportStatus
-from gym_artifacts.live import live_exporters
+from gym_artifacts.live import live_run
 
 SWEEP = "llama-3.1-70b-instruct_gsm8k-cot-8shot_temperature-0.7_top-p-0.95_max-tokens-4096_num-repeats-8"
 
@@ -67,7 +67,7 @@ def test_two_live_runs_of_long_names_each_get_their_folder(tmp_path: Path) -> No
     for seed in (1, 2):
         out = tmp_path / "runs" / f"{SWEEP}_seed{seed}" / "rollouts.jsonl"
         out.parent.mkdir(parents=True)
-        with live_exporters(cfg, out) as live:
+        with live_run(cfg, out) as live:
             live.export_metrics({"reward": seed}, step=0)
         [report] = live.reports
         assert report.setup_error is None and report.lost == 0, report.describe()

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
-from gym_artifacts.live import live_exporters
+from gym_artifacts.live import live_run
 from tests.mlflow_server import MlflowServer
 from tests.processes import run_bounded
 
@@ -161,7 +161,7 @@ def test_no_canary_reaches_any_backend_log_or_environment(
     # live, from the eval's side
     live_out = tmp_path / "live" / "eval.jsonl"
     live_out.parent.mkdir()
-    with live_exporters(OmegaConf.create(config_text), live_out, teardown_timeout=180) as live:
+    with live_run(OmegaConf.create(config_text), live_out, teardown_timeout=180) as live:
         for step in range(5):
             live.export_metrics({"reward": step / 5, "api_key": CANARIES["live_metric"]}, step=step)
         live.export_rollouts([{"id": 1}])

@@ -21,13 +21,13 @@ SOAK = textwrap.dedent(
     import json, sys, time
     from benchmarks.common import peak_rss_mb
     from gym_artifacts.contract import registry
-    from gym_artifacts.live import live_exporters
+    from gym_artifacts.live import live_run
     from tests.backends import FailingLive
     registry.register(FailingLive)
     out, calls = sys.argv[1], int(sys.argv[2])
     base = peak_rss_mb()
     started = time.monotonic()
-    with live_exporters({"exporters": {"failing": {"enabled": True}}}, out, teardown_timeout=5) as live:
+    with live_run({"exporters": {"failing": {"enabled": True}}}, out, teardown_timeout=5) as live:
         metrics = {"loss": 0.5, "reward": 0.25}
         for step in range(calls):
             live.export_metrics(metrics, step=step)

@@ -52,10 +52,10 @@ def test_torn_last_journal_line_dropped_and_reported(
 
 DISK_FULL_CHILD = """
 import json, resource, signal, sys
-from gym_artifacts.live import live_exporters
+from gym_artifacts.live import live_run
 signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails (EFBIG), as on a full disk
 resource.setrlimit(resource.RLIMIT_FSIZE, (20_000, resource.RLIM_INFINITY))
-with live_exporters({}, sys.argv[1], teardown_timeout=30) as live:
+with live_run({}, sys.argv[1], teardown_timeout=30) as live:
     for step in range(2000):
         live.export_metrics({"reward": step / 2000, "loss": 1.0}, step=step)
 print(json.dumps({"lost": live.journal_lost}))
