@@ -1,4 +1,4 @@
-"""Issue 27 (4): an eval that calls ``setup_exporters`` (or enters ``live_run`` by hand) and
+"""An eval that calls ``setup_exporters`` (or enters ``live_run`` by hand) and
 never tears down still delivers to MLflow and W&B when the interpreter exits: the exit-time
 teardown runs before the interpreter's shutdown forbids new exit hooks and thread pools."""
 

@@ -1,4 +1,4 @@
-"""Issue 27 (14): W&B offline, an export retried after its receipt was lost leaves one offline run
+"""W&B offline, an export retried after its receipt was lost leaves one offline run
 folder for the run id, holding the complete run (``wandb sync`` then uploads one run once)."""
 
 from __future__ import annotations

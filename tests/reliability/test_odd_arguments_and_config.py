@@ -1,4 +1,4 @@
-"""Issue 27 (3, 5, 6, 7, 11): run arguments, config resolution errors, lone surrogates, long stems
+"""Run arguments, config resolution errors, lone surrogates, long stems
 and interpolation chains: each a clear message or a per-backend result, never a traceback, a
 write outside the run, or a hang."""
 

@@ -1,4 +1,4 @@
-"""Issue 27 (2) and issue 25: a run's lock files are never written through a link or into a
+"""A run's lock files are never written through a link or into a
 special file, and none is left beside a run once a command finished -- while two exporters that
 race for one lock still take turns."""
 

@@ -1,4 +1,4 @@
-"""Issue 27 (13): a token as a tracking URI's user part is never printed: every FAILED reason and
+"""A token as a tracking URI's user part is never printed: every FAILED reason and
 log line passes the same URI masking, whoever (our code or a backend's SDK) wrote it."""
 
 from __future__ import annotations
