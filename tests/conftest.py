@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 import shutil
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
 import pytest
@@ -62,24 +62,40 @@ def session_service_of(nodeid: str) -> str | None:
     return None
 
 
-def slow_tests() -> frozenset[str]:
-    """The tests listed in ``tests/slow_tests.txt``: ``path::name`` (every parametrization) or
-    one parametrized id ``path::name[params]``."""
-    lines = (REPO / "tests" / "slow_tests.txt").read_text().splitlines()
-    return frozenset(line.strip() for line in lines if line.strip() and not line.startswith("#"))
+# What makes a test slow (3 s or more), by what it uses: a real server (MLflow, Phoenix), a Ray
+# cluster, NeMo Gym's servers or its virtual environment, a browser, a fresh MLflow store (its schema
+# creation alone takes 6-8 s). A test slow for another reason carries ``@pytest.mark.slow`` itself.
+SLOW_FIXTURES = frozenset({
+    "mlflow_server", "own_mlflow_server", "tracking_uri", "empty_mlflow_db",
+    "phoenix_server", "ray_cluster", "nemo_gym_servers", "nemo_gym_venv_path", "browser",
+})  # fmt: skip
+# The contract suite's cases of the backends whose SDK is heavy (an MLflow store, a W&B run).
+SLOW_CONTRACT_BACKENDS = ("[mlflow]", "[wandb]")
+
+
+def slow_because(nodeid: str, fixturenames: Iterable[str]) -> str | None:
+    """Why a test is slow, derived from its node id and the fixtures it uses; None when nothing it
+    uses is (its own ``@pytest.mark.slow`` may still say so)."""
+    if service := session_service_of(nodeid):
+        return f"uses the session's {service}"
+    if used := sorted(SLOW_FIXTURES.intersection(fixturenames)):
+        return f"uses {', '.join(used)}"
+    if nodeid.startswith("tests/test_contract.py::") and nodeid.endswith(SLOW_CONTRACT_BACKENDS):
+        return "a contract case of a backend with a heavy SDK"
+    return None
 
 
 @pytest.hookimpl(tryfirst=True)  # before ``-m "not slow"`` deselects by mark
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Mark the listed slow tests; a test that uses a session service must be listed in
-    SESSION_SERVICES, or the scheduler below would start that service in a second worker."""
-    slow = slow_tests()
+    """Mark the slow tests by what they use (``slow_because``); a test that uses a session service
+    must be listed in SESSION_SERVICES, or the scheduler below would start that service in a
+    second worker."""
     for item in items:
-        # a session service starts in 50-100 s on a loaded machine: never in the quick subset
-        if item.nodeid in slow or item.nodeid.split("[", 1)[0] in slow or session_service_of(item.nodeid):
+        fixturenames = getattr(item, "fixturenames", ())
+        if slow_because(item.nodeid, fixturenames):
             item.add_marker(pytest.mark.slow)
         for fixture in SESSION_SERVICES:
-            if fixture in getattr(item, "fixturenames", ()) and session_service_of(item.nodeid) != fixture:
+            if fixture in fixturenames and session_service_of(item.nodeid) != fixture:
                 raise pytest.UsageError(f"{item.nodeid} uses {fixture}: add it to SESSION_SERVICES")
 
 

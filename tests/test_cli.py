@@ -130,6 +130,7 @@ def test_malformed_saved_run_config_fails_naming_line(
     assert re.search(r"eval_config\.yaml:\d+:\d+: invalid YAML", result["reason"])
 
 
+@pytest.mark.slow
 def test_upload_rollouts_flag_and_override(
     quickstart_run: Path, local_config: Path, make_run, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -153,6 +154,7 @@ def test_upload_rollouts_flag_and_override(
     assert json.loads(capsys.readouterr().out)[0]["rows"] == 0
 
 
+@pytest.mark.slow
 def test_several_runs_in_parallel_jobs(make_run, local_config: Path) -> None:
     runs = [str(make_run(f"r{i}")) for i in range(3)]
     proc = run_cli("export", *runs, "-c", str(local_config), "--jobs", "2", "--json")
@@ -166,6 +168,7 @@ def test_several_runs_in_parallel_jobs(make_run, local_config: Path) -> None:
     assert [p.name for p in (local_config.parent / "store" / "tests").iterdir()] == [folder]
 
 
+@pytest.mark.slow
 def test_status_reports_receipts(
     quickstart_run: Path, local_config: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -110,6 +110,7 @@ def test_an_unknown_exporter_gets_did_you_mean(
     assert not list(quickstart_run.parent.glob("*_export_done.json"))
 
 
+@pytest.mark.slow
 def test_a_failure_from_below_is_one_line_without_a_traceback(quickstart_run: Path, tmp_path: Path) -> None:
     """The operating system refuses the report's destination (a folder): one line, exit 1; -v
     adds the traceback; the refused write leaves no temporary file behind."""

@@ -30,6 +30,7 @@ def test_version_and_module_entry_point() -> None:
         assert command in helped.stdout
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("command", ["export", "status", "report", "exporters"])
 def test_verbose_shows_the_tools_own_steps_for_every_command(
     command: str, quickstart_run: Path, local_config: Path
@@ -50,6 +51,7 @@ def test_verbose_shows_the_tools_own_steps_for_every_command(
         assert len(ours) >= 2, proc.stderr  # the start line and at least one step of the command
 
 
+@pytest.mark.slow
 def test_closed_pipe_prints_no_traceback(quickstart_run: Path) -> None:
     # `status ... | head -1`: the reader goes away after the first line.
     proc = run_bounded(

@@ -11,6 +11,8 @@ import os
 import sys
 from pathlib import Path
 
+import pytest
+
 from tests.processes import run_bounded
 
 REPO = Path(__file__).resolve().parent.parent
@@ -69,6 +71,7 @@ registry.register(Leaky)
 '''
 
 
+@pytest.mark.slow
 def test_the_destination_check_catches_unresolved_paths_and_credentials(tmp_path: Path) -> None:
     (tmp_path / "wrong_backends.py").write_text(BACKENDS)
     env = {**os.environ, "PYTHONPATH": str(REPO)}
@@ -85,6 +88,7 @@ def test_the_destination_check_catches_unresolved_paths_and_credentials(tmp_path
     assert "CREDENTIAL_CANARY.encode() not in canonical_json" in out, out[-3000:]
 
 
+@pytest.mark.slow
 def test_the_suite_command_keeps_pytest_arguments_whole_and_names_an_unknown_backend() -> None:
     """``python -m gym_artifacts.testing NAME -- -k "a and not b"``: the expression reaches pytest
     as one argument; an unregistered NAME is one line naming it, exit 2, no traceback."""

@@ -89,6 +89,7 @@ def test_one_run_to_five_destinations_once_each_then_skipped_without_contact(
     assert len(runs_in(sqlite, "a")) == 1
 
 
+@pytest.mark.slow
 def test_a_deleted_backend_run_is_skipped_then_found_by_verify(
     quickstart_run: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -120,6 +121,7 @@ def test_a_deleted_backend_run_is_skipped_then_found_by_verify(
     assert checked["mlflow"]["reason"] == "verified: the backend run exists"
 
 
+@pytest.mark.slow
 def test_version_1_receipts_are_honoured_for_the_run_config_destination_and_upgraded(
     quickstart_run: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

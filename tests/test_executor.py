@@ -16,6 +16,7 @@ from tests.sweep import make_sweep
 REPO = Path(__file__).resolve().parent.parent
 
 
+@pytest.mark.slow
 def test_export_runs_api_gives_one_result_set_per_run_in_order(tmp_path: Path) -> None:
     runs = make_sweep(tmp_path / "runs", 3)
     broken = make_sweep(tmp_path / "broken", 1)[0]  # a bad run costs only itself
@@ -42,6 +43,7 @@ def test_export_runs_api_gives_one_result_set_per_run_in_order(tmp_path: Path) -
     ]
 
 
+@pytest.mark.slow
 def test_the_local_executor_never_imports_ray(tmp_path: Path) -> None:
     runs = make_sweep(tmp_path / "runs", 2)
     code = (
@@ -68,6 +70,7 @@ def test_an_unknown_executor_exits_2(quickstart_run: Path, capsys: pytest.Captur
     assert "invalid choice: 'dask'" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_readme_python_api_block_runs_as_written(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                  capsys: pytest.CaptureFixture[str]) -> None:
     """The "Python API" block of docs/cli.md, run in a folder holding the quickstart where it says."""

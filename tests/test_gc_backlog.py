@@ -13,6 +13,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from benchmarks.gc_backlog import measure
 from gym_artifacts.live.worker import BackgroundWorker
 
@@ -20,6 +22,7 @@ BACKLOG = 100_000
 MAX_BATCH = BackgroundWorker.MAX_BATCH  # the one batch in flight may be tracked
 
 
+@pytest.mark.slow
 def test_a_dead_backends_backlog_adds_no_tracked_objects(tmp_path: Path) -> None:
     r = measure(tmp_path / "eval.jsonl", BACKLOG)
     assert r["pending"] >= BACKLOG, r  # the backlog really is queued behind the dead backend

@@ -93,6 +93,7 @@ def assert_read_back_once(api: LangsmithApi, project_id: str, quickstart_run: Pa
     assert project.metadata["config"]["policy_api_key"] == "***"
 
 
+@pytest.mark.slow
 def test_export_reads_back_through_the_client(
     quickstart_run: Path, langsmith_api: LangsmithApi, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -113,6 +114,7 @@ def test_export_reads_back_through_the_client(
     assert len(langsmith_api.state.requests) == sent  # nothing contacted
 
 
+@pytest.mark.slow
 def test_sigkilled_export_rerun_sends_the_same_ids_and_duplicates_nothing(
     quickstart_run: Path, langsmith_api: LangsmithApi
 ) -> None:
@@ -148,6 +150,7 @@ def test_sigkilled_export_rerun_sends_the_same_ids_and_duplicates_nothing(
     assert_read_back_once(langsmith_api, result.backend_run_id, quickstart_run)
 
 
+@pytest.mark.slow
 def test_refused_runs_fail_the_export_without_a_receipt(
     quickstart_run: Path, langsmith_api: LangsmithApi
 ) -> None:
@@ -159,6 +162,7 @@ def test_refused_runs_fail_the_export_without_a_receipt(
     assert not RunArtifacts.from_path(quickstart_run).export_done_fpath("langsmith").exists()
 
 
+@pytest.mark.slow
 def test_two_destinations_get_one_project_each_and_skip_without_contact(quickstart_run: Path) -> None:
     """Two LangSmith endpoints: a project (and receipt) in each; re-exports to either skip and
     send nothing."""

@@ -58,6 +58,7 @@ def local_steps(store: Path, run: Path) -> list[int]:
     return [json.loads(line)["step"] for line in lines]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("hostile", ["sleepy", "failing", "brokensetup", "hanging"])
 def test_hostile_backend_never_slows_or_fails_the_eval(tmp_path: Path, hostile: str) -> None:
     store = tmp_path / "store"

@@ -84,6 +84,7 @@ def test_bad_acceptance_fails_naming_key(quickstart_run: Path, tmp_path: Path) -
     assert "eval_acceptance.json: invalid acceptance record at omitted_rows" in (result.reason or "")
 
 
+@pytest.mark.slow
 def test_retry_after_crash_reuses_the_same_folder(quickstart_run: Path, tmp_path: Path) -> None:
     store = tmp_path / "store"
     run = RunArtifacts.from_path(quickstart_run)

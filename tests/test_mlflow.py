@@ -111,6 +111,7 @@ def test_post_run_export_reads_back(quickstart_run: Path, tracking_uri: str, tmp
     assert config_json["policy_api_key"] == "***"
 
 
+@pytest.mark.slow
 def test_reexport_is_skipped_without_contact(quickstart_run: Path, tmp_path: Path) -> None:
     uri = f"sqlite:///{tmp_path / 'm.db'}"
     [first] = export_run(quickstart_run, mlflow_cfg(uri))
@@ -127,6 +128,7 @@ def test_reexport_is_skipped_without_contact(quickstart_run: Path, tmp_path: Pat
     assert elsewhere.status is ExportStatus.FAILED and "Connection refused" in (elsewhere.reason or "")
 
 
+@pytest.mark.slow
 def test_nvml_series_as_system_metrics(quickstart_run: Path, tmp_path: Path) -> None:
     artifacts = quickstart_run.with_name("eval_artifacts")
     (artifacts / "metrics_summary.json").write_text(
@@ -155,6 +157,7 @@ def test_nvml_series_as_system_metrics(quickstart_run: Path, tmp_path: Path) -> 
     ]
 
 
+@pytest.mark.slow
 def test_export_killed_after_run_creation_leaves_one_run(quickstart_run: Path, tmp_path: Path) -> None:
     uri = f"sqlite:///{tmp_path / 'm.db'}"
     script = textwrap.dedent(
@@ -222,6 +225,7 @@ def test_live_run_then_certify(quickstart_run: Path, tracking_uri: str, tmp_path
     assert len(client.get_metric_history(report.run_id, "reward")) == 10  # nothing duplicated
 
 
+@pytest.mark.slow
 def test_resume_reopens_the_marker_run(tmp_path: Path) -> None:
     uri = f"sqlite:///{tmp_path / 'm.db'}"
     out = tmp_path / "eval.jsonl"

@@ -326,6 +326,7 @@ def test_a_sqlite_stores_trace_server_is_under_the_export_deadline(quickstart_ru
     assert_one_trace_per_rollout(client, result.backend_run_id, quickstart_run)
 
 
+@pytest.mark.slow
 def test_a_sqlite_store_gets_the_evaluation_dataset_once(tmp_path: Path) -> None:
     """A database store with no server (the embedded default) gets the planned inputs as an
     evaluation dataset of the experiment too (MLflow's Datasets page), through MLflow's own store

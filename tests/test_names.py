@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 from omegaconf import OmegaConf
 
 from gym_artifacts import export_run
@@ -17,6 +18,7 @@ def mlflow_name(local_name: str) -> str:
     return local_name.replace("@", "_at_")
 
 
+@pytest.mark.slow
 def test_aggregate_metric_names_agree_across_local_mlflow_and_wandb(quickstart_run: Path, tmp_path: Path) -> None:
     from mlflow.tracking import MlflowClient
 

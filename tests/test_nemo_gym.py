@@ -160,6 +160,7 @@ def own_export_metrics() -> dict[str, float]:
     return out
 
 
+@pytest.mark.slow
 def test_mlflow_uses_nemo_gyms_own_names_and_exports_sidecars(tmp_path: Path) -> None:
     from mlflow import MlflowClient
 
@@ -216,6 +217,7 @@ def test_mlflow_uses_nemo_gyms_own_names_and_exports_sidecars(tmp_path: Path) ->
     assert [row[index] for row in data["data"]] == [0, 1, 2, 3]
 
 
+@pytest.mark.slow
 def test_metric_count_does_not_grow_with_tasks(tmp_path: Path) -> None:
     """1,000 tasks x 4 repeats in NeMo Gym's format: as many MLflow metrics and tags as 5 x 2."""
     from mlflow import MlflowClient

@@ -47,6 +47,7 @@ def exported(name: str, tmp_path: Path, section: str, settings: dict[str, Any]) 
     return str(result.backend_run_id)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", FIXTURES)
 def test_wandb_summary_has_coverage(name: str, tmp_path: Path) -> None:
     pytest.importorskip("wandb")

@@ -90,6 +90,7 @@ def test_wandb_mode_disabled_opens_nothing_and_fails_nothing(
     assert not list((tmp_path / "results").rglob("*.wandb"))
 
 
+@pytest.mark.slow
 def test_every_wandb_variable_reaches_the_run_as_under_nemo_gym(tmp_path: Path) -> None:
     """NeMo Gym's exporter leaves everything but project, name and folder to the SDK: the
     ``WANDB_*`` variables for tags, group, notes and job type reach the run here too. In a fresh

@@ -66,6 +66,7 @@ def _run(python_args: list[str], shadow: Path, quickstart_run: Path, store: Path
     return report
 
 
+@pytest.mark.slow
 def test_editable_install_ignores_an_unrelated_exporters_package(
     shadow: Path, quickstart_run: Path, tmp_path: Path
 ) -> None:
@@ -77,6 +78,7 @@ def test_editable_install_ignores_an_unrelated_exporters_package(
     assert Path(report["loaded"]["local"]) == REPO / "exporters" / "local.py"
 
 
+@pytest.mark.slow
 def test_wheel_install_ignores_an_unrelated_exporters_package(
     shadow: Path, quickstart_run: Path, tmp_path: Path
 ) -> None:

@@ -26,6 +26,7 @@ def profiler_open() -> bool:
     return bool(torch.autograd.profiler._is_profiler_enabled)
 
 
+@pytest.mark.slow
 def test_range_2_to_4_of_8_chunks(tmp_path: Path) -> None:
     prof = ChunkRangeProfiler(tmp_path, "2,4")
     for i in range(8):
@@ -43,6 +44,7 @@ def test_range_2_to_4_of_8_chunks(tmp_path: Path) -> None:
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]
 
 
+@pytest.mark.slow
 def test_body_raising_inside_range_leaves_no_open_profiler(tmp_path: Path) -> None:
     prof = ChunkRangeProfiler(tmp_path, "1,5")
     with pytest.raises(RuntimeError):
@@ -59,6 +61,7 @@ def test_body_raising_inside_range_leaves_no_open_profiler(tmp_path: Path) -> No
     assert p.key_averages()
 
 
+@pytest.mark.slow
 def test_range_never_finished_is_closed_by_close(tmp_path: Path) -> None:
     prof = ChunkRangeProfiler(tmp_path, "2,10")
     for i in range(4):

@@ -50,6 +50,7 @@ def test_torn_line_status_and_report_work_and_say_so(
     assert "300 rollouts" in page
 
 
+@pytest.mark.slow
 def test_torn_line_export_refuses_then_option_exports_complete_lines(
     quickstart_run: Path, local_config: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -155,6 +156,7 @@ def test_undecidable_content_falls_back_to_times(
     assert STALE_OVERRIDE_FLAG in refused["reason"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("command", [["status"], ["report"], ["export"], ["status", "--json"]])
 def test_missing_run_exits_2_and_writes_nothing(tmp_path: Path, command: list[str]) -> None:
     work = tmp_path / "empty"
@@ -170,6 +172,7 @@ def test_missing_run_exits_2_and_writes_nothing(tmp_path: Path, command: list[st
         assert list(work.iterdir()) == []
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["with-gpu-samples", "no-gpu"])
 def test_reactor_folder_exports_its_derived_config_as_params(reactor_fixture, tmp_path: Path, name: str) -> None:
     from mlflow.tracking import MlflowClient
@@ -209,6 +212,7 @@ def _mlflow_export(run: Path, tmp_path: Path) -> object:
     return MlflowClient(store).get_run(result.backend_run_id)
 
 
+@pytest.mark.slow
 def test_three_day_old_journal_gives_an_mlflow_run_three_days_ago(quickstart_run: Path, tmp_path: Path) -> None:
     import getpass
     import time
@@ -229,6 +233,7 @@ def test_three_day_old_journal_gives_an_mlflow_run_three_days_ago(quickstart_run
     assert run.data.tags["mlflow.user"] == getpass.getuser()
 
 
+@pytest.mark.slow
 def test_session_times_win_over_the_journal(quickstart_run: Path, tmp_path: Path) -> None:
     import datetime as dt
 
@@ -239,6 +244,7 @@ def test_session_times_win_over_the_journal(quickstart_run: Path, tmp_path: Path
     assert bookkeeping_of(run.data.tags)["times_from"] == "session"
 
 
+@pytest.mark.slow
 def test_without_session_or_journal_the_rollouts_give_the_times_never_the_files(
     quickstart_run: Path, tmp_path: Path
 ) -> None:

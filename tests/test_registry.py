@@ -117,6 +117,7 @@ BROKEN = EntryPoint("broken", "no_such_module_anywhere:Exporter", registry.GROUP
 RAISING = EntryPoint("raising", "tests.plugin_raises_on_import:Exporter", registry.GROUP)
 
 
+@pytest.mark.slow
 def test_a_name_registered_twice_is_refused_for_that_name_only(
     monkeypatch: pytest.MonkeyPatch, quickstart_run: Path, local_config: Path
 ) -> None:

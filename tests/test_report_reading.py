@@ -100,6 +100,7 @@ def test_level_tables_show_reward_name_hidden_columns_and_every_digit(
     page.close()
 
 
+@pytest.mark.slow
 def test_a_value_like_102_25_is_not_rounded(quickstart_run: Path, tmp_path: Path) -> None:
     aggregate = quickstart_run.with_name("eval_aggregate_metrics.json")
     entries = json.loads(aggregate.read_text())
@@ -146,6 +147,7 @@ NAME = st.lists(
 ).map("".join)
 
 
+@pytest.mark.slow
 @given(name=NAME)
 @example(name="cost $_$ per $$")
 @example(name="$\\frac{1}{0$")
@@ -160,6 +162,7 @@ def test_any_metric_name_is_drawn_as_plain_text(name: str) -> None:
     assert texts.count(name) == 3, (name, texts)
 
 
+@pytest.mark.slow
 def test_a_dollar_metric_name_leaves_the_report_and_the_local_export_whole(
     quickstart_run: Path, tmp_path: Path
 ) -> None:

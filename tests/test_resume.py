@@ -64,6 +64,7 @@ def steps_in(store: Path, run_id: str) -> list[int]:
     return [json.loads(line)["step"] for line in lines]
 
 
+@pytest.mark.slow
 def test_killed_run_resumes_into_the_same_run(tmp_path: Path) -> None:
     store, out = tmp_path / "store", tmp_path / "out" / "eval.jsonl"
     log_steps(store, out, 0, 50, resume=False, kill=True)
@@ -80,6 +81,7 @@ def test_killed_run_resumes_into_the_same_run(tmp_path: Path) -> None:
     assert len(list((store / "live").iterdir())) == 1
 
 
+@pytest.mark.slow
 def test_fresh_run_into_same_output_gets_a_new_run(tmp_path: Path) -> None:
     store, out = tmp_path / "store", tmp_path / "eval.jsonl"
     log_steps(store, out, 0, 10, resume=False, kill=True)

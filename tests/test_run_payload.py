@@ -88,6 +88,7 @@ def _config(tmp_path: Path) -> Any:
     )
 
 
+@pytest.mark.slow
 def test_each_backend_reads_the_rollouts_file_once(quickstart_run: Path, tmp_path: Path, count_opens: Any) -> None:
     """Rows come from a pass the export makes anyway, not a recount; each backend reads the
     rollouts once."""

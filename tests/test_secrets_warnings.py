@@ -10,6 +10,8 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pytest
+
 from tests.processes import run_bounded
 
 REPO = Path(__file__).resolve().parents[1]
@@ -43,6 +45,7 @@ def test_warnings_warn_is_redacted_printed_and_captured_by_logging() -> None:
     assert CANARY not in proc.stderr and URI_PW not in proc.stderr, proc.stderr
 
 
+@pytest.mark.slow
 def test_cli_redacts_a_backend_warning_raised_during_export(quickstart_run: Path, tmp_path: Path) -> None:
     """A backend warns with a secret of the config while it exports: the CLI shows it masked."""
     proc = _run(

@@ -79,6 +79,7 @@ def test_a_local_export_is_a_snapshot_both_ways(quickstart_run: Path, tmp_path: 
     assert run_files(quickstart_run) == before
 
 
+@pytest.mark.slow
 def test_files_staged_for_mlflow_share_no_inode_with_the_run(quickstart_run: Path, tmp_path: Path) -> None:
     pytest.importorskip("mlflow")
     from mlflow.tracking import MlflowClient

@@ -9,6 +9,8 @@ import threading
 import time
 from pathlib import Path
 
+import pytest
+
 from gym_artifacts.live.channel import teardown_limits
 from gym_artifacts.live.worker import BackgroundWorker, Call
 from tests.load import scaled
@@ -83,6 +85,7 @@ SCRIPT = textwrap.dedent(
 )
 
 
+@pytest.mark.slow
 def test_thousand_step_eval_delivers_every_call_to_a_fresh_sqlite_mlflow(tmp_path: Path) -> None:
     work = tmp_path / "fresh"
     work.mkdir()

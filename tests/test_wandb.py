@@ -49,6 +49,7 @@ def unplan(run: Path) -> None:
     )
 
 
+@pytest.mark.slow
 def test_post_run_export_offline_reads_back(quickstart_run: Path, tmp_path: Path) -> None:
     cfg = OmegaConf.create({"exporters": {"wandb": wandb_section(tmp_path)}})
     [result] = export_run(quickstart_run, cfg)
@@ -98,6 +99,7 @@ def test_post_run_export_offline_reads_back(quickstart_run: Path, tmp_path: Path
     assert {"rollouts", "profile", "nvml", "recording", "runtime"} <= types
 
 
+@pytest.mark.slow
 def test_rollouts_with_differing_schemas_use_one_json_column(quickstart_run: Path, tmp_path: Path) -> None:
     quickstart_run.write_text('{"a": 1}\n{"b": [1, 2]}\n{"a": 2, "c": {"d": 3}}\n')
     unplan(quickstart_run)
@@ -111,6 +113,7 @@ def test_rollouts_with_differing_schemas_use_one_json_column(quickstart_run: Pat
     assert [json.loads(r[0]) for r in table["data"]] == [{"a": 1}, {"b": [1, 2]}, {"a": 2, "c": {"d": 3}}]
 
 
+@pytest.mark.slow
 def test_large_rollout_sets_are_split_not_truncated(quickstart_run: Path, tmp_path: Path) -> None:
     quickstart_run.write_text("".join(json.dumps({"i": i}) + "\n" for i in range(25)))
     unplan(quickstart_run)
@@ -133,6 +136,7 @@ def test_large_rollout_sets_are_split_not_truncated(quickstart_run: Path, tmp_pa
     } <= names
 
 
+@pytest.mark.slow
 def test_retried_export_uses_the_same_run_id_and_reexport_skips_without_wandb(
     quickstart_run: Path, tmp_path: Path
 ) -> None:
@@ -161,6 +165,7 @@ def test_retried_export_uses_the_same_run_id_and_reexport_skips_without_wandb(
     assert json.loads(proc.stdout)[0]["status"] == "SKIPPED"
 
 
+@pytest.mark.slow
 def test_two_offline_folders_are_two_destinations(
     quickstart_run: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -189,6 +194,7 @@ def test_two_offline_folders_are_two_destinations(
     assert export_to(None) is ExportStatus.SKIPPED  # the working folder is the first
 
 
+@pytest.mark.slow
 def test_live_run_config_metrics_and_rollouts(tmp_path: Path) -> None:
     out = tmp_path / "eval.jsonl"
     cfg = {"exporters": {"wandb": wandb_section(tmp_path)}, "judge": {"api_key": API_KEY, "model": "j"}}
@@ -233,6 +239,7 @@ LIVE_SCRIPT = textwrap.dedent(
 )
 
 
+@pytest.mark.slow
 def test_killed_live_run_resumes_with_growing_steps(tmp_path: Path) -> None:
     out = tmp_path / "eval.jsonl"
 
@@ -287,6 +294,7 @@ def test_online_without_network_fails_fast_in_isolation(tmp_path: Path) -> None:
     assert elapsed < scaled(15)
 
 
+@pytest.mark.slow
 def test_online_without_key_never_prompts(tmp_path: Path) -> None:
     script = textwrap.dedent(
         f"""
@@ -313,6 +321,7 @@ def test_online_without_key_never_prompts(tmp_path: Path) -> None:
     assert "setup_error: " in proc.stdout and "setup_error: None" not in proc.stdout
 
 
+@pytest.mark.slow
 def test_api_key_appears_in_no_wandb_file(quickstart_run: Path, tmp_path: Path) -> None:
     cfg = OmegaConf.create({"exporters": {"wandb": wandb_section(tmp_path)}})
     [result] = export_run(quickstart_run, cfg)
@@ -333,6 +342,7 @@ def test_api_key_appears_in_no_wandb_file(quickstart_run: Path, tmp_path: Path) 
         assert API_KEY.encode() not in p.read_bytes(), p
 
 
+@pytest.mark.slow
 def test_interpreter_exit_tears_down_before_wandb_exit_hook(tmp_path: Path) -> None:
     """A script that never tears down: our atexit hook (registered after wandb's) ends the runs."""
     script = textwrap.dedent(

@@ -89,6 +89,7 @@ json_values = st.recursive(
 )
 
 
+@pytest.mark.slow
 @SETTINGS
 @given(raw=st.binary(max_size=300) | st.text(max_size=300).map(str.encode))
 def test_generated_rollout_lines(
@@ -112,6 +113,7 @@ def test_generated_rollout_lines(
     assert_failed_cleanly(run, before, export_exit_code(run), capsys)
 
 
+@pytest.mark.slow
 @SETTINGS
 @given(content=json_values | st.binary(max_size=200))
 def test_generated_receipts(
@@ -134,6 +136,7 @@ def test_generated_receipts(
     assert CountingExporter.sends == [] and fingerprint(run.parent) == before
 
 
+@pytest.mark.slow
 @SETTINGS
 @given(content=json_values)
 def test_generated_aggregate_metrics(
@@ -182,6 +185,7 @@ def expected_config_error(text: str) -> str:
     return "no exporter is enabled"
 
 
+@pytest.mark.slow
 @SETTINGS
 @given(text=yaml_text)
 @example(text="!")  # a non-specific tag alone: a str to libyaml, nothing to the pure-Python parser
@@ -216,6 +220,7 @@ FLAGS = {
 extra_keys = st.dictionaries(st.text("abcxyz_", min_size=1, max_size=8).map("x_".__add__), json_values, max_size=4)
 
 
+@pytest.mark.slow
 @settings(SETTINGS, max_examples=len(FLAGS))
 @given(flag=st.sampled_from(sorted(FLAGS)), extra=extra_keys)
 def test_generated_configs_enabling_a_backend(
@@ -250,6 +255,7 @@ def test_generated_configs_enabling_a_backend(
     assert run_files == before
 
 
+@pytest.mark.slow
 @SETTINGS
 @given(content=json_values | st.binary(max_size=100))
 def test_generated_markers(tmp_path_factory: pytest.TempPathFactory, content: object) -> None:
@@ -297,6 +303,7 @@ def test_non_utf8_bytes(quickstart_run: Path, capsys: pytest.CaptureFixture[str]
     assert "not valid UTF-8" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_a_2_gb_line(quickstart_run: Path, capsys: pytest.CaptureFixture[str]) -> None:
     with open(quickstart_run, "ab") as fh:
         fh.write(b'{"huge": "')

@@ -56,6 +56,7 @@ def test_many_processes_export_one_run_once(
     assert len(client.search_runs([client.get_experiment_by_name("gym-evals").experiment_id])) == 1
 
 
+@pytest.mark.slow
 def test_a_killed_lock_holder_does_not_block_the_next_export(quickstart_run: Path, tmp_path: Path) -> None:
     run = RunArtifacts.from_path(quickstart_run)
     holder = subprocess.Popen(

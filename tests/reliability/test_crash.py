@@ -119,6 +119,7 @@ def check_receipt(run: RunArtifacts, name: str) -> str:
     return receipt.backend_run_id
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("target", "nth", "when"), LOCAL_POINTS, ids=[f"{t.split(':')[1]}#{n}-{w}" for t, n, w in LOCAL_POINTS]
 )
@@ -160,6 +161,7 @@ def rerun_local(quickstart_run: Path, store: Path) -> None:
     assert [json.loads(x) for x in sent] == [json.loads(x) for x in journal]  # every point once
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("target", "nth", "when"), MLFLOW_POINTS, ids=[f"{t.split(':')[1]}#{n}-{w}" for t, n, w in MLFLOW_POINTS]
 )

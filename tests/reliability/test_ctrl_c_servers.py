@@ -188,6 +188,7 @@ def test_ctrl_c_ends_status_verify_waiting_on_the_server(tmp_path: Path, mlflow_
     assert_interrupted(done)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["black-hole", "drip"])
 def test_ctrl_c_ends_compare_log_waiting_on_the_server(kind: str, tmp_path: Path) -> None:
     """``compare --log`` sends the comparison to MLflow; the server never answers: Ctrl-C exits

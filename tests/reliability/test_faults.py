@@ -232,6 +232,7 @@ def read_only(path: Path) -> Iterator[Path]:
         run_bounded(["umount", str(path)], timeout=60)
 
 
+@pytest.mark.slow
 def test_local_backend_disk_full(quickstart_run: Path, tmp_path: Path, healthy_median: float) -> None:
     root = tmp_path / "store"
     out = tmp_path / "eval" / "eval.jsonl"
@@ -258,6 +259,7 @@ def test_local_backend_disk_full(quickstart_run: Path, tmp_path: Path, healthy_m
     assert [json.loads(x)["step"] for x in sent] == list(range(STEPS))
 
 
+@pytest.mark.slow
 def test_local_backend_read_only(quickstart_run: Path, tmp_path: Path, healthy_median: float) -> None:
     out = tmp_path / "eval" / "eval.jsonl"
     out.parent.mkdir()

@@ -74,6 +74,7 @@ def deep(depth: int) -> str:
 DEPTH = 100_000
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("where", ["rollouts", "aggregate", "journal"])
 def test_json_nested_too_deep(tmp_path: Path, where: str) -> None:
     run = copy_quickstart(tmp_path / "bad")
@@ -104,6 +105,7 @@ def test_json_nested_too_deep(tmp_path: Path, where: str) -> None:
     assert by_run == {"good": "EXPORTED", "bad": "FAILED"}, results
 
 
+@pytest.mark.slow
 def test_nan_and_integers_past_64_bits_in_aggregates(tmp_path: Path) -> None:
     run = copy_quickstart(tmp_path / "r")
     agg = run.with_name("eval_aggregate_metrics.json")
@@ -124,6 +126,7 @@ def test_nan_and_integers_past_64_bits_in_aggregates(tmp_path: Path) -> None:
     assert b"1.8446744073709552e+19" not in stored
 
 
+@pytest.mark.slow
 def test_nan_and_integers_past_64_bits_in_aggregates_to_mlflow(tmp_path: Path) -> None:
     """MLflow metrics are floats: an integer past float precision is logged as a metric (to plot)
     and also as a tag of the same name holding its exact digits, never only as a rounded float."""
@@ -203,6 +206,7 @@ def test_artifacts_folder_itself_a_symlink_leaving_the_run(tmp_path: Path) -> No
     assert "outside the run" in outcome.text
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("which", ["receipt", "identity cache", "aggregate"])
 def test_fifo_named_like_a_run_file_never_blocks(tmp_path: Path, which: str) -> None:
     from gym_artifacts.run.artifacts import RunArtifacts
@@ -226,6 +230,7 @@ def test_fifo_named_like_a_run_file_never_blocks(tmp_path: Path, which: str) -> 
         assert "not a regular file" in exported.text or "is missing" in exported.text
 
 
+@pytest.mark.slow
 def test_item_with_equals_meant_as_a_path(tmp_path: Path) -> None:
     run = copy_quickstart(tmp_path / "lr=0.1")
     outcome = cli(tmp_path, "export", str(run), *local_args(tmp_path))

@@ -79,6 +79,7 @@ def assert_clean(code: int, capsys: pytest.CaptureFixture[str], names: str | Non
     return out + err
 
 
+@pytest.mark.slow
 @SETTINGS
 @given(
     metrics=st.dictionaries(
@@ -164,6 +165,7 @@ def test_generated_alias_bombs_as_config(
 ODD_KINDS = ["fifo", "socket", "dir-as-file", "dangling-link", "link-out"]
 
 
+@pytest.mark.slow
 @settings(SETTINGS, max_examples=len(ODD_KINDS) * 3)
 @given(kind=st.sampled_from(ODD_KINDS), which=st.sampled_from(["receipt", "aggregate", "artifact", "config"]))
 def test_generated_odd_file_types(

@@ -102,6 +102,7 @@ class Unencodable:
 POISON_STEP = 250
 
 
+@pytest.mark.slow
 def test_one_poison_value_among_500_calls_loses_only_itself_in_every_backend(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -24,6 +24,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from gym_artifacts.core.locking import try_lock
 from gym_artifacts.run.artifacts import RunArtifacts
 from tests.conftest import copy_quickstart
@@ -99,6 +101,7 @@ def test_a_long_mlflow_export_shows_a_line_that_updates(tmp_path: Path, mlflow_s
     assert len(shown) >= 3, frames(output)  # the line was redrawn while the server held the request
 
 
+@pytest.mark.slow
 def test_waiting_for_another_exports_lock_is_shown_and_updates(tmp_path: Path) -> None:
     """Another process holds the run's export lock: the terminal says the export waits for it
     and for whom (the holder's pid), redrawn while it waits; once the lock is released (by this
@@ -128,6 +131,7 @@ def test_waiting_for_another_exports_lock_is_shown_and_updates(tmp_path: Path) -
     assert b"EXPORTED" in output
 
 
+@pytest.mark.slow
 def test_off_a_terminal_the_wait_prints_nothing(tmp_path: Path) -> None:
     """The same wait with stderr a pipe: no progress line at all (a log stays clean)."""
     run = copy_quickstart(tmp_path / "runs")

@@ -32,6 +32,7 @@ class Recorder(logging.Handler):
         self.records.append((time.monotonic(), record))
 
 
+@pytest.mark.slow
 def test_no_retry_warning_after_the_deadline_failed_the_export(quickstart_run: Path) -> None:
     recorder = Recorder()
     root = logging.getLogger()

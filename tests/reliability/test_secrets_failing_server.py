@@ -54,6 +54,7 @@ def _files_holding(folder: Path, needles: tuple[str, ...]) -> list[str]:
     return hits
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", sorted(SERVERS))
 def test_failed_export_never_shows_uri_password_or_token(kind: str, quickstart_run: Path) -> None:
     pytest.importorskip("mlflow")

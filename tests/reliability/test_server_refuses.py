@@ -98,6 +98,7 @@ def test_any_refusal_ends_the_export_at_once_with_the_servers_words(
 LANGSMITH_ENDPOINTS = ["/datasets", "/sessions", "/runs/batch", "/runs/multipart", "/examples", "/feedback"]
 
 
+@pytest.mark.slow
 @settings(max_examples=12, deadline=None, suppress_health_check=list(HealthCheck))
 @given(
     endpoint=st.sampled_from(LANGSMITH_ENDPOINTS),

@@ -23,6 +23,7 @@ DEADLINE = 8
 SERVERS: dict[str, Callable[[], AbstractContextManager[Any]]] = {"black-hole": black_hole, "drip": drip_server}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", sorted(SERVERS))
 def test_export_ends_failed_within_the_deadline(kind: str, quickstart_run: Path) -> None:
     pytest.importorskip("mlflow")

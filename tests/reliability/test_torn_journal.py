@@ -19,6 +19,7 @@ from tests.processes import run_bounded
 REPO = Path(__file__).resolve().parents[2]
 
 
+@pytest.mark.slow
 def test_torn_last_journal_line_dropped_and_reported(
     quickstart_run: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
