@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import json
+import os
 import random
 import shutil
+import sys
 import time
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -151,26 +155,50 @@ def test_symlink_leaving_the_run_is_refused(quickstart_run: Path, tmp_path: Path
         identities(quickstart_run)
 
 
-def test_unchanged_files_are_not_read_again(quickstart_run: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import os
+# Files opened by this process while a test records them (``sys.addaudithook`` sees every
+# ``open``, whoever calls it; a hook cannot be removed, so it records only while a list is set).
+_OPENED: list[list[str]] = []
 
-    from gym_artifacts.run import identity
 
+def _record_opens(event: str, args: tuple) -> None:
+    if event == "open" and _OPENED and isinstance(args[0], (str, bytes, os.PathLike)):
+        _OPENED[-1].append(os.fsdecode(args[0]))
+
+
+sys.addaudithook(_record_opens)
+
+
+@contextlib.contextmanager
+def files_opened_in(folder: Path) -> Iterator[list[str]]:
+    """The names of the files under ``folder`` this process opens inside the block (the identity
+    cache and lock files beside the run, which are not the run's content, left out)."""
+    opened: list[str] = []
+    _OPENED.append(opened)
+    names: list[str] = []
+    try:
+        yield names
+    finally:
+        _OPENED.remove(opened)
+        inside = (Path(p) for p in opened if Path(p).is_relative_to(folder))
+        names.extend(p.name for p in inside if p.is_file() and not p.name.startswith(".") and not p.name.endswith(".lock"))
+
+
+def test_unchanged_files_are_not_read_again(quickstart_run: Path) -> None:
     old = time.time() - 60
     for p in [quickstart_run, *quickstart_run.parent.rglob("*")]:
         if p.is_file():
             os.utime(p, (old, old))
-    first = identities(quickstart_run, use_cache=True)
+    with files_opened_in(quickstart_run.parent) as first_reads:
+        first = identities(quickstart_run, use_cache=True)
     assert RunArtifacts.from_path(quickstart_run).identity_cache_fpath.is_file()
-    calls: list[Path] = []
-    real, real_jsonl = identity.identity_of, identity.jsonl_digest
-    monkeypatch.setattr(identity, "identity_of", lambda p: calls.append(p) or real(p))
-    monkeypatch.setattr(identity, "jsonl_digest", lambda p: calls.append(p) or real_jsonl(p))
-    assert identities(quickstart_run, use_cache=True) == first
-    assert calls == []
+    assert quickstart_run.name in first_reads  # the check sees the reads it is about
+    with files_opened_in(quickstart_run.parent) as reads:
+        assert identities(quickstart_run, use_cache=True) == first
+    assert reads == []
     (quickstart_run.with_name("eval_artifacts") / "session_times.json").write_text('{"start": "changed"}')
-    identities(quickstart_run, use_cache=True)
-    assert [p.name for p in calls] == ["session_times.json"]  # only the changed file is read
+    with files_opened_in(quickstart_run.parent) as reads:
+        identities(quickstart_run, use_cache=True)
+    assert sorted(set(reads)) == ["session_times.json"]  # only the changed file is read
 
 
 def test_a_changed_file_is_always_rehashed(quickstart_run: Path) -> None:
