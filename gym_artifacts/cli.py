@@ -143,6 +143,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     exp.add_argument(
         "--run-config",
+        dest="nemo_gym_config",
         type=Path,
         metavar="FILE",
         help="NeMo Gym's resolved global config (YAML/JSON): logged, masked, as the run's params",
@@ -257,7 +258,7 @@ def cmd_export(ns: argparse.Namespace) -> int:
             ray_connect_timeout=ns.ray_connect_timeout,
             progress=not (ns.json or ns.quiet),
             on_result=lambda _done, out: finished.append(out),
-            nemo_gym_config=ns.run_config,
+            nemo_gym_config=ns.nemo_gym_config,
         )
     except ClusterError as exc:  # no Ray cluster could be started or joined
         print(f"gym-artifacts: error: {exc}", file=sys.stderr)

@@ -185,10 +185,10 @@ def log_comparison(
 
     CompareError for a tracker named with ``-e`` that has no place for a comparison.
     """
-    run_config = load_run_config(comparison.base.run)
-    cfg, _ = build_export_config(config, run_config)
+    saved_config = load_run_config(comparison.base.run)
+    cfg, _ = build_export_config(config, saved_config)
     names = select_exporters(cfg, list(exporters) or None)
-    targets = {name: build_target(name, cfg, run_config) for name in names}
+    targets = {name: build_target(name, cfg, saved_config) for name in names}
     refused = [
         n for n in exporters if targets[n].cls is not None and not targets[n].cls.receives_comparisons()
     ]
@@ -199,7 +199,7 @@ def log_comparison(
             f"(--log goes to: {', '.join(places) or 'mlflow, wandb'})"
         )
     ident = comparison_identity(comparison)
-    payload = payload_of(comparison, page, ident, backend_config(run_config)[1])
+    payload = payload_of(comparison, page, ident, backend_config(saved_config)[1])
     results = []
     for name, target in targets.items():
         start = time.monotonic()

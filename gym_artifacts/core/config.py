@@ -460,7 +460,7 @@ def resolve_tolerant(cfg: Any) -> Any:
 
 def build_export_config(
     config_fpath: Path | str | None,
-    run_config: Any | None,
+    saved_config: Any | None,
     overrides: Iterable[str] = (),
     file_config: Any | None = None,
 ) -> tuple[Any, str]:
@@ -490,12 +490,12 @@ def build_export_config(
         file_cfg = load_yaml_config(config_fpath)
     if file_cfg is not None:
         base, source = file_cfg, str(config_fpath)
-    elif run_config is not None and configures_exporters(run_config):
-        base, source = run_config, "run config"
+    elif saved_config is not None and configures_exporters(saved_config):
+        base, source = saved_config, "run config"
     else:
         base, source = default, "embedded default"
     cfg = normalize(base)
-    upload = resolve_upload_rollouts(None, file_cfg, run_config, default, default=None)
+    upload = resolve_upload_rollouts(None, file_cfg, saved_config, default, default=None)
     if upload is not None:
         cfg = merge_configs(cfg, _omegaconf().OmegaConf.create({UPLOAD_KEY: upload}))
     overrides = list(overrides)

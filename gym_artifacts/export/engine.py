@@ -124,7 +124,7 @@ class Target:
     error: str | None = None
     key: str | None = None
     destination: Destination | None = None
-    run_config: Any | None = None
+    saved_config: Any | None = None
     saw_version_1: bool = False  # check_receipt found a receipt without a destination
 
     @cached_property
@@ -134,7 +134,7 @@ class Target:
         if self.cls is None:
             return None
         try:
-            legacy_cfg, _ = build_export_config(None, self.run_config)
+            legacy_cfg, _ = build_export_config(None, self.saved_config)
             legacy = self.cls.destination_for(self.cls.settings_from(legacy_cfg))
         except GymArtifactsError:
             return None
@@ -149,7 +149,7 @@ class Target:
         return self.cls(self.settings)
 
 
-def build_target(name: str, cfg: Any, run_config: Any | None = None, *, strict: bool = False) -> Target:
+def build_target(name: str, cfg: Any, saved_config: Any | None = None, *, strict: bool = False) -> Target:
     """The exporter's settings from ``cfg`` (validated here, once) and its destination; nothing
     built or contacted.
 
@@ -158,7 +158,7 @@ def build_target(name: str, cfg: Any, run_config: Any | None = None, *, strict: 
     environment variable that is gone): that is left to the send, where it is FAILED (never
     SKIPPED on the strength of a receipt: without its settings, no destination is known).
     """
-    target = Target(name, run_config=run_config)
+    target = Target(name, saved_config=saved_config)
     try:
         target.cls = cls = get_entry(name).load()
     except GymArtifactsError as exc:
@@ -189,16 +189,17 @@ class ResolvedExport:
 
     cfg: Any
     targets: tuple[Target, ...]
-    run_config: Any | None = None
+    # The run's own saved config (OUT_config.yaml), never NeMo Gym's config (``--run-config``).
+    saved_config: Any | None = None
     # Why the run's config could not be read (each backend then fails with it).
-    run_config_error: str | None = None
+    saved_config_error: str | None = None
 
     @property
     def names(self) -> list[str]:
         return [t.name for t in self.targets]
 
 
-# ``resolve_export(run_config=UNREAD)``: the run's config is read there.
+# ``resolve_export(saved_config=UNREAD)``: the run's config is read there.
 UNREAD: Any = object()
 
 
@@ -207,11 +208,11 @@ def resolve_export(
     config: Any,
     exporters: Sequence[str] | None = None,
     *,
-    run_config: Any = UNREAD,
+    saved_config: Any = UNREAD,
     strict: bool = False,
 ) -> ResolvedExport:
     """Config, selection, settings and destinations of one export, resolved once and passed
-    down to ``export_resolved``. ``run_config``: the run's config when the caller already read
+    down to ``export_resolved``. ``saved_config``: the run's config when the caller already read
     it; ``strict``: invalid settings raise ConfigError (``build_target``)."""
     cfg = normalize(config)
     remember_secrets(collect_secret_values(resolve_tolerant(cfg)))
@@ -219,13 +220,13 @@ def resolve_export(
     if not names:
         raise ConfigError("no exporter is enabled: set exporters.<name>.enabled or pass -e NAME")
     error = None
-    if run_config is UNREAD:
+    if saved_config is UNREAD:
         try:
-            run_config = load_run_config(run)
+            saved_config = load_run_config(run)
         except GymArtifactsError as exc:
-            run_config, error = None, str(exc)
-    targets = tuple(build_target(name, cfg, run_config, strict=strict) for name in names)
-    return ResolvedExport(cfg, targets, run_config, error)
+            saved_config, error = None, str(exc)
+    targets = tuple(build_target(name, cfg, saved_config, strict=strict) for name in names)
+    return ResolvedExport(cfg, targets, saved_config, error)
 
 
 def identity_lock_fpath(name: str, key: str, run_identity: str) -> Path:
@@ -555,7 +556,7 @@ def export_resolved(
     """``export_run`` once its config, exporters, settings and run config are resolved
     (``resolve_export``): nothing of these is read or validated again here."""
     install_log_redaction()
-    cfg, names, run_config = resolved.cfg, resolved.names, resolved.run_config
+    cfg, names, saved_config = resolved.cfg, resolved.names, resolved.saved_config
     start = time.monotonic()
 
     def finish(results: list[ExportResult]) -> list[ExportResult]:
@@ -566,9 +567,9 @@ def export_resolved(
 
     logger.info("exporting %s to %s", run.source, ", ".join(names))
     try:
-        if resolved.run_config_error is not None:
-            raise RunError(resolved.run_config_error)
-        upload = resolve_upload_rollouts(options.upload_rollouts, cfg, run_config)
+        if resolved.saved_config_error is not None:
+            raise RunError(resolved.saved_config_error)
+        upload = resolve_upload_rollouts(options.upload_rollouts, cfg, saved_config)
     except GymArtifactsError as exc:
         return finish([_failed(n, str(exc), start) for n in names])
     missing = run.missing_for_export(
@@ -596,7 +597,7 @@ def export_resolved(
         else:
             identities = content_identities(run, progress=progress, record_counts=record_counts, known=known)
             identity = run_identity(identities)
-        config_for_backends, secrets = backend_config(run_config)
+        config_for_backends, secrets = backend_config(saved_config)
         if options.nemo_gym_config is not None:
             config_for_backends, given = load_nemo_gym_run_config(options.nemo_gym_config)
             secrets = secrets | given
@@ -628,7 +629,7 @@ def export_resolved(
     results = []
     # a backend asking for the run config gets this one, not a re-read; the rows' values the one
     # read of the rollouts spooled for a backend are let go at the end
-    with run_config_of_export(run, run_config), row_values_of_export(run):
+    with run_config_of_export(run, saved_config), row_values_of_export(run):
         for i, target in enumerate(resolved.targets):
             name = target.name
             if progress is not None:

@@ -104,21 +104,21 @@ def _job_config(job: ExportJob, run: Any, *, warn: bool = True) -> tuple[Any, An
         cfg = merge_configs(base, normalize(parse_overrides(job.overrides))) if job.overrides else base
         return cfg, UNREAD
     try:  # read even with -c: its upload_rollouts lies between the default's and -c's
-        run_config = load_run_config(run)
+        saved_config = load_run_config(run)
     except RunError as exc:
         if job.config_file is None and not job.exporters:
             raise
         if warn:  # once, by the job itself
             logger.warning("%s", exc)
-        run_config = UNREAD
+        saved_config = UNREAD
     content = job.config_file_content
     cfg, _ = build_export_config(
         job.config_file,
-        None if run_config is UNREAD else run_config,
+        None if saved_config is UNREAD else saved_config,
         job.overrides,
         file_config=OmegaConf.create(content) if content is not None else None,
     )
-    return cfg, run_config
+    return cfg, saved_config
 
 
 def export_job(job: ExportJob) -> RunResults:
@@ -131,9 +131,9 @@ def export_job(job: ExportJob) -> RunResults:
 
     try:
         run = RunArtifacts.from_path(job.run).require_present()
-        cfg, run_config = _job_config(job, run)
+        cfg, saved_config = _job_config(job, run)
         # Config, selection, settings (invalid ones refused here, once) and destinations.
-        resolved = resolve_export(run, cfg, job.exporters or None, run_config=run_config, strict=True)
+        resolved = resolve_export(run, cfg, job.exporters or None, saved_config=saved_config, strict=True)
         progress = Progress(enabled=None if job.progress else False)
         finished: list[ExportResult] = []  # each backend's result as it finishes
         try:

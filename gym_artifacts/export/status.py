@@ -100,11 +100,11 @@ def _configured(run: RunArtifacts) -> set[str]:
     from gym_artifacts.run.run_config import load_run_config
 
     try:
-        run_config = load_run_config(run)
+        saved_config = load_run_config(run)
     except GymArtifactsError:  # an unreadable run config: the default's backends
-        run_config = None
+        saved_config = None
     try:
-        return set(exporter_names(build_export_config(None, run_config)[0]))
+        return set(exporter_names(build_export_config(None, saved_config)[0]))
     except GymArtifactsError:
         return set()
 
