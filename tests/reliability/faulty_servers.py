@@ -16,7 +16,7 @@ from typing import TypeVar
 
 
 @dataclass
-class _AcceptLoop:
+class AcceptLoop:
     """A listening socket whose accept loop hands each connection to ``_accepted`` until stopped."""
 
     sock: socket.socket
@@ -43,7 +43,7 @@ class _AcceptLoop:
         self.sock.close()
 
 
-_AcceptLoopT = TypeVar("_AcceptLoopT", bound=_AcceptLoop)
+AcceptLoopT = TypeVar("AcceptLoopT", bound=AcceptLoop)
 
 
 def _listening() -> socket.socket:
@@ -54,7 +54,7 @@ def _listening() -> socket.socket:
 
 
 @contextlib.contextmanager
-def _serving(server: _AcceptLoopT) -> Iterator[_AcceptLoopT]:
+def _serving(server: AcceptLoopT) -> Iterator[AcceptLoopT]:
     """Run ``server``'s accept loop on a daemon thread while the block runs; close it after."""
     thread = threading.Thread(target=server.serve, daemon=True)
     thread.start()
@@ -66,7 +66,7 @@ def _serving(server: _AcceptLoopT) -> Iterator[_AcceptLoopT]:
 
 
 @dataclass
-class BlackHole(_AcceptLoop):
+class BlackHole(AcceptLoop):
     """Accepts connections and never answers (nor closes them) until stopped."""
 
     held: list[socket.socket] = field(default_factory=list)
@@ -149,7 +149,7 @@ def http_fault(fault: HttpFault) -> Iterator[tuple[str, HttpFault]]:
 
 
 @dataclass
-class DripServer(_AcceptLoop):
+class DripServer(AcceptLoop):
     """Answers every request with a 200 whose body arrives one byte every ``interval`` seconds,
     forever: no read timeout ever fires, only an overall deadline ends the client's wait."""
 

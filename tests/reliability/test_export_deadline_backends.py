@@ -28,7 +28,7 @@ from typing import Any
 import pytest
 
 from tests.processes import reaped
-from tests.reliability.faulty_servers import black_hole, drip_server
+from tests.reliability.faulty_servers import AcceptLoop, black_hole, drip_server
 
 pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[2]
@@ -89,28 +89,16 @@ def test_export_to_a_dripping_server_and_a_black_hole_ends_failed_within_the_dea
 
 # -- in process: the export itself cuts the request off --------------------------------------------------
 @dataclass
-class HeldOpen:
+class HeldOpen(AcceptLoop):
     """Answers each request's headers, then holds the connection open without a byte more; records
     when the client closed each connection and counts them."""
 
-    sock: socket.socket
     connections: int = 0
     closed_at: list[float] = field(default_factory=list)
-    stopped: threading.Event = field(default_factory=threading.Event)
 
-    @property
-    def uri(self) -> str:
-        return f"http://127.0.0.1:{self.sock.getsockname()[1]}"
-
-    def serve(self) -> None:
-        self.sock.settimeout(0.1)
-        while not self.stopped.is_set():
-            try:
-                conn, _ = self.sock.accept()
-            except OSError:
-                continue
-            self.connections += 1
-            threading.Thread(target=self._hold, args=(conn,), daemon=True).start()
+    def _accepted(self, conn: socket.socket) -> None:
+        self.connections += 1
+        threading.Thread(target=self._hold, args=(conn,), daemon=True).start()
 
     def _hold(self, conn: socket.socket) -> None:
         """Answer the headers once, then never the body: a request body that arrives in many
