@@ -261,7 +261,19 @@ def stale_names(markdown_file: Path) -> list[str]:
                     problems.append(f"{span}: no such test")
             elif (match := CODE_NAME.match(span)) and _is_code(match) and not _resolves(match["name"]):
                 problems.append(f"{span}: no such module or attribute")
+            elif MODULE_TAIL.match(span) and not _module_tail_exists(span):
+                problems.append(f"{span}: no such module")
     return problems
+
+
+# `run/artifacts.py`, `fanout.py`: a module named by its tail inside the package or the backends.
+MODULE_TAIL = re.compile(r"^(?:\w+/)*\w+\.py$")
+
+
+def _module_tail_exists(tail: str) -> bool:
+    """Whether some module of the repository's code ends with ``tail`` (``live/fanout.py``)."""
+    roots = ("gym_artifacts", "exporters", "tests", "scripts", "benchmarks", "examples")
+    return any(p.as_posix().endswith(f"/{tail}") for root in roots for p in (REPO / root).rglob("*.py"))
 
 
 def _is_code(match: re.Match[str]) -> bool:
@@ -297,12 +309,15 @@ def test_the_name_check_catches_a_moved_module_a_renamed_test_and_a_missing_file
         "`gym_artifacts.core.config.build_export_config` `gym_artifacts.partial` `python -m gym_artifacts.testing`\n"
         "`gym_artifacts.core.config.no_such_function` `gym_artifacts.no_such_module.thing` "
         "`tests/test_docs.py::no_such_test` `scripts/no_such_script.py` `gym_artifacts.export_runs(...)`\n"
+        "`live/fanout.py` `payload.py` `run/old_name.py`\n"
     )
     assert stale_names(planted) == [
         "gym_artifacts.core.config.no_such_function: no such module or attribute",
         "gym_artifacts.no_such_module.thing: no such module or attribute",
         "tests/test_docs.py::no_such_test: no such test",
         "scripts/no_such_script.py: no such path",
+        "payload.py: no such module",
+        "run/old_name.py: no such module",
     ]
 
 
