@@ -105,7 +105,7 @@ def _mlflow_run(cwd: Path) -> dict[str, Any]:
 
 
 @pytest.mark.slow
-def test_module_functions_match_live_exporters(tmp_path: Path) -> None:
+def test_module_functions_match_live_run(tmp_path: Path) -> None:
     script = textwrap.dedent(NEMO_GYM_STYLE.format(import_line=IMPORT_LINE))
     # the NeMo Gym-style body names nothing of ours but the import line
     body = script.replace(IMPORT_LINE, "")
