@@ -164,7 +164,10 @@ def _isolated(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]
     for var in ("WANDB_API_KEY", "WANDB_SERVICE", "RANK", "LOCAL_RANK", "SLURM_PROCID", "EXPERIMENT_ID",
                 "POLICY_API_KEY"):  # fmt: skip
         monkeypatch.delenv(var, raising=False)
-    yield
+    from gym_artifacts.core.secrets import secrets_scope
+
+    with secrets_scope():  # a secret one test's config made known does not mask the next test's output
+        yield
     from gym_artifacts.core.ranks import set_rank
 
     set_rank(None)
