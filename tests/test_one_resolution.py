@@ -59,11 +59,6 @@ def spy_everywhere(
     monkeypatch.setattr(owner, name, spy)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="known regression after this round's merges: the embedded default.yaml is read 3 times in "
-    "one export (the -c file and the run's config still once); to find and fix in the next round",
-)
 def test_one_export_of_one_run_resolves_config_settings_and_entry_points_once(
     quickstart_run: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
