@@ -12,6 +12,7 @@ import pytest
 from hypothesis import settings
 
 from tests.fixture_paths import REACTOR_FIXTURES
+from tests.mlflow_store import mlflow_sqlite
 from tests.processes import run_bounded
 
 # Every subprocess a test starts has its pipes closed by the end of that test (tests/leaks.py).
@@ -259,7 +260,7 @@ def phoenix_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]
 def tracking_uri(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     """An MLflow tracking URI: a fresh SQLite store, then the session's real mlflow server."""
     if request.param == "sqlite":
-        return f"sqlite:///{tmp_path / 'mlflow.db'}"
+        return mlflow_sqlite(tmp_path / 'mlflow.db')
     return request.getfixturevalue("mlflow_server").uri
 
 

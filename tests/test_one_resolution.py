@@ -25,6 +25,7 @@ from gym_artifacts.contract import registry
 from gym_artifacts.core import config as config_module
 from gym_artifacts.run.artifacts import RunArtifacts
 from gym_artifacts.run.receipts import read_receipts
+from tests.mlflow_store import mlflow_sqlite
 
 # Every module an export goes through that could bind the counted functions under its own name.
 EXPORT_MODULES = (
@@ -63,7 +64,7 @@ def test_one_export_of_one_run_resolves_config_settings_and_entry_points_once(
     quickstart_run: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     run = RunArtifacts.from_path(quickstart_run)
-    uri = f"sqlite:///{tmp_path / 'm.db'}"
+    uri = mlflow_sqlite(tmp_path / 'm.db')
     cfg = tmp_path / "two.yaml"
     cfg.write_text(
         "exporters:\n"
