@@ -82,6 +82,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         for fixture in SESSION_SERVICES:
             if fixture in getattr(item, "fixturenames", ()) and session_service_of(item.nodeid) != fixture:
                 raise pytest.UsageError(f"{item.nodeid} uses {fixture}: add it to SESSION_SERVICES")
+    # Slow tests first (a stable sort: files keep their order otherwise): the workers share the
+    # long ones out early, and the run does not end on one worker finishing a 5-minute test
+    # while the other has nothing left.
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
 
 
 @pytest.hookimpl(optionalhook=True)
