@@ -1,4 +1,4 @@
-"""Issue 27 (12): Ctrl-C during an export prints every result that finished, ``--json`` included:
+"""Ctrl-C during an export prints every result that finished, ``--json`` included:
 a backend EXPORTED with its receipt is never reported as cancelled."""
 
 from __future__ import annotations
