@@ -12,6 +12,7 @@ import pytest
 from hypothesis import settings
 
 from tests.fixture_paths import REACTOR_FIXTURES
+from tests.mlflow_store import mlflow_sqlite
 from tests.processes import run_bounded
 
 # Every subprocess a test starts has its pipes closed by the end of that test (tests/leaks.py).
@@ -97,6 +98,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         for fixture in SESSION_SERVICES:
             if fixture in fixturenames and session_service_of(item.nodeid) != fixture:
                 raise pytest.UsageError(f"{item.nodeid} uses {fixture}: add it to SESSION_SERVICES")
+    # Slow tests first (a stable sort: files keep their order otherwise): the workers share the
+    # long ones out early, and the run does not end on one worker finishing a 5-minute test
+    # while the other has nothing left.
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
 
 
 @pytest.hookimpl(optionalhook=True)
@@ -180,7 +185,10 @@ def _isolated(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]
     for var in ("WANDB_API_KEY", "WANDB_SERVICE", "RANK", "LOCAL_RANK", "SLURM_PROCID", "EXPERIMENT_ID",
                 "POLICY_API_KEY"):  # fmt: skip
         monkeypatch.delenv(var, raising=False)
-    yield
+    from gym_artifacts.core.secrets import secrets_scope
+
+    with secrets_scope():  # a secret one test's config made known does not mask the next test's output
+        yield
     from gym_artifacts.core.ranks import set_rank
 
     set_rank(None)
@@ -272,7 +280,7 @@ def phoenix_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]
 def tracking_uri(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     """An MLflow tracking URI: a fresh SQLite store, then the session's real mlflow server."""
     if request.param == "sqlite":
-        return f"sqlite:///{tmp_path / 'mlflow.db'}"
+        return mlflow_sqlite(tmp_path / 'mlflow.db')
     return request.getfixturevalue("mlflow_server").uri
 
 

@@ -19,6 +19,7 @@ from gym_artifacts.cli import main
 from gym_artifacts.core.jsonio import escaped_text
 from gym_artifacts.export.status import run_status
 from tests.conftest import copy_quickstart
+from tests.mlflow_store import mlflow_sqlite
 
 # Any bytes a POSIX file name may hold: no "/", no NUL, not "." or "..".
 NAME_BYTES = st.binary(min_size=1, max_size=16).filter(lambda b: b"/" not in b and b"\0" not in b and b not in (b".", b".."))
@@ -74,7 +75,7 @@ def test_mlflow_exports_a_run_whose_folder_name_is_not_utf8(tmp_path: Path) -> N
     from mlflow.tracking import MlflowClient
 
     run = _bytes_run(tmp_path, b"r\xe9sultats", None)
-    uri = f"sqlite:///{tmp_path / 'm.db'}"
+    uri = mlflow_sqlite(tmp_path / 'm.db')
     cfg = OmegaConf.create({"exporters": {"mlflow": {
         "enabled": True, "tracking_uri": uri, "experiment_name": "bytes", "export_deadline": 120}}})  # fmt: skip
     [result] = export_run(run, cfg)

@@ -15,13 +15,14 @@ from gym_artifacts.cli import main
 from gym_artifacts.run.artifacts import RunArtifacts
 from gym_artifacts.run.identity import content_identities, run_identity
 from tests.fixture_paths import NEMO_GYM_FIXTURES
+from tests.mlflow_store import mlflow_sqlite
 from tests.wandb_records import offline_runs
 
 
 def _config(tmp_path: Path, **enabled: bool) -> Path:
     cfg = {"exporters": {
         "local": {"enabled": False},
-        "mlflow": {"enabled": enabled.get("mlflow", True), "tracking_uri": f"sqlite:///{tmp_path / 'mlflow.db'}",
+        "mlflow": {"enabled": enabled.get("mlflow", True), "tracking_uri": mlflow_sqlite(tmp_path / 'mlflow.db'),
                    "artifact_location": (tmp_path / "mlartifacts").as_uri(), "experiment_name": "cmp"},
         "wandb": {"enabled": enabled.get("wandb", True), "project": "tests", "mode": "offline",
                   "dir": str(tmp_path / "wb")},
@@ -34,7 +35,7 @@ def _config(tmp_path: Path, **enabled: bool) -> Path:
 def _mlflow_runs(tmp_path: Path) -> list[Any]:
     from mlflow.tracking import MlflowClient
 
-    client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}")
+    client = MlflowClient(tracking_uri=mlflow_sqlite(tmp_path / 'mlflow.db'))
     exp = client.get_experiment_by_name("cmp")
     return [] if exp is None else list(client.search_runs([exp.experiment_id]))
 

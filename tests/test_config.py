@@ -189,3 +189,17 @@ def test_the_cli_suggests_the_setting_meant(capsys: pytest.CaptureFixture[str], 
     run = copy_quickstart(tmp_path / "runs")
     assert main(["export", str(run), "-e", "mlflow", "exporters.mlflow.tracking_ur=http://127.0.0.1:9"]) == 2
     assert "exporters.mlflow.tracking_ur: unknown setting; did you mean 'tracking_uri'?" in capsys.readouterr().err
+
+
+def test_the_embedded_default_read_once_is_never_changed_by_a_caller() -> None:
+    """The default is read once per process; a caller that edits what it got (as a merge with
+    overrides may) changes its own copy only: the next caller gets the file's values."""
+    from gym_artifacts.core.config import load_default_config
+
+    first = load_default_config()
+    original = first.exporters.local.enabled
+    first.exporters.local.enabled = not original
+    first.exporters["added_by_a_caller"] = {"enabled": True}
+    again = load_default_config()
+    assert again.exporters.local.enabled == original
+    assert "added_by_a_caller" not in again.exporters

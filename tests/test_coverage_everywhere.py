@@ -36,6 +36,7 @@ from mlflow.tracking import MlflowClient
 from phoenix.client import Client as PhoenixClient
 
 from tests.langsmith_api import LangsmithApi
+from tests.mlflow_store import mlflow_sqlite
 from tests.test_tensorboard import read_run
 from tests.wandb_records import offline_runs
 
@@ -74,7 +75,7 @@ def live_drop_in(out: Path, folder: Path, planned: int, scored: int) -> dict[str
         "output_jsonl_fpath": str(out),
         "results_dir": str(folder),
         "wandb_project": "ng", "wandb_name": "ng-run", "wandb_api_key": "wandb-secret-key-0123456789",
-        "mlflow_tracking_uri": f"sqlite:///{folder / 'mlflow.db'}",
+        "mlflow_tracking_uri": mlflow_sqlite(folder / 'mlflow.db'),
         "mlflow_experiment_name": "coverage", "mlflow_run_name": "ng-run",
         "exporters": {"wandb": {"mode": "offline"}},
     }  # fmt: skip

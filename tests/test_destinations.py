@@ -28,6 +28,7 @@ from gym_artifacts.run.receipts import read_receipts
 from tests.conftest import copy_quickstart
 from tests.load import scaled
 from tests.mlflow_server import MlflowServer
+from tests.mlflow_store import mlflow_sqlite
 
 V1_RECEIPTS = Path(__file__).resolve().parent / "fixtures" / "receipts_v1"
 
@@ -55,7 +56,7 @@ def test_one_run_to_five_destinations_once_each_then_skipped_without_contact(
     quickstart_run: Path, tmp_path: Path, own_mlflow_server: MlflowServer, capsys: pytest.CaptureFixture[str]
 ) -> None:
     server = own_mlflow_server.start()
-    sqlite = f"sqlite:///{tmp_path / 'other.db'}"
+    sqlite = mlflow_sqlite(tmp_path / 'other.db')
     destinations = [
         ("mlflow", f"exporters.mlflow.tracking_uri={server.uri}", "exporters.mlflow.experiment_name=a"),
         ("mlflow", f"exporters.mlflow.tracking_uri={server.uri}", "exporters.mlflow.experiment_name=b"),
@@ -93,7 +94,7 @@ def test_one_run_to_five_destinations_once_each_then_skipped_without_contact(
 def test_a_deleted_backend_run_is_skipped_then_found_by_verify(
     quickstart_run: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    uri = f"sqlite:///{tmp_path / 'm.db'}"
+    uri = mlflow_sqlite(tmp_path / 'm.db')
     overrides = [f"exporters.mlflow.tracking_uri={uri}", f"exporters.local.root={tmp_path / 'store'}"]
     first = {r["exporter"]: r for r in export(quickstart_run, capsys, *overrides)}
     assert {r["status"] for r in first.values()} == {"EXPORTED"}

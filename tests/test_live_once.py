@@ -34,6 +34,7 @@ from gym_artifacts.run.artifacts import RunArtifacts
 from gym_artifacts.run.receipts import read_marker
 from tests.conftest import QUICKSTART
 from tests.load import scaled
+from tests.mlflow_store import mlflow_sqlite
 from tests.processes import reaped
 from tests.wandb_records import offline_runs
 
@@ -51,7 +52,7 @@ def write_eval_output(out: Path) -> None:
 def three_backends(tmp_path: Path) -> dict[str, Any]:
     return {"exporters": {
         "local": {"enabled": True, "root": str(tmp_path / "store")},
-        "mlflow": {"enabled": True, "tracking_uri": f"sqlite:///{tmp_path / 'm.db'}", "experiment_name": "live"},
+        "mlflow": {"enabled": True, "tracking_uri": mlflow_sqlite(tmp_path / 'm.db'), "experiment_name": "live"},
         "wandb": {"enabled": True, "project": "live", "mode": "offline", "dir": str(tmp_path / "wb")},
     }}  # fmt: skip
 
@@ -68,7 +69,7 @@ def live_eval(cfg: dict[str, Any], out: Path, **kwargs: Any) -> list[Any]:
 
 
 def mlflow_runs(tmp_path: Path) -> list[Any]:
-    client = MlflowClient(f"sqlite:///{tmp_path / 'm.db'}")
+    client = MlflowClient(mlflow_sqlite(tmp_path / 'm.db'))
     return list(client.search_runs([client.get_experiment_by_name("live").experiment_id]))
 
 
@@ -93,7 +94,7 @@ def test_a_completed_lossless_live_run_is_the_one_run_in_every_backend(tmp_path:
     assert run_json["certified"] is True
     assert [json.loads(x)["step"] for x in (folder / "metrics.jsonl").read_text().splitlines()] == list(range(STEPS))
     [ml_run] = mlflow_runs(tmp_path)
-    history = MlflowClient(f"sqlite:///{tmp_path / 'm.db'}").get_metric_history(ml_run.info.run_id, "reward")
+    history = MlflowClient(mlflow_sqlite(tmp_path / 'm.db')).get_metric_history(ml_run.info.run_id, "reward")
     assert sorted(m.step for m in history) == list(range(STEPS))
     wandb_runs = offline_runs(tmp_path / "wb")
     assert {r.run_id for r in wandb_runs} == {live_ids["wandb"]}

@@ -31,6 +31,7 @@ from gym_artifacts.live import live_run
 from gym_artifacts.run.artifacts import RunArtifacts
 from tests.load import scaled
 from tests.mlflow_server import MlflowServer, free_port
+from tests.mlflow_store import mlflow_sqlite
 from tests.processes import run_bounded
 
 REPO = Path(__file__).resolve().parent.parent
@@ -113,7 +114,7 @@ def test_post_run_export_reads_back(quickstart_run: Path, tracking_uri: str, tmp
 
 @pytest.mark.slow
 def test_reexport_is_skipped_without_contact(quickstart_run: Path, tmp_path: Path) -> None:
-    uri = f"sqlite:///{tmp_path / 'm.db'}"
+    uri = mlflow_sqlite(tmp_path / 'm.db')
     [first] = export_run(quickstart_run, mlflow_cfg(uri))
     assert first.status is ExportStatus.EXPORTED
     (tmp_path / "m.db").rename(tmp_path / "moved.db")  # a contact would create a fresh store here
@@ -144,7 +145,7 @@ def test_nvml_series_as_system_metrics(quickstart_run: Path, tmp_path: Path) -> 
     ]
     (artifacts / "nvml_samples.jsonl").write_text("".join(json.dumps(s) + "\n" for s in samples))
     quickstart_run.with_name("eval_aggregate_metrics.json").touch()
-    uri = f"sqlite:///{tmp_path / 'm.db'}"
+    uri = mlflow_sqlite(tmp_path / 'm.db')
     [result] = export_run(quickstart_run, mlflow_cfg(uri))
     assert result.status is ExportStatus.EXPORTED, result.reason
     client = MlflowClient(uri)
@@ -159,7 +160,7 @@ def test_nvml_series_as_system_metrics(quickstart_run: Path, tmp_path: Path) -> 
 
 @pytest.mark.slow
 def test_export_killed_after_run_creation_leaves_one_run(quickstart_run: Path, tmp_path: Path) -> None:
-    uri = f"sqlite:///{tmp_path / 'm.db'}"
+    uri = mlflow_sqlite(tmp_path / 'm.db')
     script = textwrap.dedent(
         f"""
         import os, signal, sys
@@ -227,7 +228,7 @@ def test_live_run_then_certify(quickstart_run: Path, tracking_uri: str, tmp_path
 
 @pytest.mark.slow
 def test_resume_reopens_the_marker_run(tmp_path: Path) -> None:
-    uri = f"sqlite:///{tmp_path / 'm.db'}"
+    uri = mlflow_sqlite(tmp_path / 'm.db')
     out = tmp_path / "eval.jsonl"
     cfg = {
         "exporters": {"mlflow": {"enabled": True, "tracking_uri": uri, "experiment_name": "tests"}},

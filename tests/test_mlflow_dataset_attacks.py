@@ -20,6 +20,7 @@ from mlflow.tracking import MlflowClient
 from gym_artifacts import export_run
 from gym_artifacts.contract.hooks import ExportStatus
 from tests.fixture_paths import NEMO_GYM_FIXTURES
+from tests.mlflow_store import mlflow_sqlite
 
 CANARY = "sk-dataset-canary-5e2b9c"
 
@@ -44,7 +45,7 @@ def set_input_text(rollouts: Path, texts: list[str]) -> None:
 
 
 def sqlite_cfg(tmp_path: Path, **settings: Any) -> Any:
-    section = {"enabled": True, "tracking_uri": f"sqlite:///{tmp_path / 'm.db'}", "experiment_name": "datasets",
+    section = {"enabled": True, "tracking_uri": mlflow_sqlite(tmp_path / 'm.db'), "experiment_name": "datasets",
                "log_traces": False, **settings}  # fmt: skip
     return OmegaConf.create({"exporters": {"mlflow": section}})
 
@@ -52,7 +53,7 @@ def sqlite_cfg(tmp_path: Path, **settings: Any) -> Any:
 def dataset_records(tmp_path: Path, run_id: str) -> tuple[list[Any], list[Any]]:
     from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore
 
-    uri = f"sqlite:///{tmp_path / 'm.db'}"
+    uri = mlflow_sqlite(tmp_path / 'm.db')
     client = MlflowClient(uri)
     experiment_id = client.get_run(run_id).info.experiment_id
     datasets = client.search_datasets([experiment_id])
@@ -162,7 +163,7 @@ def test_a_database_stores_traces_get_their_deadline_after_a_long_export_before_
     from gym_artifacts.run.artifacts import RunArtifacts
 
     rollouts = fixture_run(tmp_path)
-    uri = f"sqlite:///{tmp_path / 'm.db'}"
+    uri = mlflow_sqlite(tmp_path / 'm.db')
     exporter = MlflowExporter(MlflowSettings(tracking_uri=uri, export_deadline=180, log_traces=True))
     ml = exporter._client(live=False)
     experiment_id = ml.client.create_experiment("late traces")

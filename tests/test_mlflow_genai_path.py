@@ -24,6 +24,7 @@ from mlflow.tracking import MlflowClient
 
 from gym_artifacts import export_run
 from gym_artifacts.contract.hooks import ExportStatus
+from tests.mlflow_store import mlflow_sqlite
 from tests.test_mlflow_traces import all_traces, fixture_run, traces_cfg
 
 
@@ -76,7 +77,7 @@ def mlflow_own_path(uri: str, rollouts: Path) -> str:
 @pytest.mark.filterwarnings("ignore:.*type hint is inferred as AnyType:UserWarning")  # MLflow's own modules
 def test_mlflow_own_genai_path_beside_this_projects_export(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("MLFLOW_GENAI_EVAL_SKIP_TRACE_VALIDATION", "true")
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    uri = mlflow_sqlite(tmp_path / 'mlflow.db')
     rollouts = fixture_run(tmp_path)
     records = [json.loads(line) for line in rollouts.read_text().splitlines()]
     ran_ms = int(time.time() * 1000)

@@ -19,6 +19,7 @@ from gym_artifacts import export_run
 from gym_artifacts._builtin_exporters._mlflow_bookkeeping import bookkeeping_of
 from gym_artifacts.contract.hooks import ExportStatus
 from gym_artifacts.run.artifacts import RunArtifacts
+from tests.mlflow_store import mlflow_sqlite
 from tests.reliability.test_crash import check_receipt, killed
 
 EXPERIMENT = "report"
@@ -117,7 +118,7 @@ def test_report_is_built_after_the_run_is_complete_and_the_receipt_written(
 def test_mlflow_export_killed_while_building_the_report_keeps_run_and_receipt(
     quickstart_run: Path, tmp_path: Path
 ) -> None:
-    uri = f"sqlite:///{tmp_path / 'm.db'}"
+    uri = mlflow_sqlite(tmp_path / 'm.db')
     argv = ["cli", "export", str(quickstart_run), "-e", "mlflow", f"exporters.mlflow.tracking_uri={uri}",
             f"exporters.mlflow.experiment_name={EXPERIMENT}", "exporters.mlflow.report=after"]  # fmt: skip
     killed("gym_artifacts.report.build:render_page", 1, "before", argv, {"MLFLOW_DISABLE_TELEMETRY": "true"})
@@ -154,7 +155,7 @@ def _wait_until(check: object, seconds: float = 90.0) -> None:
 
 @pytest.mark.slow
 def test_background_report_reaches_the_run_after_the_export_returns(quickstart_run: Path, tmp_path: Path) -> None:
-    uri = f"sqlite:///{tmp_path / 'm.db'}"
+    uri = mlflow_sqlite(tmp_path / 'm.db')
     run = RunArtifacts.from_path(quickstart_run)
     [result] = export_run(run, _cfg(uri, "background"))
     assert result.status is ExportStatus.EXPORTED, result.reason
@@ -167,7 +168,7 @@ def test_background_report_reaches_the_run_after_the_export_returns(quickstart_r
 
 @pytest.mark.slow
 def test_background_report_killed_leaves_the_mlflow_export_whole(quickstart_run: Path, tmp_path: Path) -> None:
-    uri = f"sqlite:///{tmp_path / 'm.db'}"
+    uri = mlflow_sqlite(tmp_path / 'm.db')
     run = RunArtifacts.from_path(quickstart_run)
     [result] = export_run(run, _cfg(uri, "background"))
     assert result.status is ExportStatus.EXPORTED, result.reason
@@ -183,7 +184,7 @@ def test_background_report_killed_leaves_the_mlflow_export_whole(quickstart_run:
 
 @pytest.mark.parametrize("off", ["off", False])  # YAML and the CLI read a bare `off` as False
 def test_report_off_uploads_none(quickstart_run: Path, tmp_path: Path, off: object) -> None:
-    uri = f"sqlite:///{tmp_path / 'm.db'}"
+    uri = mlflow_sqlite(tmp_path / 'm.db')
     [result] = export_run(quickstart_run, _cfg(uri, off))
     assert result.status is ExportStatus.EXPORTED, result.reason
     assert not {"report.html", "report.html.error"} & _artifacts(uri, result.backend_run_id)
@@ -194,6 +195,6 @@ def test_report_choices_are_the_local_backends(quickstart_run: Path, tmp_path: P
     from gym_artifacts._builtin_exporters.mlflow import MlflowSettings
 
     assert MlflowSettings.model_fields["report"].annotation == LocalSettings.model_fields["report"].annotation
-    [result] = export_run(quickstart_run, _cfg(f"sqlite:///{tmp_path / 'm.db'}", "sometimes"))
+    [result] = export_run(quickstart_run, _cfg(mlflow_sqlite(tmp_path / 'm.db'), "sometimes"))
     assert result.status is ExportStatus.FAILED
     assert "exporters.mlflow.report" in (result.reason or "")

@@ -19,6 +19,7 @@ from exporters._mlflow_traces import span_attributes
 from gym_artifacts import export_run
 from gym_artifacts.contract.hooks import ExportStatus
 from gym_artifacts.run.rollout_spans import AGENT, LLM, TOOL, rollout_trace
+from tests.mlflow_store import mlflow_sqlite
 from tests.nemo_gym_observability import observability_run
 from tests.test_mlflow_traces import fixture_run
 
@@ -26,7 +27,7 @@ HEADLINE_MAX = 12
 
 
 def _export(run: Path, tmp_path: Path) -> tuple[MlflowClient, object]:
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    uri = mlflow_sqlite(tmp_path / 'mlflow.db')
     cfg = OmegaConf.create({"exporters": {"mlflow": {"enabled": True, "tracking_uri": uri, "experiment_name": "e"}}})
     [result] = export_run(run, cfg)
     assert result.status is ExportStatus.EXPORTED, result.reason

@@ -28,6 +28,7 @@ from gym_artifacts.contract.hooks import ExportStatus
 from gym_artifacts.run.artifacts import RunArtifacts
 from gym_artifacts.run.rollout_spans import conversation_first
 from tests.fixture_paths import NEMO_GYM_FIXTURES
+from tests.mlflow_store import mlflow_sqlite
 from tests.processes import run_bounded
 
 REPO = Path(__file__).resolve().parent.parent
@@ -223,7 +224,7 @@ def test_sigkilled_sqlite_export_leaves_no_server_and_no_duplicate(quickstart_ru
     """A SQLite store's export runs MLflow's own server for its duration: killed mid-way, the
     export takes that server with it (its port stops answering); the rerun completes the traces
     exactly once."""
-    uri = f"sqlite:///{tmp_path / 'm.db'}"
+    uri = mlflow_sqlite(tmp_path / 'm.db')
     port_file = tmp_path / "port"
     killed_export(quickstart_run, uri, "traces", before_kill=f"open({str(port_file)!r}, 'w').write(self.tracking_uri)")
     server_url = port_file.read_text()
@@ -335,7 +336,7 @@ def test_a_sqlite_store_gets_the_evaluation_dataset_once(tmp_path: Path) -> None
     from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore
 
     rollouts = fixture_run(tmp_path)
-    uri = f"sqlite:///{tmp_path / 'm.db'}"
+    uri = mlflow_sqlite(tmp_path / 'm.db')
     cfg = OmegaConf.create({"exporters": {"mlflow": {"enabled": True, "tracking_uri": uri,
                                                      "experiment_name": "datasets"}}})  # fmt: skip
     [result] = export_run(rollouts, cfg)

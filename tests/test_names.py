@@ -9,6 +9,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from gym_artifacts import export_run
+from tests.mlflow_store import mlflow_sqlite
 from tests.test_wandb import wandb_section
 from tests.wandb_records import offline_runs
 
@@ -22,7 +23,7 @@ def mlflow_name(local_name: str) -> str:
 def test_aggregate_metric_names_agree_across_local_mlflow_and_wandb(quickstart_run: Path, tmp_path: Path) -> None:
     from mlflow.tracking import MlflowClient
 
-    store = f"sqlite:///{tmp_path / 'names.db'}"
+    store = mlflow_sqlite(tmp_path / 'names.db')
     cfg = OmegaConf.create(
         {"exporters": {"local": {"enabled": True, "root": str(tmp_path / "store")},
                        "mlflow": {"enabled": True, "tracking_uri": store},

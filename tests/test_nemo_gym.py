@@ -23,6 +23,7 @@ from gym_artifacts.cli import main
 from gym_artifacts.contract.hooks import ExportStatus
 from gym_artifacts.report import build_report
 from tests.fixture_paths import NEMO_GYM_FIXTURES
+from tests.mlflow_store import mlflow_sqlite
 from tests.nemo_gym_runs import write_run
 
 REPO = Path(__file__).resolve().parent.parent
@@ -164,7 +165,7 @@ def own_export_metrics() -> dict[str, float]:
 def test_mlflow_uses_nemo_gyms_own_names_and_exports_sidecars(tmp_path: Path) -> None:
     from mlflow import MlflowClient
 
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    uri = mlflow_sqlite(tmp_path / 'mlflow.db')
     cfg = OmegaConf.create(
         {"exporters": {"mlflow": {"enabled": True, "tracking_uri": uri, "experiment_name": "ng"}}}
     )
@@ -222,7 +223,7 @@ def test_metric_count_does_not_grow_with_tasks(tmp_path: Path) -> None:
     """1,000 tasks x 4 repeats in NeMo Gym's format: as many MLflow metrics and tags as 5 x 2."""
     from mlflow import MlflowClient
 
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    uri = mlflow_sqlite(tmp_path / 'mlflow.db')
     cfg = OmegaConf.create(
         {"exporters": {"mlflow": {"enabled": True, "tracking_uri": uri, "experiment_name": "ng"}}}
     )

@@ -27,6 +27,7 @@ from hypothesis import strategies as st
 from gym_artifacts import nemo_gym
 from gym_artifacts._builtin_exporters._mlflow_mapping import config_params, flatten_config, sanitize_key
 from gym_artifacts.core.config import enabled_exporters, normalize
+from tests.mlflow_store import mlflow_sqlite
 from tests.processes import run_bounded
 
 MAX_ENTITY_KEY_LENGTH = 250  # mlflow.utils.validation
@@ -165,7 +166,7 @@ def full_config(tmp_path: Path, **extra: Any) -> dict[str, Any]:
         "wandb_project": "ng",
         "wandb_name": "ng-run",
         "wandb_api_key": "wandb-secret-key-0123456789",
-        "mlflow_tracking_uri": f"sqlite:///{tmp_path / 'mlflow.db'}",
+        "mlflow_tracking_uri": mlflow_sqlite(tmp_path / 'mlflow.db'),
         "mlflow_experiment_name": "ng-real",
         "mlflow_run_name": "ng-run",
         "exporters": {"wandb": {"mode": "offline"}},  # this project's own key: no network here
@@ -339,7 +340,7 @@ def test_a_server_config_without_output_still_fans_out_without_a_journal(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     monkeypatch.chdir(tmp_path)
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    uri = mlflow_sqlite(tmp_path / 'mlflow.db')
     config = {"mlflow_tracking_uri": uri, "mlflow_experiment_name": "srv", "mlflow_run_name": "server"}
     with caplog.at_level(logging.WARNING, logger="gym_artifacts.nemo_gym"):
         assert [e.name for e in nemo_gym.setup_exporters(config)] == ["mlflow"]
@@ -380,7 +381,7 @@ def test_a_backend_whose_setup_failed_leaves_the_list_and_blocks_no_other(tmp_pa
 
 @pytest.mark.slow
 def test_a_second_setup_replaces_the_first(tmp_path: Path) -> None:
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    uri = mlflow_sqlite(tmp_path / 'mlflow.db')
 
     def config(name: str) -> dict[str, Any]:
         return {
@@ -561,7 +562,7 @@ def test_run_config_gives_the_params_nemo_gyms_own_export_logged(tmp_path: Path)
     run_config = tmp_path / "global_config.json"
     run_config.write_text(json.dumps({**unflatten(logged), "policy_api_key": "sk-live-policy-0123456789"}))
     out = copy_fixture("clean", tmp_path)
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    uri = mlflow_sqlite(tmp_path / 'mlflow.db')
     rc = main(["export", str(out), "-e", "mlflow", f"exporters.mlflow.tracking_uri={uri}",
                "exporters.mlflow.experiment_name=ng", "--run-config", str(run_config), "-q"])  # fmt: skip
     assert rc == 0
@@ -593,7 +594,7 @@ def test_without_a_config_the_export_logs_what_the_files_tell(tmp_path: Path) ->
     from tests.test_nemo_gym import copy_fixture
 
     out = copy_fixture("clean", tmp_path)
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    uri = mlflow_sqlite(tmp_path / 'mlflow.db')
     cfg = OmegaConf.create(
         {"exporters": {"mlflow": {"enabled": True, "tracking_uri": uri, "experiment_name": "ng"}}}
     )
@@ -618,7 +619,7 @@ def test_a_backend_failing_to_log_neither_raises_nor_blocks_the_others(tmp_path:
     every other backend still gets the call."""
     from mlflow.tracking import MlflowClient
 
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    uri = mlflow_sqlite(tmp_path / 'mlflow.db')
     config = {
         "output_jsonl_fpath": str(tmp_path / "o.jsonl"),
         "mlflow_tracking_uri": uri, "mlflow_experiment_name": "e", "mlflow_run_name": "r",
@@ -670,7 +671,7 @@ def test_a_post_run_export_has_nemo_gyms_rollout_tables(tmp_path: Path) -> None:
 
     out = copy_fixture("clean", tmp_path)
     rows = [json.loads(x) for x in out.read_text().splitlines()]
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    uri = mlflow_sqlite(tmp_path / 'mlflow.db')
     cfg = OmegaConf.create(
         {
             "exporters": {

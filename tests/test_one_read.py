@@ -23,6 +23,7 @@ from omegaconf import OmegaConf
 from gym_artifacts import export_run
 from gym_artifacts.run import identity
 from gym_artifacts.run.artifacts import RunArtifacts
+from tests.mlflow_store import mlflow_sqlite
 from tests.nemo_gym_runs import write_run
 
 pytestmark = pytest.mark.skipif(not Path("/proc/self/io").is_file(), reason="reads are counted by Linux's /proc")
@@ -53,7 +54,7 @@ def _section(name: str, dest: Path) -> dict:
         # its table shows the first rows only (1,000 of 100,000 by default; 10 of 240 here)
         return {"enabled": True, "logdir": str(dest / "tb"), "table_rows": 10}
     assert name == "mlflow"
-    return {"enabled": True, "tracking_uri": f"sqlite:///{dest / 'mlflow.db'}", "experiment_name": "x",
+    return {"enabled": True, "tracking_uri": mlflow_sqlite(dest / 'mlflow.db'), "experiment_name": "x",
             "artifact_location": (dest / "mlruns").as_uri(), "report": "off"}  # fmt: skip
 
 
@@ -130,5 +131,5 @@ def test_nemo_gym_s_table_is_built_after_the_receipt(tmp_path: Path) -> None:
     assert result.status.value == "EXPORTED", result.reason
     assert any(out.parent.glob("*_export_done.json"))  # the receipt, as the table looked for it
     assert receipt_then == [True]
-    client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}")
+    client = MlflowClient(tracking_uri=mlflow_sqlite(tmp_path / 'mlflow.db'))
     assert "rollouts.json" in [f.path for f in client.list_artifacts(result.backend_run_id)]

@@ -25,6 +25,7 @@ from gym_artifacts.contract import registry
 from gym_artifacts.core import config as config_module
 from gym_artifacts.run.artifacts import RunArtifacts
 from gym_artifacts.run.receipts import read_receipts
+from tests.mlflow_store import mlflow_sqlite
 
 # Every module an export goes through that could bind the counted functions under its own name.
 EXPORT_MODULES = (
@@ -59,16 +60,11 @@ def spy_everywhere(
     monkeypatch.setattr(owner, name, spy)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="known regression after this round's merges: the embedded default.yaml is read 3 times in "
-    "one export (the -c file and the run's config still once); to find and fix in the next round",
-)
 def test_one_export_of_one_run_resolves_config_settings_and_entry_points_once(
     quickstart_run: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     run = RunArtifacts.from_path(quickstart_run)
-    uri = f"sqlite:///{tmp_path / 'm.db'}"
+    uri = mlflow_sqlite(tmp_path / 'm.db')
     cfg = tmp_path / "two.yaml"
     cfg.write_text(
         "exporters:\n"

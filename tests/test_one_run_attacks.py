@@ -20,6 +20,7 @@ import pytest
 
 pytest.importorskip("tensorboard")
 
+from tests.mlflow_store import mlflow_sqlite
 from tests.processes import reaped, run_bounded
 from tests.test_one_run_every_ending import NG, assert_tensorboard_points_once, small_live_eval, tb_folders
 
@@ -201,7 +202,7 @@ def test_a_changed_run_exported_on_purpose_after_its_live_run_was_completed_leav
 
     from tests.test_one_run_every_ending import mlflow_runs
 
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    uri = mlflow_sqlite(tmp_path / 'mlflow.db')
     out = small_live_eval(tmp_path, {
         "tensorboard": {"enabled": True, "logdir": str(tmp_path / "tb")},
         "local": {"enabled": True, "root": str(tmp_path / "store"), "experiment": "e"},

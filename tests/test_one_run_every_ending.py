@@ -39,6 +39,7 @@ pytest.importorskip("wandb")
 pytest.importorskip("tensorboard")
 
 from gym_artifacts.cli import main
+from tests.mlflow_store import mlflow_sqlite
 from tests.processes import run_bounded
 
 pytestmark = pytest.mark.slow
@@ -267,7 +268,7 @@ def test_a_collection_with_observability_then_export_is_one_run_everywhere(
 ) -> None:
     """``observability_enabled: true``: the files hold each result's trajectory and captured model
     calls, the live run got NeMo Gym's exporter view of them; still the live run's."""
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    uri = mlflow_sqlite(tmp_path / 'mlflow.db')
     out = tmp_path / "results" / "rollouts.jsonl"
     times = collect_like_nemo_gym(
         "with-failures", out, ng_config(tmp_path, out, uri, "obs"), observability=True
@@ -280,7 +281,7 @@ def test_a_collection_with_observability_then_export_is_one_run_everywhere(
 def test_a_clean_collection_then_export_logs_the_aggregates_once_at_the_evals_times(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    uri = mlflow_sqlite(tmp_path / 'mlflow.db')
     experiment = "clean"
     out = tmp_path / "results" / "rollouts.jsonl"
     times = collect_like_nemo_gym("clean", out, ng_config(tmp_path, out, uri, experiment))
@@ -292,7 +293,7 @@ def test_a_clean_collection_then_export_logs_the_aggregates_once_at_the_evals_ti
 def test_an_export_of_a_copy_of_the_run_in_another_folder_adds_no_run(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    uri = mlflow_sqlite(tmp_path / 'mlflow.db')
     experiment = "copy"
     out = tmp_path / "results" / "rollouts.jsonl"
     times = collect_like_nemo_gym("with-failures", out, ng_config(tmp_path, out, uri, experiment))
@@ -439,7 +440,7 @@ def test_a_live_run_that_cannot_be_completed_is_ended_and_names_the_complete_run
 
     from gym_artifacts._builtin_exporters._mlflow_bookkeeping import bookkeeping_of
 
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    uri = mlflow_sqlite(tmp_path / 'mlflow.db')
     out = small_live_eval(tmp_path, {
         "mlflow": {"enabled": True, "tracking_uri": uri, "experiment_name": "e"},
         "local": {"enabled": True, "root": str(tmp_path / "store"), "experiment": "e"},

@@ -14,6 +14,7 @@ from gym_artifacts._builtin_exporters._mlflow_bookkeeping import bookkeeping_of
 from gym_artifacts.cli import main
 from gym_artifacts.core.flags import PARTIAL_OVERRIDE_FLAG, STALE_OVERRIDE_FLAG
 from gym_artifacts.run.torn import partial_last_line
+from tests.mlflow_store import mlflow_sqlite
 from tests.processes import run_bounded
 
 TORN = b'{"task_index": 999, "agent_ref": {"name": "arithmetic_agent"}, "rew'
@@ -183,7 +184,7 @@ def test_reactor_folder_exports_its_derived_config_as_params(reactor_fixture, tm
 
     folder = reactor_fixture(name)
     derived = json.loads((folder / "derived_config.json").read_text())
-    store = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    store = mlflow_sqlite(tmp_path / 'mlflow.db')
     cfg = OmegaConf.create(
         {"exporters": {"mlflow": {"enabled": True, "tracking_uri": store},
                        "local": {"enabled": True, "root": str(tmp_path / "store")}}}
@@ -205,7 +206,7 @@ def _mlflow_export(run: Path, tmp_path: Path) -> object:
 
     from gym_artifacts import export_run
 
-    store = f"sqlite:///{tmp_path / 'times.db'}"
+    store = mlflow_sqlite(tmp_path / 'times.db')
     cfg = OmegaConf.create({"exporters": {"mlflow": {"enabled": True, "tracking_uri": store}}})
     [result] = export_run(run, cfg)
     assert result.status.value == "EXPORTED", result.reason

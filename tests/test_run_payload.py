@@ -22,6 +22,7 @@ from gym_artifacts.contract.exporter import Exporter
 from gym_artifacts.contract.hooks import ExportPlan
 from gym_artifacts.contract.run_payload import RunPayload
 from gym_artifacts.run.artifacts import RunArtifacts
+from tests.mlflow_store import mlflow_sqlite
 
 _WATCHED: dict[str, Any] = {"path": None, "backend": None, "opens": Counter()}
 
@@ -80,7 +81,7 @@ def _config(tmp_path: Path) -> Any:
                 "tensorboard": {"enabled": True, "logdir": str(tmp_path / "tb")},
                 "mlflow": {
                     "enabled": True,
-                    "tracking_uri": f"sqlite:///{tmp_path / 'mlflow.db'}",
+                    "tracking_uri": mlflow_sqlite(tmp_path / 'mlflow.db'),
                     "artifact_location": (tmp_path / "mlartifacts").as_uri(),
                 },
             }

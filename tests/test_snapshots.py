@@ -16,6 +16,7 @@ from gym_artifacts.contract.hooks import ExportStatus
 from gym_artifacts.core.jsonio import read_json
 from gym_artifacts.core.snapshot import snapshot_copy
 from gym_artifacts.run.identity import identity_of
+from tests.mlflow_store import mlflow_sqlite
 
 METHODS = ["reflink", "copy_file_range", "sendfile", "read", None]
 
@@ -84,7 +85,7 @@ def test_files_staged_for_mlflow_share_no_inode_with_the_run(quickstart_run: Pat
     pytest.importorskip("mlflow")
     from mlflow.tracking import MlflowClient
 
-    uri = f"sqlite:///{tmp_path / 'm.db'}"
+    uri = mlflow_sqlite(tmp_path / 'm.db')
     artifacts = tmp_path / "mlflow-artifacts"
     cfg = {"exporters": {"mlflow": {"enabled": True, "tracking_uri": uri, "artifact_location": str(artifacts)}}}
     [result] = export_run(quickstart_run, cfg)

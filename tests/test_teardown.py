@@ -14,6 +14,7 @@ import pytest
 from gym_artifacts.live.channel import teardown_limits
 from gym_artifacts.live.worker import BackgroundWorker, Call
 from tests.load import scaled
+from tests.mlflow_store import mlflow_sqlite
 from tests.processes import run_bounded
 
 REPO = Path(__file__).resolve().parent.parent
@@ -102,7 +103,7 @@ def test_thousand_step_eval_delivers_every_call_to_a_fresh_sqlite_mlflow(tmp_pat
     assert "mlflow" in result["reports"]
     from mlflow.tracking import MlflowClient
 
-    client = MlflowClient(f"sqlite:///{work / 'mlflow.db'}")
+    client = MlflowClient(mlflow_sqlite(work / 'mlflow.db'))
     [experiment] = [e for e in client.search_experiments() if e.name == "gym-evals"]
     [run] = client.search_runs([experiment.experiment_id])
     assert [m.step for m in client.get_metric_history(run.info.run_id, "reward")] == list(range(1000))

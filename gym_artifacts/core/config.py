@@ -167,9 +167,23 @@ def default_config_fpath() -> Path:
     return package.parent / "configs" / DEFAULT_CONFIG_NAME
 
 
+_default_read: tuple[tuple[str, int, int], Any] | None = None  # (the file's stat key, its config)
+
+
 def load_default_config() -> Any:
-    """The embedded default config (local directory + MLflow on SQLite)."""
-    return load_yaml_config(default_config_fpath())
+    """The embedded default config (local directory + MLflow on SQLite), a fresh copy each call:
+    read once per process (every export and report asks for it; the packaged file does not
+    change), again only when its stat key changes (a checkout's ``configs/`` being edited)."""
+    global _default_read
+    fpath = default_config_fpath()
+    try:
+        st = fpath.stat()
+        key = (str(fpath), st.st_mtime_ns, st.st_size)
+    except OSError:
+        return load_yaml_config(fpath)  # says what is wrong with it
+    if _default_read is None or _default_read[0] != key:
+        _default_read = key, load_yaml_config(fpath)
+    return _omegaconf().OmegaConf.create(_default_read[1])
 
 
 def parse_overrides(overrides: Sequence[str]) -> Any:

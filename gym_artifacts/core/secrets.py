@@ -20,6 +20,7 @@ config, in artifacts, in failure reasons and in every log record (:func:`install
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import html
 import json
@@ -27,7 +28,7 @@ import logging
 import re
 import threading
 import warnings
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 MASK = "***"
@@ -456,6 +457,20 @@ def remember_secrets(secrets: Iterable[str]) -> None:
     if new - _known_secrets:
         with _known_lock:
             _known_secrets.update(new)
+
+
+@contextlib.contextmanager
+def secrets_scope() -> Iterator[None]:
+    """Forget at the block's end the secrets remembered inside it: for a process that runs units
+    of work which are separate processes in real use (a test runner's tests), so that one unit's
+    secret (a 4-character password) does not mask the next unit's output."""
+    with _known_lock:
+        before = set(_known_secrets)
+    try:
+        yield
+    finally:
+        with _known_lock:
+            _known_secrets.intersection_update(before)
 
 
 def secret_forms_as_bytes(secrets: Iterable[str], *, known: bool = True) -> frozenset[bytes] | None:

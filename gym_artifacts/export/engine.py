@@ -285,6 +285,44 @@ def check_receipt(run: RunArtifacts, target: Target, identities: dict[str, str])
     return ExportResult(name, ExportStatus.SKIPPED, backend_run_id=receipt.backend_run_id)
 
 
+def _stat_key(fpath: Path) -> tuple[int, int, int] | None:
+    """What tells a file rewritten (an atomic replace gives a new inode), None when absent."""
+    try:
+        st = fpath.stat()
+    except OSError:
+        return None
+    return st.st_ino, st.st_mtime_ns, st.st_size
+
+
+def _receipt_written_since(
+    run: RunArtifacts, target: Target, before: tuple[tuple[int, int, int] | None, str]
+) -> ExportResult | None:
+    """EXPORTED when the target's receipt was published since ``before`` (the receipts file's
+    stat key and the time then: a Ctrl-C that landed once the data and its receipt were out,
+    before the result was recorded): the receipt is the truth the next export skips on, so the
+    result says so too; None otherwise (an older receipt in a file another export rewrote too)."""
+    fpath = run.export_done_fpath(target.name)
+    stat_before, time_before = before
+    if target.key is None or _stat_key(fpath) in (None, stat_before):
+        return None
+    try:
+        receipt = receipt_for(read_receipts(fpath), target.key, target.legacy_key)
+    except (ReceiptError, OSError):
+        return None
+    if receipt is None or receipt.exported_at < time_before:
+        return None
+    return ExportResult(
+        target.name, ExportStatus.EXPORTED, receipt.backend_run_id, rows=receipt.rows, bytes=receipt.bytes
+    )
+
+
+def _logged(result: ExportResult) -> ExportResult:
+    """The result, its line logged (the line that follows every backend's result)."""
+    said = result.backend_run_id or result.reason or ""
+    logger.info("%s: %s %s", result.exporter, result.status.value, said)
+    return result
+
+
 def _failed(name: str, reason: str, start: float) -> ExportResult:
     seconds = time.monotonic() - start
     return ExportResult(name, ExportStatus.FAILED, reason=redact_text(reason), seconds=seconds)
@@ -651,9 +689,20 @@ def export_resolved(
                 if progress is not None:
                     sending = replace(plan, on_traces_sent=_traces_progress(progress, name))
                     waiting = LockWaitLine(progress, name, (i, len(names)))
-                result = _export_one(run, target, sending, signatures, options.verify, after_receipt, waiting)
-            result = _redacted(result, secrets)
-            logger.info("%s: %s %s", name, result.status.value, result.backend_run_id or result.reason or "")
+                receipt_before = _stat_key(run.export_done_fpath(name)), utc_now_iso()
+                try:
+                    verify = options.verify
+                    sent = _export_one(run, target, sending, signatures, verify, after_receipt, waiting)
+                    result = _logged(_redacted(sent, secrets))
+                except KeyboardInterrupt:  # the receipt may be written: then the backend finished
+                    landed = _receipt_written_since(run, target, receipt_before)
+                    if landed is not None:
+                        results.append(landed)
+                        if on_result is not None:
+                            on_result(landed)
+                    raise
+            else:
+                result = _logged(_redacted(result, secrets))
             results.append(result)
             if on_result is not None:
                 on_result(result)

@@ -20,6 +20,7 @@ from gym_artifacts._builtin_exporters._mlflow_bookkeeping import bookkeeping_of
 from gym_artifacts.contract.hooks import ExportPlan, ExportStatus
 from gym_artifacts.run.artifacts import RunArtifacts
 from gym_artifacts.run.identity import content_identities, run_identity
+from tests.mlflow_store import mlflow_sqlite
 
 
 def same_size_rewrite(fpath: Path) -> None:
@@ -57,7 +58,7 @@ def change_before_the_final_tag(monkeypatch: pytest.MonkeyPatch, rollouts: Path,
 def cfg_for(backend: str, tmp_path: Path) -> Any:
     section: dict[str, Any] = {"enabled": True, "report": "off"}
     if backend == "mlflow":
-        section["tracking_uri"] = f"sqlite:///{tmp_path / 'm.db'}"
+        section["tracking_uri"] = mlflow_sqlite(tmp_path / 'm.db')
     else:
         section["root"] = str(tmp_path / "store")
     return OmegaConf.create({"exporters": {backend: section}})
@@ -69,7 +70,7 @@ def complete_runs(backend: str, tmp_path: Path) -> list[tuple[str, str]]:
         from mlflow.entities import ViewType
         from mlflow.tracking import MlflowClient
 
-        client = MlflowClient(f"sqlite:///{tmp_path / 'm.db'}")
+        client = MlflowClient(mlflow_sqlite(tmp_path / 'm.db'))
         runs = client.search_runs([e.experiment_id for e in client.search_experiments()], run_view_type=ViewType.ALL)
         kept = [r for r in runs if r.info.lifecycle_stage == "active" and bookkeeping_of(r.data.tags).get("complete") == "true"]
         return [(r.info.run_id, bookkeeping_of(r.data.tags)["identity"]) for r in kept]

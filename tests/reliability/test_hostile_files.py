@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import copy_quickstart
+from tests.mlflow_store import mlflow_sqlite
 from tests.processes import run_bounded
 from tests.reliability.test_bad_input import fingerprint
 
@@ -138,7 +139,7 @@ def test_nan_and_integers_past_64_bits_in_aggregates_to_mlflow(tmp_path: Path) -
         {"nan": float("nan"), "huge": 2**70, "big": 2**64, "small": 7}
     )
     agg.write_text(json.dumps(entries))
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    uri = mlflow_sqlite(tmp_path / 'mlflow.db')
     outcome = cli(
         tmp_path, "export", str(run), "-e", "mlflow", f"exporters.mlflow.tracking_uri={uri}", "--json"
     )

@@ -19,6 +19,7 @@ from gym_artifacts.contract.hooks import ExportStatus
 from gym_artifacts.live.fanout import LiveRun, live_run
 from gym_artifacts.run.artifacts import RunArtifacts
 from gym_artifacts.run.receipts import read_marker
+from tests.mlflow_store import mlflow_sqlite
 
 MISUSE: list[tuple[str, tuple[Any, ...], dict[str, Any]]] = [
     ("export_metrics", (None,), {}),
@@ -114,7 +115,7 @@ def test_one_poison_value_among_500_calls_loses_only_itself_in_every_backend(
 
     caplog.set_level(logging.WARNING)
     store = tmp_path / "store"
-    tracking_uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    tracking_uri = mlflow_sqlite(tmp_path / 'mlflow.db')
     cfg = {
         "exporters": {
             "local": {"enabled": True, "root": str(store), "experiment": "live"},

@@ -23,6 +23,7 @@ from gym_artifacts import export_run
 from gym_artifacts.report import build_report
 from tests.conftest import copy_quickstart
 from tests.langsmith_api import LangsmithApi
+from tests.mlflow_store import mlflow_sqlite
 
 pytestmark = [pytest.mark.slow, pytest.mark.filterwarnings("ignore::DeprecationWarning")]
 
@@ -87,7 +88,7 @@ def test_no_generated_secret_in_any_encoding_anywhere_a_backend_stored(
     plant(run, secret)
     cfg = OmegaConf.create({"exporters": {
         "local": {"enabled": True, "root": str(root / "local")},
-        "mlflow": {"enabled": True, "tracking_uri": f"sqlite:///{root / 'mlflow.db'}",
+        "mlflow": {"enabled": True, "tracking_uri": mlflow_sqlite(root / 'mlflow.db'),
                    "artifact_location": str(root / "mlartifacts"), "log_traces": True},
         "wandb": {"enabled": True, "mode": "offline", "dir": str(root / "wb"), "project": "gen"},
         "tensorboard": {"enabled": True, "logdir": str(root / "tb")},

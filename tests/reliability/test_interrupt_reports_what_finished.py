@@ -1,4 +1,4 @@
-"""Issue 27 (12): Ctrl-C during an export prints every result that finished, ``--json`` included:
+"""Ctrl-C during an export prints every result that finished, ``--json`` included:
 a backend EXPORTED with its receipt is never reported as cancelled."""
 
 from __future__ import annotations
@@ -83,3 +83,45 @@ def test_ctrl_c_during_the_report_after_every_export_finished_cancels_no_run(
     assert [(r["exporter"], r["status"]) for r in json.loads(out)] == [("local", "EXPORTED")]
     assert "not exported" not in err and "only in part" not in err, err[-2000:]
     assert "interrupted after every export finished" in err, err[-2000:]
+
+
+def _interrupt_after(monkeypatch: pytest.MonkeyPatch, module: object, name: str) -> None:
+    """``module.name`` does its work, then Ctrl-C lands (as a signal handler raises it)."""
+    original = getattr(module, name)
+
+    def then_interrupted(*args: object, **kwargs: object) -> object:
+        original(*args, **kwargs)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(module, name, then_interrupted)
+
+
+@pytest.mark.parametrize("landing", ["publish_receipt", "_redacted", "logger.info"])
+def test_ctrl_c_anywhere_after_the_receipt_reports_the_backend_exported(
+    quickstart_run: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, landing: str
+) -> None:
+    """Whatever instruction the signal interrupts once the receipt is written, the backend is
+    reported EXPORTED with its run id: its receipt is on disk, the next export will skip it."""
+    from omegaconf import OmegaConf
+
+    from gym_artifacts.export import engine
+
+    if landing == "logger.info":
+        original_info = engine.logger.info
+
+        def info(msg: str, *args: object) -> None:
+            original_info(msg, *args)
+            if msg.startswith("%s: %s %s"):  # the line that follows the backend's result
+                raise KeyboardInterrupt
+
+        monkeypatch.setattr(engine.logger, "info", info)
+    else:
+        _interrupt_after(monkeypatch, engine, landing)
+    finished: list = []
+    cfg = OmegaConf.create({"exporters": {"local": {"enabled": True, "root": str(tmp_path / "store")}}})
+    with pytest.raises(KeyboardInterrupt):
+        engine.export_run(quickstart_run, cfg, ["local"], on_result=finished.append)
+    receipt = RunArtifacts.from_path(quickstart_run).export_done_fpath("local")
+    assert receipt.exists()
+    assert [(r.exporter, r.status.value) for r in finished] == [("local", "EXPORTED")]
+    assert finished[0].backend_run_id
