@@ -63,9 +63,10 @@ def session_service_of(nodeid: str) -> str | None:
     return None
 
 
-# What makes a test slow (3 s or more), by what it uses: a real server (MLflow, Phoenix), a Ray
-# cluster, NeMo Gym's servers or its virtual environment, a browser, a fresh MLflow store (its schema
-# creation alone takes 6-8 s). A test slow for another reason carries ``@pytest.mark.slow`` itself.
+# What makes a test slow (3 s or more), by what it uses: a real server (MLflow, Phoenix; the
+# session's MLflow server is behind ``tracking_uri``'s second case), a Ray cluster, NeMo Gym's
+# servers or its virtual environment, a browser, MLflow stores a test exports into several times
+# (``empty_mlflow_db``). A test slow for another reason carries ``@pytest.mark.slow`` itself.
 SLOW_FIXTURES = frozenset({
     "mlflow_server", "own_mlflow_server", "tracking_uri", "empty_mlflow_db",
     "phoenix_server", "ray_cluster", "nemo_gym_servers", "nemo_gym_venv_path", "browser",
