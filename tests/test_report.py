@@ -268,6 +268,7 @@ def test_gpu_series_are_drawn(browser: Any, quickstart_run: Path, tmp_path: Path
     opened.page.close()
 
 
+@pytest.mark.slow
 def test_local_backend_writes_the_report_and_cli_report(
     quickstart_run: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

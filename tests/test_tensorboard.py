@@ -26,7 +26,7 @@ from tensorboard.backend.event_processing.event_accumulator import (
 from gym_artifacts import export_run
 from gym_artifacts._builtin_exporters.tensorboard import TensorboardExporter
 from gym_artifacts.contract.hooks import ExportStatus
-from gym_artifacts.live import live_exporters
+from gym_artifacts.live import live_run
 from gym_artifacts.run.artifacts import RunArtifacts
 from gym_artifacts.run.receipts import read_receipts
 from tests.processes import run_bounded
@@ -137,6 +137,7 @@ def test_second_export_is_skipped_and_writes_nothing(quickstart_run: Path, tmp_p
     assert {p: p.stat().st_mtime_ns for p in logdir.rglob("*")} == before
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kill_at", ["_write_rollouts", "replace"])
 def test_sigkilled_export_rerun_leaves_no_duplicate(
     quickstart_run: Path, tmp_path: Path, kill_at: str
@@ -184,14 +185,14 @@ def test_live_logging_appends_on_resume(tmp_path: Path) -> None:
     out.parent.mkdir()
     cfg = {"exporters": {"tensorboard": {"enabled": True, "logdir": str(logdir)}},
            "resume": True, "policy_api_key": CANARY}  # fmt: skip
-    with pytest.raises(RuntimeError), live_exporters(cfg, out) as live:
+    with pytest.raises(RuntimeError), live_run(cfg, out) as live:
         for step in range(3):
             live.export_metrics({"loss": 1.0 / (step + 1), "phase": "warmup"}, step=step)
         live.export_rollouts([{"task_index": i, "reward": float(i % 2)} for i in range(4)])
         out.write_text("".join(json.dumps({"task_index": i}) + "\n" for i in range(4)))
         raise RuntimeError("preempted")
     first_id = live.reports[0].run_id
-    with live_exporters(cfg, out) as live:
+    with live_run(cfg, out) as live:
         live.export_metrics({"loss": 0.1}, step=3)
         live.export_rollouts([{"task_index": 4, "reward": 1.0}])
     assert live.reports[0].run_id == first_id
