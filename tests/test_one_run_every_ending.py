@@ -422,7 +422,7 @@ def test_resume_after_a_crash_with_nothing_lost_continues_the_run(
             json.dumps([{"agent_ref": {"name": "a"}, "agent_metrics": {"mean/reward": 0.5}}])
         )
         live.complete()
-    for flags in ([], ["--certify"]):
+    for flags in ([], ["--complete-live-run"]):
         capsys.readouterr()
         assert main(["export", str(out), "--json", *flags]) == 0
         [result] = json.loads(capsys.readouterr().out)
