@@ -79,6 +79,9 @@ def test_every_contract_fails_on_a_planted_violation(tmp_path: Path) -> None:
     for folder in ("gym_artifacts", "exporters", "benchmarks"):
         shutil.copytree(REPO / folder, tmp_path / folder, ignore=shutil.ignore_patterns("__pycache__"))
     shutil.copy2(REPO / "pyproject.toml", tmp_path / "pyproject.toml")
+    (tmp_path / "tests").mkdir()  # the contract type pyproject.toml registers
+    for name in ("__init__.py", "import_contracts.py"):
+        shutil.copy2(REPO / "tests" / name, tmp_path / "tests" / name)
     for _, relpath, line in PLANTED:
         fpath = tmp_path / relpath
         fpath.write_text(fpath.read_text() + f"\n{line}\n")

@@ -1,8 +1,9 @@
 """The plugin API is what backends use, and backends use nothing else of the project.
 
-``gym_artifacts.plugin.__all__`` lists only names a built-in backend (``exporters/``) or the
-example plugin (``examples/ledger_plugin``) imports: a name nobody imports is surface a plugin
-author reads for nothing. Read from the sources with ``ast``, so the check cannot drift.
+``gym_artifacts.plugin.__all__`` lists only names a built-in backend (``exporters/``) or an
+example plugin (``examples/ledger_plugin``, and the minimal backend of docs/plugins.md, which the
+contract suite runs over) imports: a name nobody imports is surface a plugin author reads for
+nothing. Read from the sources with ``ast``, so the check cannot drift.
 
 The built-in backends import nothing of the project but ``gym_artifacts.plugin`` (import-linter's
 ``backends-plugin-only`` contract says so too; this is its backstop, since grimp does not see
@@ -16,13 +17,25 @@ import ast
 from collections.abc import Iterator
 from pathlib import Path
 
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10: import-linter depends on tomli there
+    import tomli as tomllib
+
 import gym_artifacts.plugin as plugin
+from tests.test_plugin_minimal import minimal_plugin_source
 
 ROOT = Path(__file__).resolve().parents[1]
 BACKENDS = ROOT / "exporters"
 EXAMPLE = ROOT / "examples" / "ledger_plugin"
 PRODUCT = (ROOT / "gym_artifacts", ROOT / "benchmarks")
 BACKEND_PACKAGES = ("exporters", "gym_artifacts._builtin_exporters")
+
+
+def _plugin_trees() -> Iterator[ast.Module]:
+    """The built-in backends, the example plugin and the docs' minimal plugin."""
+    yield from (tree for _, tree in _trees(BACKENDS, EXAMPLE))
+    yield ast.parse(minimal_plugin_source())
 
 
 def _trees(*folders: Path) -> Iterator[tuple[Path, ast.Module]]:
@@ -76,12 +89,12 @@ def _private_backend_module(module: str) -> bool:
 
 
 def test_every_plugin_name_is_used_by_a_backend_or_the_example() -> None:
-    used = set().union(*(plugin_names_used(tree) for _, tree in _trees(BACKENDS, EXAMPLE)))
+    used = set().union(*(plugin_names_used(tree) for tree in _plugin_trees()))
     assert sorted(set(plugin.__all__) - used) == [], "names in plugin.__all__ that no backend imports"
 
 
 def test_every_name_a_backend_uses_is_offered() -> None:
-    used = set().union(*(plugin_names_used(tree) for _, tree in _trees(BACKENDS, EXAMPLE)))
+    used = set().union(*(plugin_names_used(tree) for tree in _plugin_trees()))
     assert sorted(used - set(plugin.__all__)) == []
     assert all(hasattr(plugin, name) for name in plugin.__all__)
 
@@ -108,6 +121,18 @@ def test_no_product_module_imports_a_backends_private_module() -> None:
         if _private_backend_module(module)
     ]
     assert found == []
+
+
+def test_the_import_contract_covers_every_part_of_the_package() -> None:
+    """``backends-by-entry-point-only`` names each part of gym_artifacts (a source holding the
+    forbidden package would check nothing): a new subpackage joins it or this fails."""
+    contracts = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["importlinter"]["contracts"]
+    [contract] = [c for c in contracts if c["id"] == "backends-by-entry-point-only"]
+    package = ROOT / "gym_artifacts"
+    parts = {p.stem for p in package.glob("*.py")} | {p.name for p in package.iterdir() if (p / "__init__.py").is_file()}
+    expected = {f"gym_artifacts.{part}" for part in parts - {"__init__", "_builtin_exporters"}} | {"benchmarks"}
+    assert set(contract["source_modules"]) == expected
+    assert set(contract["forbidden_modules"]) == set(BACKEND_PACKAGES)
 
 
 def test_the_checks_see_what_they_look_for() -> None:
