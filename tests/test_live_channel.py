@@ -171,6 +171,13 @@ def test_a_public_contract_backend_runs_live_end_to_end_through_its_channel(tmp_
     assert (result.status, result.backend_run_id, result.certified) == (ExportStatus.EXPORTED, "probe-1", True)
     assert [h for h, _, _ in ProbeLive.calls][-1] == "certify"
 
+    # The backend never decides: its own export(), called directly, sends a new run, whatever
+    # live run lies beside the output.
+    exporter = ProbeLive(ProbeLive.config_model())
+    direct = exporter.export(RunArtifacts.from_path(out), ga.ExportPlan({}, "b3:x", upload_rollouts=True))
+    assert (direct.status, direct.backend_run_id, direct.certified) == (ExportStatus.EXPORTED, "probe-post", False)
+    assert [h for h, _, _ in ProbeLive.calls][-1] == "post_run"
+
 
 CONTEXT = ("run", "resume_run_id", "secrets", "last_step_source", "run_id", "reopened")
 

@@ -437,7 +437,7 @@ def test_a_live_run_that_cannot_be_completed_is_ended_and_names_the_complete_run
     never reached the backend (left RUNNING) is then ended, never left running beside it."""
     from mlflow.tracking import MlflowClient
 
-    from gym_artifacts._builtin_exporters._mlflow_bookkeeping import bookkeeping_of
+    from gym_artifacts._builtin_exporters.mlflow import bookkeeping_of
 
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     out = small_live_eval(tmp_path, {

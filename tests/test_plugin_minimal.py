@@ -161,3 +161,13 @@ def test_hooks_that_take_more_than_the_core_passes_are_kept() -> None:
     lenient = _live("Lenient", **{**GOOD, "_log_metrics": lambda self, *args, extra=1: None,
                                   "_teardown": lambda self, status, reason=None: None})  # fmt: skip
     assert hooks_with_wrong_signatures(lenient) == []
+
+
+def test_a_plugin_written_for_the_old_post_run_hook_name_keeps_working() -> None:
+    """A live backend from before the contract was narrowed named its post-run hook
+    ``_export_post_run``: it loads, with a DeprecationWarning, and that method is its ``_export``."""
+    with pytest.warns(DeprecationWarning, match=r"_export_post_run: name the post-run hook _export"):
+        old = _live("Old", **{k: v for k, v in GOOD.items() if k != "_export"},
+                    _export_post_run=lambda self, run, plan: ga.Sent("old"))  # fmt: skip
+    assert missing_hooks(old) == [] and hooks_with_wrong_signatures(old) == []
+    assert old(Settings())._export(None, None).backend_run_id == "old"

@@ -10,6 +10,7 @@ to implement. ``LiveTracing`` is the opt-in part of a backend that sends rollout
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -31,6 +32,18 @@ class LiveExporter(LiveHooks, Exporter):
     What the setup opened, set by the same thread: ``run_id`` (the open backend run) and
     ``reopened``.
     """
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        """A backend written for the old contract, whose post-run hook was ``_export_post_run``,
+        keeps working: that method is its ``_export`` (with a DeprecationWarning)."""
+        super().__init_subclass__(**kwargs)
+        if "_export_post_run" in vars(cls) and "_export" not in vars(cls):
+            warnings.warn(
+                f"{cls.__qualname__}._export_post_run: name the post-run hook _export (docs/plugins.md)",
+                DeprecationWarning,
+                stacklevel=2,
+            )
+            cls._export = vars(cls)["_export_post_run"]  # type: ignore[method-assign]
 
     def __init__(self, settings: Any) -> None:
         super().__init__(settings)
