@@ -162,11 +162,17 @@ def only_missing(ml: ScopedMlflow, traces: Iterable[RolloutTrace]) -> Iterator[R
 
 
 def batch_requests(
-    traces: Iterable[RolloutTrace], experiment_id: str, run_id: str, *, infos: bool = True, batch: int = BATCH
+    traces: Iterable[RolloutTrace],
+    experiment_id: str,
+    run_id: str,
+    *,
+    infos: bool = True,
+    batch: int | None = None,
 ) -> Iterator[tuple[list[RolloutTrace], list[Any], bytes]]:
     """Each batch of ``traces`` as the export sends it: the traces, their MLflow trace infos
-    (``start_trace``; none when ``infos`` is False) and the OTLP request body of their spans."""
-    for chunk in trace_batches(traces, batch):
+    (``start_trace``; none when ``infos`` is False) and the OTLP request body of their spans.
+    ``batch``: traces a request (None: ``BATCH``, read when called)."""
+    for chunk in trace_batches(traces, batch or BATCH):
         trace_infos = [trace_info(t, experiment_id, run_id) for t in chunk] if infos else []
         yield chunk, trace_infos, export_request(chunk, span_attributes, RESOURCE)
 
