@@ -76,7 +76,7 @@ def _live_costs(cfg: dict, out: Path, records: list[Any]) -> tuple[list[float], 
                 time.sleep(PAUSE_S)
         live.flush(600)
         for channel in live.channels:  # the traces still waiting get their turns on the worker
-            traces = channel.backend.live_traces
+            traces = getattr(channel.backend, "live_traces", None)  # a LiveTracing backend's queue
             while traces is not None and traces.due and time.perf_counter() - started < 600:
                 time.sleep(0.02)
         landed = time.perf_counter() - started

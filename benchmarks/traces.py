@@ -38,7 +38,7 @@ EXPORT = """
 import time
 from omegaconf import OmegaConf
 from gym_artifacts import export_run
-from gym_artifacts._builtin_exporters import _mlflow_client as c
+from gym_artifacts._builtin_exporters.mlflow import ScopedMlflow
 import gym_artifacts.run.identity, {imports}
 spent = {{"otlp": 0.0, "start_trace": 0.0, "landed_wait": 0.0, "annotations": 0.0}}
 def timed(key, fn):
@@ -50,12 +50,12 @@ def timed(key, fn):
             spent[key] += time.perf_counter() - s
     return wrapper
 from mlflow.store.tracking.rest_store import RestStore
-c.ScopedMlflow.post_otlp = timed("otlp", c.ScopedMlflow.post_otlp)
+ScopedMlflow.post_otlp = timed("otlp", ScopedMlflow.post_otlp)
 RestStore.start_trace = timed("start_trace", RestStore.start_trace)  # summed over the 4 threads
 try:
-    from gym_artifacts._builtin_exporters import _phoenix_traces as p
     from phoenix.client.resources.spans import Spans
-    p._wait_landed = timed("landed_wait", p._wait_landed)  # Phoenix storing the spans it was sent
+    # Phoenix storing the spans it was sent: the export asks for them until they are all there
+    Spans.get_spans = timed("landed_wait", Spans.get_spans)
     Spans.log_span_annotations = timed("annotations", Spans.log_span_annotations)
 except ImportError:
     pass
@@ -106,8 +106,7 @@ from pathlib import Path
 from mlflow.entities import Span
 from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
-from gym_artifacts._builtin_exporters._mlflow_traces import RESOURCE, span_attributes, trace_info
-from gym_artifacts._builtin_exporters._otlp import export_request, trace_batches
+from gym_artifacts._builtin_exporters.mlflow import batch_requests
 from gym_artifacts.core.jsonio import iter_jsonl
 from gym_artifacts.run.rollout_spans import rollout_trace
 tmp = Path(tempfile.mkdtemp(prefix="gymart-floor-"))
@@ -116,10 +115,9 @@ exp = store.create_experiment("floor")
 run_id = "0" * 32
 traces = [rollout_trace("floor", i, rec, 0.0) for i, (_, rec) in enumerate(iter_jsonl({out!r})) if i < {rows}]
 spent = {{"start_trace": 0.0, "log_spans": 0.0}}
-for batch in trace_batches(traces, 200):
-    infos = [trace_info(t, exp, run_id) for t in batch]
+for _, infos, body in batch_requests(traces, exp, run_id, batch=200):
     request = ExportTraceServiceRequest()
-    request.ParseFromString(export_request(batch, span_attributes, RESOURCE))
+    request.ParseFromString(body)
     resource = request.resource_spans[0].resource
     otel_spans = request.resource_spans[0].scope_spans[0].spans
     spans = [Span.from_otel_proto(s, resource=resource) for s in otel_spans]
@@ -217,7 +215,7 @@ def _phoenix(tmp: Path, out: Path, n: int, tiny: bool) -> list[Row]:
     return [
         Row(
             f"traces: {n:,} rollouts to phoenix serve (OTLP + annotations)",
-            f"{ours['wall']:.1f} s ({per * 1000:.2f} ms a trace; waiting for Phoenix to store the spans "
+            f"{ours['wall']:.1f} s ({per * 1000:.2f} ms a trace; asking Phoenix whether it stored the spans "
             f"{ours['landed_wait']:.0f} s, annotations {ours['annotations']:.0f} s), "
             f"+{ours['above_mb']:.0f} MB",
             f"per-rollout experiment runs {own_per * 1000:.1f} ms a rollout ({own_rows} rollouts)",

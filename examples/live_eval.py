@@ -76,7 +76,7 @@ def main(config: Any = None, out: Path = Path("results/eval.jsonl")) -> None:
             written.extend(finished)
         rollouts_file.flush()
         write_aggregate(out, written)
-        live.complete()  # the eval finished: see --certify
+        live.complete()  # the eval finished: see --complete-live-run
 
 
 if __name__ == "__main__":

@@ -161,6 +161,22 @@ def only_missing(ml: ScopedMlflow, traces: Iterable[RolloutTrace]) -> Iterator[R
         yield from (t for t in batch if mlflow_trace_id(t) not in landed)
 
 
+def batch_requests(
+    traces: Iterable[RolloutTrace],
+    experiment_id: str,
+    run_id: str,
+    *,
+    infos: bool = True,
+    batch: int | None = None,
+) -> Iterator[tuple[list[RolloutTrace], list[Any], bytes]]:
+    """Each batch of ``traces`` as the export sends it: the traces, their MLflow trace infos
+    (``start_trace``; none when ``infos`` is False) and the OTLP request body of their spans.
+    ``batch``: traces a request (None: ``BATCH``, read when called)."""
+    for chunk in trace_batches(traces, batch or BATCH):
+        trace_infos = [trace_info(t, experiment_id, run_id) for t in chunk] if infos else []
+        yield chunk, trace_infos, export_request(chunk, span_attributes, RESOURCE)
+
+
 def log_rollout_traces(
     ml: ScopedMlflow,
     experiment_id: str,
@@ -177,10 +193,9 @@ def log_rollout_traces(
     store = ml.client._tracking_client.store  # the scoped REST client of MLflow's public REST API
     sent = MlflowTracesSent()
     with ThreadPoolExecutor(WORKERS, thread_name_prefix="gym-artifacts-mlflow-trace") as pool:
-        for batch in trace_batches(traces, BATCH):
-            if assessments:
-                list(pool.map(store.start_trace, [trace_info(t, experiment_id, run_id) for t in batch]))
-            ml.post_otlp(experiment_id, export_request(batch, span_attributes, RESOURCE))
+        for batch, infos, request in batch_requests(traces, experiment_id, run_id, infos=assessments):
+            list(pool.map(store.start_trace, infos))
+            ml.post_otlp(experiment_id, request)
             ids = [mlflow_trace_id(t) for t in batch]
             for start in range(0, len(ids), LINKS):
                 ml.client.link_traces_to_run(ids[start : start + LINKS], run_id)

@@ -43,6 +43,7 @@ from gym_artifacts.plugin import (
     GymArtifactsError,
     LiveExporter,
     LiveTraces,
+    LiveTracing,
     RolloutTrace,
     RunArtifacts,
     RunPayload,
@@ -91,7 +92,7 @@ def _live_namespace(dataset_id: Any, project_id: Any) -> uuid.UUID:
     return uuid.uuid5(uuid.NAMESPACE_URL, f"gym-artifacts/langsmith/live/{dataset_id}/{project_id}")
 
 
-class LangsmithExporter(LiveExporter):
+class LangsmithExporter(LiveTracing, LiveExporter):
     """LangSmith datasets, experiments, runs and feedback through the ``langsmith`` client."""
 
     name = "langsmith"
@@ -229,7 +230,7 @@ class LangsmithExporter(LiveExporter):
         client.update_project(project.id, metadata=metadata)
 
     # -- post-run --------------------------------------------------------------------------------
-    def _export_post_run(self, run: RunArtifacts, plan: ExportPlan) -> Sent:
+    def _export(self, run: RunArtifacts, plan: ExportPlan) -> Sent:
         from langsmith.utils import LangSmithNotFoundError
 
         errors: list[BaseException] = []

@@ -222,7 +222,7 @@ class LocalExporter(LiveExporter):
         key = plan.send_key.split(":")[-1][:16]
         return self.experiment_dpath() / f".sending-{safe_name(saved_config_run_name(run, self.name))}-{key}"
 
-    def _export_post_run(self, run: RunArtifacts, plan: ExportPlan) -> Sent:
+    def _export(self, run: RunArtifacts, plan: ExportPlan) -> Sent:
         self._refuse_root_inside(run)
         if plan.identities_pending:
             return self._export_while_hashing(run, plan)

@@ -36,6 +36,7 @@ from gym_artifacts.plugin import (
     LevelTable,
     LiveExporter,
     LiveTraces,
+    LiveTracing,
     PartialBatch,
     PayloadArtifact,
     ReportWhen,
@@ -83,6 +84,7 @@ from ._mlflow_report import start as start_report
 from ._mlflow_schema import ensure_sqlite_schema
 from ._mlflow_traces import BATCH as TRACE_BATCH
 from ._mlflow_traces import MlflowTracesSent, log_rollout_traces, only_missing
+from ._mlflow_traces import batch_requests as batch_requests  # public: benchmarks/traces.py
 from ._mlflow_views import DESCRIPTION_TAG, evaluation_dataset, planned_inputs
 from ._nemo_gym_shapes import MLFLOW_TABLE_FILE, file_documents, write_split_table
 from ._rollouts import payload_traces
@@ -144,7 +146,7 @@ class MlflowSettings(ExporterConfig):
     report: ReportWhen = "after"
 
 
-class MlflowExporter(LiveExporter):
+class MlflowExporter(LiveTracing, LiveExporter):
     """MLflow tracking: SQLite or another database store, or an ``mlflow server``."""
 
     name = "mlflow"
@@ -374,7 +376,7 @@ class MlflowExporter(LiveExporter):
         self._ml.set_status(self.run_id, self._status_before_reopen or "KILLED")
 
     # -- post-run --------------------------------------------------------------------------------
-    def _export_post_run(self, run: RunArtifacts, plan: ExportPlan) -> Sent:
+    def _export(self, run: RunArtifacts, plan: ExportPlan) -> Sent:
         for rel in run.runtime_artifact_files():  # refused before anything is sent
             check_artifact_name(rel)
         ml = self._client(live=False)

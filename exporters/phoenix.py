@@ -45,6 +45,7 @@ from gym_artifacts.plugin import (
     ExportPlan,
     LiveExporter,
     LiveTraces,
+    LiveTracing,
     RunArtifacts,
     RunPayload,
     RunStatus,
@@ -92,7 +93,7 @@ def live_scope(project: str) -> str:
     return f"phoenix/{project}/live"
 
 
-class PhoenixExporter(LiveExporter):
+class PhoenixExporter(LiveTracing, LiveExporter):
     """Phoenix datasets and experiments through ``phoenix.client.Client``; traces live."""
 
     name = "phoenix"
@@ -183,7 +184,7 @@ class PhoenixExporter(LiveExporter):
         return Sent(backend_run_id=live_run_id, rows=sent.rows, bytes=sent.bytes, note=sent.note)
 
     # -- post-run --------------------------------------------------------------------------------
-    def _export_post_run(self, run: RunArtifacts, plan: ExportPlan) -> Sent:
+    def _export(self, run: RunArtifacts, plan: ExportPlan) -> Sent:
         return self._with_client(lambda client: self._export_with(client, run, plan))
 
     def _with_client(self, send: Any) -> Sent:

@@ -357,7 +357,7 @@ class TensorboardExporter(LiveExporter):
             self._writer = None
 
     # -- post-run --------------------------------------------------------------------------------
-    def _export_post_run(self, run: RunArtifacts, plan: ExportPlan) -> Sent:
+    def _export(self, run: RunArtifacts, plan: ExportPlan) -> Sent:
         base = folder_name(self.settings.run_name or saved_config_run_name(run, self.name))
         name = f"{base}-{plan.run_identity.split(':')[-1][:16]}"
         final = self.logdir / name

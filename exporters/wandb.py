@@ -407,7 +407,7 @@ class WandbExporter(LiveExporter):
         self._finish(wb_run, 0)
 
     # -- post-run --------------------------------------------------------------------------------
-    def _export_post_run(self, run: RunArtifacts, plan: ExportPlan) -> Sent:
+    def _export(self, run: RunArtifacts, plan: ExportPlan) -> Sent:
         holder = self._offline_run_of(plan.run_identity)
         if holder is not None:  # a copy of this run, or its completed live run, is here already
             return Sent(backend_run_id=holder, note=f"already in W&B run {holder} (it holds this identity)")

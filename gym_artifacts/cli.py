@@ -35,6 +35,20 @@ EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 EXIT_INTERRUPTED = 130  # Ctrl-C: what finished is printed, the rest cancelled
 
 
+# Deprecated flags, each working as the one it was renamed to (``_RenamedFlag``).
+RENAMED_FLAGS = {"--certify": "--complete-live-run", "--no-certify": "--no-complete-live-run"}
+
+
+class _RenamedFlag(argparse.BooleanOptionalAction):
+    """A deprecated ``--[no-]NAME`` flag: works as the flag it was renamed to, saying so on stderr."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
+                 option_string: str | None = None) -> None:  # fmt: skip
+        new = RENAMED_FLAGS.get(option_string or "", "")
+        print(f"gym-artifacts: {option_string} is deprecated: use {new}", file=sys.stderr)
+        super().__call__(parser, namespace, values, option_string)
+
+
 _INVALID_CHOICE = re.compile(r"invalid choice: '(?P<word>[^']*)' \(choose from (?P<choices>.*)\)")
 
 
@@ -119,12 +133,16 @@ def build_parser() -> argparse.ArgumentParser:
         help="send the rollouts (default: the run's saved setting, else yes)",
     )
     exp.add_argument(
-        "--certify",
+        "--complete-live-run",
+        dest="certify",
         action=argparse.BooleanOptionalAction,
         default=None,
-        help="complete the live run instead of creating a new one (default: when it completed, "
-        "lost no call and is unchanged; --certify also accepts a marker without a loss record; "
-        "--no-certify always creates a new run)",
+        help="send into the live run of this output, completing it (repairing what it lost), "
+        "instead of a new backend run: the default, unless what it recorded differs from the "
+        "files; --no-complete-live-run always sends a new run",
+    )
+    exp.add_argument(  # the old name, kept working for scripts: it said "certify" but only chose this
+        "--certify", dest="certify", action=_RenamedFlag, default=None, help=argparse.SUPPRESS
     )
     exp.add_argument(
         "--verify",

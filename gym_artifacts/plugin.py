@@ -12,8 +12,8 @@ from typing import TYPE_CHECKING, Any
 from gym_artifacts.contract.comparison import ComparisonPayload
 from gym_artifacts.contract.exporter import Exporter
 from gym_artifacts.contract.hooks import CannotCertify, ExportPlan, PartialBatch, RunStatus, Sent
-from gym_artifacts.contract.live_exporter import LiveExporter
-from gym_artifacts.contract.live_traces import LiveTraces, TraceCounts
+from gym_artifacts.contract.live_exporter import LiveExporter, LiveTracing
+from gym_artifacts.contract.live_traces import LiveTraces
 from gym_artifacts.contract.run_payload import PayloadArtifact, RunPayload
 from gym_artifacts.core.atomic import (
     atomic_write_bytes,
@@ -47,18 +47,9 @@ from gym_artifacts.core.watchdog import adopted, current_watch, made_progress
 
 # The contract and base classes, then what a backend reads from a run, where its settings point
 # (destinations), and how it keeps secrets out of what it sends. Nothing here imports an SDK.
-from gym_artifacts.run.aggregate import (
-    LevelTable,
-    aggregate_metrics,
-    level_tables,
-    run_values,
-    table_jsonl,
-    table_split_json,
-    write_table_jsonl,
-    write_table_split_json,
-)
+from gym_artifacts.run.aggregate import LevelTable, write_table_jsonl, write_table_split_json
 from gym_artifacts.run.artifacts import RunArtifacts, agent_label
-from gym_artifacts.run.journal import iter_journal, journal_line, repair_partial_last_line
+from gym_artifacts.run.journal import journal_line, repair_partial_last_line
 from gym_artifacts.run.layout import NVML_SERIES, NVML_SUMMARY, RECORDING
 from gym_artifacts.run.names import saved_config_run_name
 from gym_artifacts.run.receipts import utc_now_iso
@@ -72,35 +63,27 @@ from gym_artifacts.run.rollout_spans import (
     failure_trace,
     rollout_trace,
     trace_id_for,
-    trajectory_trace,
 )
 from gym_artifacts.run.rollout_values import (
     REQUEST_KEYS,
     RESPONSE_KEYS,
-    TOKEN_KEYS,
     rollout_numbers,
     token_counts,
 )
 from gym_artifacts.run.rollouts_facts import rollout_row_values
-from gym_artifacts.run.sidecars import masked_artifact
 from gym_artifacts.run.spool import RolloutSpool
 from gym_artifacts.run.times import eval_end_s, eval_times, run_times
 from gym_artifacts.run.trajectory import (
-    PLACEMENT_KEYS,
-    TIMING_PREFIXES,
     Trajectory,
     failed_trajectory,
     failures_with_plans,
-    is_failure_record,
     rollout_key,
-    rollout_verdicts,
     rollout_window,
     trajectory_of,
     verdicts_and_extra,
 )
 
 if TYPE_CHECKING:
-    from gym_artifacts.report import build_report
     from gym_artifacts.report.deferred import ReportJob
     from gym_artifacts.report.deferred import build as build_report_job
     from gym_artifacts.report.deferred import start_background as start_report_in_background
@@ -108,7 +91,6 @@ if TYPE_CHECKING:
 # The report's names, imported on first use: the report (and its charts) is loaded only by a
 # backend that writes one, never by importing this module. Name -> (module, attribute).
 _LAZY = {
-    "build_report": ("gym_artifacts.report", "build_report"),
     "ReportJob": ("gym_artifacts.report.deferred", "ReportJob"),
     "build_report_job": ("gym_artifacts.report.deferred", "build"),
     "start_report_in_background": ("gym_artifacts.report.deferred", "start_background"),
@@ -130,12 +112,9 @@ __all__ = [
     "LLM",
     "NVML_SERIES",
     "NVML_SUMMARY",
-    "PLACEMENT_KEYS",
     "RECORDING",
     "REQUEST_KEYS",
     "RESPONSE_KEYS",
-    "TIMING_PREFIXES",
-    "TOKEN_KEYS",
     "TOOL",
     "CannotCertify",
     "ComparisonPayload",
@@ -147,6 +126,7 @@ __all__ = [
     "LevelTable",
     "LiveExporter",
     "LiveTraces",
+    "LiveTracing",
     "PartialBatch",
     "PayloadArtifact",
     "ReportJob",
@@ -158,16 +138,13 @@ __all__ = [
     "RunStatus",
     "Sent",
     "Span",
-    "TraceCounts",
     "Trajectory",
     "absolute_store_uri",
     "adopted",
     "agent_label",
-    "aggregate_metrics",
     "atomic_write_bytes",
     "atomic_write_json",
     "atomic_writer",
-    "build_report",
     "build_report_job",
     "canonical_json",
     "count_lines",
@@ -182,17 +159,13 @@ __all__ = [
     "failure_trace",
     "failures_with_plans",
     "flatten",
-    "is_failure_record",
-    "iter_journal",
     "iter_jsonl",
     "journal_line",
     "json_safe",
     "last_user_message",
-    "level_tables",
     "made_progress",
     "mask_secrets",
     "mask_values",
-    "masked_artifact",
     "metric_value",
     "open_regular",
     "read_json",
@@ -204,21 +177,16 @@ __all__ = [
     "rollout_numbers",
     "rollout_row_values",
     "rollout_trace",
-    "rollout_verdicts",
     "rollout_window",
     "run_times",
-    "run_values",
     "saved_config_run_name",
     "shared_lock_fpath",
     "snapshot_copy",
     "start_report_in_background",
     "sync_barrier",
-    "table_jsonl",
-    "table_split_json",
     "token_counts",
     "trace_id_for",
     "trajectory_of",
-    "trajectory_trace",
     "utc_now_iso",
     "verdicts_and_extra",
     "write_table_jsonl",

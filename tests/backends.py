@@ -73,7 +73,7 @@ class RecordingLive(LiveExporter):
     def _teardown(self, status: RunStatus) -> None:
         RecordingLive.received.append(("teardown", status))
 
-    def _export_post_run(self, run: RunArtifacts, plan: ExportPlan) -> Sent:
+    def _export(self, run: RunArtifacts, plan: ExportPlan) -> Sent:
         return Sent("rec-post")
 
 

@@ -39,6 +39,10 @@ PLANTED = [
     ("layers", "gym_artifacts/run/artifacts.py", "from gym_artifacts.export import engine as _planted_upward"),
     # A backend reaching past the plugin API into the core.
     ("backends-plugin-only", "exporters/phoenix.py", "from gym_artifacts.run.artifacts import RunArtifacts as _Planted"),
+    # The comparison reaching into the MLflow backend's private helpers by the backends' wheel name
+    # (grimp maps it to gym_artifacts._builtin_exporters, which the contract forbids).
+    ("backends-by-entry-point-only", "gym_artifacts/compare/log.py",
+     "from gym_artifacts._builtin_exporters._mlflow_bookkeeping import bookkeeping_of as _planted"),
     ("runtime-apart", "gym_artifacts/runtime/stats.py", "from gym_artifacts.live import fanout as _planted_live"),
     ("report-apart", "gym_artifacts/report/charts.py", "from gym_artifacts.export import engine as _planted_export"),
     ("paths-apart", "gym_artifacts/live/handle.py", "from gym_artifacts.export import status as _planted_export"),
@@ -74,9 +78,12 @@ def test_the_checkout_keeps_every_import_contract() -> None:
 
 def test_every_contract_fails_on_a_planted_violation(tmp_path: Path) -> None:
     assert {cid for cid, _, _ in PLANTED} == {c["id"] for c in CONTRACTS}  # each contract is planted
-    for folder in ("gym_artifacts", "exporters"):
+    for folder in ("gym_artifacts", "exporters", "benchmarks"):
         shutil.copytree(REPO / folder, tmp_path / folder, ignore=shutil.ignore_patterns("__pycache__"))
     shutil.copy2(REPO / "pyproject.toml", tmp_path / "pyproject.toml")
+    (tmp_path / "tests").mkdir()  # the contract type pyproject.toml registers
+    for name in ("__init__.py", "import_contracts.py"):
+        shutil.copy2(REPO / "tests" / name, tmp_path / "tests" / name)
     for _, relpath, line in PLANTED:
         fpath = tmp_path / relpath
         fpath.write_text(fpath.read_text() + f"\n{line}\n")
@@ -86,6 +93,7 @@ def test_every_contract_fails_on_a_planted_violation(tmp_path: Path) -> None:
     # The copy was checked, not the installed package: the report names the planted imports.
     assert "gym_artifacts.run.artifacts -> gym_artifacts.export.engine" in proc.stdout, proc.stdout
     assert "exporters.phoenix -> gym_artifacts.run.artifacts" in proc.stdout, proc.stdout
+    assert "gym_artifacts.compare.log -> gym_artifacts._builtin_exporters" in proc.stdout, proc.stdout
 
 
 # The only modules at the package's top: the entry points, the NeMo Gym import swap and the facade

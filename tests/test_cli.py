@@ -61,7 +61,9 @@ def test_export_json_then_skipped(
         "rows",
         "bytes",
         "seconds",
+        "certified",
     }
+    assert first["certified"] is False  # a boolean: no live run of this output was completed
     assert first["rows"] == 300 and first["bytes"] > 100_000
     assert main(["export", str(quickstart_run), "-c", str(local_config), "--json"]) == 0
     [second] = json.loads(capsys.readouterr().out)
@@ -74,6 +76,33 @@ def test_human_table(quickstart_run: Path, local_config: Path, capsys: pytest.Ca
     out = capsys.readouterr().out
     assert re.search(r"^exporter\s+status\s+backend run\s+rows\s+bytes\s+seconds\s+reason", out, re.M)
     assert re.search(r"^local\s+EXPORTED\s+runs_eval-[0-9a-f]{16}\s+300\s", out, re.M)
+
+
+@pytest.mark.parametrize(
+    ("flags", "complete", "deprecated"),
+    [
+        ([], None, None),
+        (["--complete-live-run"], True, None),
+        (["--no-complete-live-run"], False, None),
+        (["--certify"], True, "--certify is deprecated: use --complete-live-run"),
+        (["--no-certify"], False, "--no-certify is deprecated: use --no-complete-live-run"),
+    ],
+)
+def test_complete_live_run_flag_and_its_deprecated_name(
+    flags: list[str], complete: bool | None, deprecated: str | None, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--[no-]complete-live-run`` chooses whether a live run is completed or a new one sent; the
+    old ``--[no-]certify`` (a name that said "certify" for this choice) still works, hidden from
+    ``--help``, and says it is deprecated."""
+    from gym_artifacts.cli import build_parser
+
+    parser = build_parser()
+    ns = parser.parse_args(["export", "run.jsonl", *flags])
+    assert ns.certify is complete
+    err = capsys.readouterr().err
+    assert (deprecated in err) if deprecated else ("deprecated" not in err)
+    help_text = parser._subparsers._group_actions[0].choices["export"].format_help()  # type: ignore[union-attr]
+    assert "--complete-live-run" in help_text and "certify" not in help_text
 
 
 def test_failed_export_exits_1(

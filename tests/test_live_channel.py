@@ -21,7 +21,6 @@ import pytest
 from gym_artifacts import export_run
 from gym_artifacts import plugin as ga
 from gym_artifacts.contract import registry
-from gym_artifacts.contract.exporter import CERTIFIED_NOTE
 from gym_artifacts.contract.hooks import ExportStatus, LiveHooks, PostRunHooks
 from gym_artifacts.live.channel import LiveChannel
 from gym_artifacts.live.fanout import LiveRun, live_run
@@ -73,7 +72,7 @@ class ProbeLive(ga.LiveExporter):
     def _teardown(self, status: ga.RunStatus) -> None:
         self._note("teardown", status)
 
-    def _export_post_run(self, run: ga.RunArtifacts, plan: ga.ExportPlan) -> ga.Sent:
+    def _export(self, run: ga.RunArtifacts, plan: ga.ExportPlan) -> ga.Sent:
         self._note("post_run", None)
         return ga.Sent("probe-post")
 
@@ -169,8 +168,15 @@ def test_a_public_contract_backend_runs_live_end_to_end_through_its_channel(tmp_
     assert marker is not None and (marker.state, marker.lossless, marker.run_id) == ("completed", True, "probe-1")
 
     [result] = export_run(out, cfg)  # the post-run algorithm certifies through the backend's hook
-    assert (result.status, result.backend_run_id, result.reason) == (ExportStatus.EXPORTED, "probe-1", CERTIFIED_NOTE)
+    assert (result.status, result.backend_run_id, result.certified) == (ExportStatus.EXPORTED, "probe-1", True)
     assert [h for h, _, _ in ProbeLive.calls][-1] == "certify"
+
+    # The backend never decides: its own export(), called directly, sends a new run, whatever
+    # live run lies beside the output.
+    exporter = ProbeLive(ProbeLive.config_model())
+    direct = exporter.export(RunArtifacts.from_path(out), ga.ExportPlan({}, "b3:x", upload_rollouts=True))
+    assert (direct.status, direct.backend_run_id, direct.certified) == (ExportStatus.EXPORTED, "probe-post", False)
+    assert [h for h, _, _ in ProbeLive.calls][-1] == "post_run"
 
 
 CONTEXT = ("run", "resume_run_id", "secrets", "last_step_source", "run_id", "reopened")

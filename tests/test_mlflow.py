@@ -19,13 +19,13 @@ pytest.importorskip("mlflow")
 from mlflow.tracking import MlflowClient
 
 from gym_artifacts import export_run
-from gym_artifacts._builtin_exporters._mlflow_bookkeeping import bookkeeping_of
 from gym_artifacts._builtin_exporters._mlflow_mapping import (
     config_params,
     sanitize_key,
     split_metrics,
     unique_names,
 )
+from gym_artifacts._builtin_exporters.mlflow import bookkeeping_of
 from gym_artifacts.contract.hooks import ExportStatus
 from gym_artifacts.live import live_run
 from gym_artifacts.run.artifacts import RunArtifacts

@@ -16,7 +16,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from gym_artifacts import export_run
-from gym_artifacts._builtin_exporters._mlflow_bookkeeping import bookkeeping_of
+from gym_artifacts._builtin_exporters.mlflow import bookkeeping_of
 from gym_artifacts.contract.hooks import ExportStatus
 from gym_artifacts.run.artifacts import RunArtifacts
 from tests.mlflow_store import mlflow_sqlite

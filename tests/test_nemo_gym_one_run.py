@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 import yaml
 
-from gym_artifacts._builtin_exporters._mlflow_bookkeeping import bookkeeping_of
+from gym_artifacts._builtin_exporters.mlflow import bookkeeping_of
 from tests.processes import run_bounded
 
 pytestmark = pytest.mark.slow

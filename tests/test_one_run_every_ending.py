@@ -423,7 +423,7 @@ def test_resume_after_a_crash_with_nothing_lost_continues_the_run(
             json.dumps([{"agent_ref": {"name": "a"}, "agent_metrics": {"mean/reward": 0.5}}])
         )
         live.complete()
-    for flags in ([], ["--certify"]):
+    for flags in ([], ["--complete-live-run"]):
         capsys.readouterr()
         assert main(["export", str(out), "--json", *flags]) == 0
         [result] = json.loads(capsys.readouterr().out)
@@ -438,7 +438,7 @@ def test_a_live_run_that_cannot_be_completed_is_ended_and_names_the_complete_run
     never reached the backend (left RUNNING) is then ended, never left running beside it."""
     from mlflow.tracking import MlflowClient
 
-    from gym_artifacts._builtin_exporters._mlflow_bookkeeping import bookkeeping_of
+    from gym_artifacts._builtin_exporters.mlflow import bookkeeping_of
 
     uri = mlflow_sqlite(tmp_path / 'mlflow.db')
     out = small_live_eval(tmp_path, {

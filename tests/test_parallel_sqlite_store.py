@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 
-from gym_artifacts._builtin_exporters._mlflow_bookkeeping import bookkeeping_of
+from gym_artifacts._builtin_exporters.mlflow import bookkeeping_of
 from tests.sweep import make_sweep
 
 pytestmark = pytest.mark.slow

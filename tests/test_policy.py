@@ -71,8 +71,8 @@ CASES: dict[str, dict[str, Any]] = {
         "config": "exporters:\n  local: {enabled: true, root: ./from-c}\n",
         "saved": "upload_rollouts: false\n",
     },
-    "--certify": {"certify": True, "exporters": ["local"], "live_marker": True},
-    "--no-certify": {"certify": False, "exporters": ["local"], "live_marker": True},
+    "--complete-live-run": {"certify": True, "exporters": ["local"], "live_marker": True},
+    "--no-complete-live-run": {"certify": False, "exporters": ["local"], "live_marker": True},
     "default certify": {"exporters": ["local"], "live_marker": True},
 }
 
@@ -114,7 +114,7 @@ def via_cli(run: Path, spec: dict[str, Any], capsys: pytest.CaptureFixture[str])
     if spec.get("upload") is not None:
         argv.append("--upload-rollouts" if spec["upload"] else "--no-upload-rollouts")
     if spec.get("certify") is not None:
-        argv.append("--certify" if spec["certify"] else "--no-certify")
+        argv.append("--complete-live-run" if spec["certify"] else "--no-complete-live-run")
     if "config" in spec:
         argv += ["-c", "export.yaml"]
     code = main(argv)

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from gym_artifacts._builtin_exporters._mlflow_bookkeeping import bookkeeping_of
+from gym_artifacts._builtin_exporters.mlflow import bookkeeping_of
 from gym_artifacts.run.artifacts import RunArtifacts
 from gym_artifacts.run.receipts import read_receipt
 from tests.load import scaled

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from gym_artifacts._builtin_exporters._mlflow_bookkeeping import bookkeeping_of
+from gym_artifacts._builtin_exporters.mlflow import bookkeeping_of
 from gym_artifacts.cli import main
 from gym_artifacts.core.flags import PARTIAL_OVERRIDE_FLAG, STALE_OVERRIDE_FLAG
 from gym_artifacts.run.torn import partial_last_line

@@ -48,7 +48,7 @@ from tests.conftest import copy_quickstart  # noqa: E402
 
 
 class NoRolloutsLive(LiveExporter):
-    """A live backend that forgot ``_log_rollouts`` and ``_teardown``."""
+    """A live backend that forgot ``_log_metrics`` and ``_teardown``."""
 
     name = "norollouts"
 
@@ -56,8 +56,7 @@ class NoRolloutsLive(LiveExporter):
         return "r"
 
     def _log_config(self, config: dict) -> None: ...
-    def _log_metrics(self, metrics: dict, step: int, timestamp: float) -> None: ...
-    def _export_post_run(self, run: object, plan: ExportPlan) -> Sent:
+    def _export(self, run: object, plan: ExportPlan) -> Sent:
         return Sent("r")
 
 
@@ -69,7 +68,7 @@ def test_missing_live_hook_fails_at_load_naming_the_hooks(monkeypatch: pytest.Mo
     # As an installed plugin would be: an entry point naming the class.
     entry = registry.ExporterEntry("norollouts", f"{__name__}:NoRolloutsLive", "some-plugin")
     monkeypatch.setattr(registry, "discover", lambda: {"norollouts": entry})
-    with pytest.raises(ConfigError, match=r"does not implement the required hook\(s\) _log_rollouts, _teardown"):
+    with pytest.raises(ConfigError, match=r"does not implement the required hook\(s\) _log_metrics, _teardown"):
         registry.get_entry("norollouts").load()
 
 

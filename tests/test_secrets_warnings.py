@@ -53,11 +53,11 @@ def test_cli_redacts_a_backend_warning_raised_during_export(quickstart_run: Path
         import sys, warnings
         from gym_artifacts._builtin_exporters.local import LocalExporter
         from gym_artifacts.cli import main
-        original = LocalExporter._export_post_run
+        original = LocalExporter._export
         def export_warning(self, run, plan):
             warnings.warn("backend: login with {CANARY} refused, retrying at http://u:{URI_PW}@h")
             return original(self, run, plan)
-        LocalExporter._export_post_run = export_warning
+        LocalExporter._export = export_warning
         sys.exit(main(sys.argv[1:]))
         """,
         "-v",

@@ -25,9 +25,6 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 
-CERTIFIED_NOTE = "certified the live run"
-
-
 class Exporter(PostRunHooks):
     """A backend that can receive a finished run.
 
@@ -126,58 +123,49 @@ class Exporter(PostRunHooks):
         """Whether this backend has a place for a comparison (implements ``_export_comparison``)."""
         return cls._export_comparison is not PostRunHooks._export_comparison
 
-    def export(
-        self,
-        run: RunArtifacts,
-        plan: ExportPlan,
-        send: Callable[[RunArtifacts, ExportPlan], Sent] | None = None,
-    ) -> ExportResult:
-        """Send the run; an expected failure is a FAILED result naming its cause.
-
-        ``send`` is how: the ``_export`` hook by default; the export engine passes its certify
-        policy for a live backend (``export.certify.certify_or_export``). The send runs under the
-        backend's deadline (``export_deadline_s``) when it has one.
-        """
-        do_send = send or self._export
-        return self._watched(lambda: do_send(run, plan), run.source, plan.secrets, "export")
+    def export(self, run: RunArtifacts, plan: ExportPlan) -> ExportResult:
+        """Send the run (``_export``) into a new backend run under the backend's deadline; an
+        expected failure is a FAILED result naming its cause. Whether a live run of the same eval
+        is completed instead is the export engine's decision (``export.certify.export_live``),
+        never this method's."""
+        return send_watched(self, lambda: self._export(run, plan), run.source, plan.secrets, "export")
 
     def export_comparison(self, comparison: ComparisonPayload) -> ExportResult:
         """Send a comparison (``_export_comparison``) as ``export`` sends a run: under the
         backend's deadline, an expected failure a FAILED result naming its cause."""
-        return self._watched(
-            lambda: self._export_comparison(comparison), comparison.name, comparison.secrets, "compare"
+        return send_watched(
+            self, lambda: self._export_comparison(comparison), comparison.name, comparison.secrets, "compare"
         )
 
-    def _watched(
-        self, do_send: Callable[[], Sent], what: str, secrets: frozenset[str], kind: str
-    ) -> ExportResult:
-        from gym_artifacts.core.watchdog import run_watched
 
-        start = time.monotonic()
-        deadline = self.export_deadline_s()
-        try:
-            if deadline is None:
-                sent = do_send()
-            else:
-                sent = run_watched(
-                    do_send,
-                    deadline,
-                    f"{self.name}-{kind}",
-                    on_abandon=self._abandon,
-                    server=self.server_url(),
-                )
-        except self.expected_errors() as exc:
-            reason = redact_text(f"{type(exc).__name__}: {exc}".splitlines()[0], secrets)
-            logger.warning("%s of %s to %s failed: %s", kind, what, self.name, reason)
-            return ExportResult(
-                self.name, ExportStatus.FAILED, reason=reason, seconds=time.monotonic() - start
-            )
-        return ExportResult(
-            self.name,
-            ExportStatus.EXPORTED,
-            backend_run_id=sent.backend_run_id,
-            reason=sent.note,
-            rows=sent.rows,
-            bytes=sent.bytes,
-            seconds=time.monotonic() - start,
-        )
+def send_watched(
+    exporter: Exporter, do_send: Callable[[], Sent], what: str, secrets: frozenset[str], kind: str
+) -> ExportResult:
+    """Run one send of ``exporter`` (``do_send``) under its deadline (``export_deadline_s``, the
+    watchdog abandoning it past that), an exception of its ``expected_errors()`` a FAILED result
+    naming the cause (secrets redacted); anything else propagates (a bug)."""
+    from gym_artifacts.core.watchdog import run_watched
+
+    start = time.monotonic()
+    deadline = exporter.export_deadline_s()
+    name = exporter.name
+    try:
+        if deadline is None:
+            sent = do_send()
+        else:
+            server = exporter.server_url()
+            abandon = exporter._abandon
+            sent = run_watched(do_send, deadline, f"{name}-{kind}", on_abandon=abandon, server=server)
+    except exporter.expected_errors() as exc:
+        reason = redact_text(f"{type(exc).__name__}: {exc}".splitlines()[0], secrets)
+        logger.warning("%s of %s to %s failed: %s", kind, what, name, reason)
+        return ExportResult(name, ExportStatus.FAILED, reason=reason, seconds=time.monotonic() - start)
+    return ExportResult(
+        name,
+        ExportStatus.EXPORTED,
+        backend_run_id=sent.backend_run_id,
+        reason=sent.note,
+        rows=sent.rows,
+        bytes=sent.bytes,
+        seconds=time.monotonic() - start,
+    )

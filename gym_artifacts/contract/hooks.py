@@ -1,23 +1,27 @@
 """The backend contract: every hook a backend implements, what it receives and what it returns.
 
-A *post-run* backend subclasses ``gym_artifacts.contract.exporter.Exporter`` and implements ``_export``.
-A *live* backend subclasses ``gym_artifacts.contract.live_exporter.LiveExporter`` (a plugin imports it
-from ``gym_artifacts.plugin``) and implements the six ``LiveHooks`` below;
-the core's ``LiveChannel`` calls them, and the post-run export decides certify or supersede. Both set
-the class attributes ``name`` (lower-case letters, digits, ``_``, ``-``; the entry-point name),
-``config_model`` (an ``ExporterConfig`` subclass: the settings under ``exporters.<name>``, extra
-keys refused) and ``sdk_module`` (the SDK's top-level module, checked without importing it).
+A *post-run* backend subclasses ``gym_artifacts.contract.exporter.Exporter`` and implements one
+hook, ``_export``. A *live* backend subclasses ``gym_artifacts.contract.live_exporter.LiveExporter``
+(a plugin imports it from ``gym_artifacts.plugin``) and implements three more, the required
+``LiveHooks`` below (``_setup``, ``_log_metrics``, ``_teardown``); every other hook has a default
+that is correct. The core's ``LiveChannel`` calls the live hooks; the post-run export engine
+decides certify or a new run (``export.certify``). Both set the class attributes ``name``
+(lower-case letters, digits, ``_``, ``-``; the entry-point name), ``config_model`` (an
+``ExporterConfig`` subclass: the settings under ``exporters.<name>``, extra keys refused) and, for
+a backend with an SDK, ``sdk_module`` (its top-level module, checked without importing it).
 
 Hooks run on one thread per backend (the worker for live hooks), may block and may raise: an
 exception listed in ``expected_errors()`` becomes a FAILED result or a counted live failure;
-anything else is a bug and propagates. A class that leaves a required hook out is refused when
-the registry loads it, naming the hook. ``docs/plugins.md`` walks through a whole backend.
+anything else is a bug and propagates. A class that leaves a required hook out, or overrides a
+hook with a signature the core cannot call, is refused when the registry loads it, naming the
+hook. ``docs/plugins.md`` walks through a whole backend.
 """
 
 from __future__ import annotations
 
 import contextlib
 import enum
+import inspect
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -64,6 +68,9 @@ class ExportResult:
     rows: int = 0
     bytes: int = 0
     seconds: float = 0.0
+    # The export completed the backend's live run of this eval (``backend_run_id``) instead of
+    # sending a new run: the export engine's decision (``export.certify``).
+    certified: bool = False
 
     def to_json(self, run: str) -> dict[str, Any]:
         """The CLI's ``--json`` object for this result."""
@@ -76,6 +83,7 @@ class ExportResult:
             "rows": self.rows,
             "bytes": self.bytes,
             "seconds": round(self.seconds, 6),
+            "certified": self.certified,
         }
 
 
@@ -216,26 +224,24 @@ class LiveHooks(ABC):
         """Open a backend run (reopen ``self.resume_run_id`` when set and possible); return its id."""
 
     @abstractmethod
-    def _log_config(self, config: dict[str, Any]) -> None:
-        """Record the eval's config (already masked: secrets replaced)."""
-
-    @abstractmethod
     def _log_metrics(self, metrics: dict[str, Any], step: int, timestamp: float) -> None:
         """Record one step's metrics at ``step`` and wall-clock ``timestamp`` (seconds since the epoch)."""
-
-    @abstractmethod
-    def _log_rollouts(self, rollouts: list[Any]) -> None:
-        """Append finished rollouts (JSON-like records, in the eval's order) to the run."""
 
     @abstractmethod
     def _teardown(self, status: RunStatus) -> None:
         """End the open run with ``status``; called once, within the eval's teardown deadline."""
 
-    @abstractmethod
-    def _export_post_run(self, run: RunArtifacts, plan: ExportPlan) -> Sent:
-        """Send a finished run into a new backend run (the post-run export without a live run)."""
-
     # -- optional hooks: the defaults are correct, a backend overrides them to do better ------------
+    def _log_config(self, config: dict[str, Any]) -> None:
+        """Record the eval's config (already masked: secrets replaced). By default nothing: the
+        post-run export sends it (``RunPayload.config``)."""
+        return None
+
+    def _log_rollouts(self, rollouts: list[Any]) -> None:
+        """Append finished rollouts (JSON-like records, in the eval's order) to the run. By
+        default nothing: the run's rollouts file holds them all and the post-run export sends them."""
+        return None
+
     def _log_metrics_batch(self, entries: list[tuple[dict[str, Any], int, float]]) -> None:
         """Several queued ``(metrics, step, timestamp)`` at once; override when the SDK has a batch call.
 
@@ -281,6 +287,39 @@ class LiveHooks(ABC):
 def missing_hooks(cls: type) -> list[str]:
     """The required hooks ``cls`` leaves out (empty for a complete backend)."""
     return sorted(getattr(cls, "__abstractmethods__", ()))
+
+
+def hooks_with_wrong_signatures(cls: type) -> list[str]:
+    """The hooks ``cls`` overrides that the core could not call as the contract does, each with
+    the signature it has and the one it needs (``_log_metrics(self, metrics)`` cannot take
+    ``(metrics, step, timestamp)``); empty for a class that keeps the contract."""
+    problems = []
+    for contract in (PostRunHooks, LiveHooks):
+        if not (isinstance(cls, type) and issubclass(cls, contract)):
+            continue
+        for name in list(vars(contract)):
+            if name.startswith("__") or not callable(getattr(contract, name)):
+                continue
+            needed, given = getattr(contract, name), getattr(cls, name)
+            if given is needed or name in getattr(cls, "__abstractmethods__", ()):
+                continue
+            expected = inspect.signature(needed)
+            arguments = [p for p in expected.parameters.values() if p.default is inspect.Parameter.empty]
+            try:
+                inspect.signature(given).bind(*(None for _ in arguments))
+            except TypeError:
+                have = _bare(inspect.signature(given))
+                problems.append(f"{name}{have} cannot be called as {name}{_bare(expected)}")
+            except ValueError:  # no signature to read (a builtin): trust it
+                continue
+    return problems
+
+
+def _bare(signature: inspect.Signature) -> inspect.Signature:
+    """``signature`` without its annotations: ``(self, metrics, step, timestamp)``."""
+    empty = inspect.Parameter.empty
+    parameters = [p.replace(annotation=empty) for p in signature.parameters.values()]
+    return signature.replace(parameters=parameters, return_annotation=empty)
 
 
 class PartialBatch(Exception):

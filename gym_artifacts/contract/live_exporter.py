@@ -4,12 +4,13 @@ It holds what its hooks (``contract.hooks.LiveHooks``) read, nothing more: the e
 it. A ``LiveChannel`` wraps it and runs its hooks on a worker thread; that thread alone sets this
 context, once per setup (``bind_live_context``), before the backend's ``_setup`` runs. Whether a
 post-run export certifies its live run is decided by the export engine alone
-(``export.engine._send``, policy in ``export.certify``); this class never imports it. Only the
-hooks are the backend's to implement.
+(``export.certify.export_live``); this class never imports it. Only the hooks are the backend's
+to implement. ``LiveTracing`` is the opt-in part of a backend that sends rollouts as traces live.
 """
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -18,7 +19,6 @@ from gym_artifacts.contract.hooks import LiveHooks
 from gym_artifacts.core.secrets import redact_text
 
 if TYPE_CHECKING:
-    from gym_artifacts.contract.hooks import ExportPlan, Sent
     from gym_artifacts.contract.live_traces import LiveTraces, TraceCounts
     from gym_artifacts.run.artifacts import RunArtifacts
 
@@ -33,6 +33,18 @@ class LiveExporter(LiveHooks, Exporter):
     ``reopened``.
     """
 
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        """A backend written for the old contract, whose post-run hook was ``_export_post_run``,
+        keeps working: that method is its ``_export`` (with a DeprecationWarning)."""
+        super().__init_subclass__(**kwargs)
+        if "_export_post_run" in vars(cls) and "_export" not in vars(cls):
+            warnings.warn(
+                f"{cls.__qualname__}._export_post_run: name the post-run hook _export (docs/plugins.md)",
+                DeprecationWarning,
+                stacklevel=2,
+            )
+            cls._export = vars(cls)["_export_post_run"]  # type: ignore[method-assign]
+
     def __init__(self, settings: Any) -> None:
         super().__init__(settings)
         self.run: RunArtifacts | None = None
@@ -42,9 +54,6 @@ class LiveExporter(LiveHooks, Exporter):
         self.secrets: frozenset[str] = frozenset()
         self.last_step_source: Callable[[], int | None] | None = None
         self.progress_signal: Callable[[], None] | None = None
-        # Set by a backend that sends rollouts as traces live (its setup): what its channel
-        # gives another turn and reports (``LiveTraces``).
-        self.live_traces: LiveTraces | None = None
 
     def bind_live_context(
         self,
@@ -71,10 +80,23 @@ class LiveExporter(LiveHooks, Exporter):
         if self.progress_signal is not None:
             self.progress_signal()
 
-    def live_trace_counts(self) -> TraceCounts | None:
-        """How many of the live run's rollouts the platform took as traces (None: this backend
-        sends no traces live); read for the teardown report once the worker stopped."""
-        return self.live_traces.counts if self.live_traces is not None else None
+    def previous_last_step(self) -> int | None:
+        """For a resumed run: the last step an earlier process logged (from the journal)."""
+        return self.last_step_source() if self.last_step_source is not None else None
+
+    def redact(self, text: str) -> str:
+        """``text`` with this run's secrets replaced."""
+        return redact_text(text, self.secrets)
+
+
+class LiveTracing:
+    """Opt-in for a live backend that sends rollouts as traces while the eval runs (MLflow,
+    Phoenix and LangSmith subclass ``LiveTracing, LiveExporter``): its ``_setup`` sets
+    ``live_traces`` (a ``LiveTraces`` queue over its platform's batch send) and its
+    ``_log_rollouts`` calls ``trace_rollouts``. Its channel then gives the queue more turns while
+    the eval runs and reports what the platform took (``live_trace_counts``) at teardown."""
+
+    live_traces: LiveTraces | None = None
 
     def trace_rollouts(self, batches: list[list[Any]]) -> None:
         """Queue rollouts as traces and send what is due (``live_traces``; none: nothing)."""
@@ -84,18 +106,7 @@ class LiveExporter(LiveHooks, Exporter):
                 traces.add(rollouts)
             traces.send_pending()
 
-    def previous_last_step(self) -> int | None:
-        """For a resumed run: the last step an earlier process logged (from the journal)."""
-        return self.last_step_source() if self.last_step_source is not None else None
-
-    def redact(self, text: str) -> str:
-        """``text`` with this run's secrets replaced."""
-        return redact_text(text, self.secrets)
-
-    def _export(self, run: RunArtifacts, plan: ExportPlan) -> Sent:
-        """The post-run hook, for a live backend: a new backend run (``_export_post_run``).
-
-        Whether a live run of the same eval is completed instead is not the backend's call: the
-        export engine decides it (``export.engine._send`` with ``export.certify.certify_or_export``).
-        """
-        return self._export_post_run(run, plan)
+    def live_trace_counts(self) -> TraceCounts | None:
+        """How many of the live run's rollouts the platform took as traces (None: no queue was
+        set up); read for the teardown report once the worker stopped."""
+        return self.live_traces.counts if self.live_traces is not None else None

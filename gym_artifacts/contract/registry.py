@@ -120,7 +120,7 @@ def check_backend_class(obj: object, name: str, target: str) -> None:
     Checked when the class is loaded, so a hook left out fails before any run is opened.
     """
     from gym_artifacts.contract.exporter import Exporter
-    from gym_artifacts.contract.hooks import missing_hooks
+    from gym_artifacts.contract.hooks import hooks_with_wrong_signatures, missing_hooks
     from gym_artifacts.core.config import ExporterConfig
     from gym_artifacts.run.artifacts import EXPORTER_NAME_RE
 
@@ -133,6 +133,9 @@ def check_backend_class(obj: object, name: str, target: str) -> None:
             f"{where} does not implement the required hook(s) {', '.join(missing)} "
             "(see gym_artifacts.contract.hooks)"
         )
+    wrong = hooks_with_wrong_signatures(obj)
+    if wrong:
+        raise ConfigError(f"{where}: {'; '.join(wrong)} (see gym_artifacts.contract.hooks)")
     declared = getattr(obj, "name", None)
     if declared != name:
         raise ConfigError(f"{where} has name = {declared!r}; it must equal its registered name {name!r}")

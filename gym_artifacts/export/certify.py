@@ -2,8 +2,9 @@
 
 One place decides, from the run-id marker the live channel left beside the run: complete the
 live run (``_certify``: the backend sends what the live run lacks into it and ends it, the one
-run of this destination), or send a new run (``_export_post_run``) and end the live one, noting
-where the complete run is (``_mark_superseded``). The backend only implements those hooks.
+run of this destination), or send a new run (``_export``) and end the live one, noting
+where the complete run is (``_mark_superseded``). The backend only implements those hooks; the
+export engine calls ``export_live`` and records the decision as ``ExportResult.certified``.
 
 A live run of this output at this destination is *this run's* unless what it recorded says
 otherwise: it is completed (repaired) whether or not every call reached the backend, since the
@@ -16,10 +17,11 @@ files being exported (a rollout it never logged, another journal, files changed 
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
-from gym_artifacts.contract.exporter import CERTIFIED_NOTE
-from gym_artifacts.contract.hooks import CannotCertify, ExportPlan, Sent
+from gym_artifacts.contract.exporter import send_watched
+from gym_artifacts.contract.hooks import CannotCertify, ExportPlan, ExportResult, ExportStatus, Sent
 from gym_artifacts.contract.run_payload import RunPayload
 from gym_artifacts.core.errors import GymArtifactsError, ReceiptError
 from gym_artifacts.run.artifacts import FAILURES, ROLLOUTS
@@ -90,9 +92,23 @@ def content_refusal(marker: RunIdMarker, plan: ExportPlan, run: RunArtifacts | N
     return None
 
 
-def certify_or_export(backend: LiveExporter, run: RunArtifacts, plan: ExportPlan) -> Sent:
-    """Complete the backend's live run of ``run`` when the marker allows, else send a new run
-    and end the live one, noting the new one on it (best effort)."""
+def export_live(backend: LiveExporter, run: RunArtifacts, plan: ExportPlan) -> ExportResult:
+    """A live backend's post-run export, under its deadline (``send_watched``): its live run of
+    ``run`` completed when the marker allows (``certified``), else a new run."""
+    certified = False
+
+    def send() -> Sent:
+        nonlocal certified
+        sent, certified = certify_or_export(backend, run, plan)
+        return sent
+
+    result = send_watched(backend, send, run.source, plan.secrets, "export")
+    return replace(result, certified=certified and result.status is ExportStatus.EXPORTED)
+
+
+def certify_or_export(backend: LiveExporter, run: RunArtifacts, plan: ExportPlan) -> tuple[Sent, bool]:
+    """Complete the backend's live run of ``run`` when the marker allows (``(sent, True)``), else
+    send a new run and end the live one, noting the new one on it (best effort; ``(sent, False)``)."""
     name, key = backend.name, backend.destination_key()
     marker_fpath = run.run_id_marker_fpath(name)
     try:
@@ -114,19 +130,19 @@ def certify_or_export(backend: LiveExporter, run: RunArtifacts, plan: ExportPlan
                 )
             else:
                 _record_certified(marker_fpath, marker, plan)
-                return Sent(sent.backend_run_id, sent.rows, sent.bytes, CERTIFIED_NOTE)
+                return sent, True
         else:
             logger.info(
                 "%s: live run %s not completed (%s); exporting a new run", name, marker.run_id, refusal
             )
-    sent = backend._export(run, plan)  # a new backend run (LiveExporter: ``_export_post_run``)
+    sent = backend._export(run, plan)  # a new backend run
     if marker is not None and marker.run_id != sent.backend_run_id:
         try:
             backend._mark_superseded(marker.run_id, sent.backend_run_id or "")
             write_marker(marker_fpath, marker.model_copy(update={"superseded_by": sent.backend_run_id}))
         except Exception as exc:  # best effort: never fail an export for a courtesy note
             logger.warning("%s: could not mark live run %s superseded: %s", name, marker.run_id, exc)
-    return sent
+    return sent, False
 
 
 def _record_certified(marker_fpath: Path, marker: RunIdMarker, plan: ExportPlan) -> None:

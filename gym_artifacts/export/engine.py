@@ -23,7 +23,7 @@ from functools import cached_property, partial
 from pathlib import Path
 from typing import Any
 
-from gym_artifacts.contract.exporter import CERTIFIED_NOTE, Exporter
+from gym_artifacts.contract.exporter import Exporter
 from gym_artifacts.contract.hooks import ExportPlan, ExportResult, ExportStatus
 from gym_artifacts.contract.live_exporter import LiveExporter
 from gym_artifacts.contract.registry import ExporterEntry, discover, get_entry
@@ -47,7 +47,7 @@ from gym_artifacts.core.secrets import (
     redact_text,
     remember_secrets,
 )
-from gym_artifacts.export.certify import certify_or_export
+from gym_artifacts.export.certify import export_live
 from gym_artifacts.run.artifacts import ROLLOUTS, RunArtifacts
 from gym_artifacts.run.coverage import coverage_of
 from gym_artifacts.run.identity import (
@@ -474,11 +474,11 @@ def _send(
         exporter = target.build()
     except GymArtifactsError as exc:
         return _failed(name, str(exc), start)
-    # The one place that decides certify: a live backend's send goes through the certify-or-new-run
-    # policy (a live run of this eval may be completed instead of sending a new one).
-    send = partial(certify_or_export, exporter) if isinstance(exporter, LiveExporter) else None
     try:
-        result = exporter.export(run, plan, send=send)
+        # Certify is decided here, not by the backend: a live backend's live run of this eval may
+        # be completed instead of sending a new one (``export.certify``).
+        live = isinstance(exporter, LiveExporter)
+        result = export_live(exporter, run, plan) if live else exporter.export(run, plan)
     except Exception as exc:  # a bug in a backend must not stop the others
         logger.exception("exporter %s crashed", name)
         reason = redact_text(f"internal error: {type(exc).__name__}: {exc}", plan.secrets)
@@ -508,7 +508,7 @@ def _send(
                 rows=result.rows,
                 bytes=result.bytes,
                 upload_rollouts=plan.upload_rollouts,
-                certified_live_run=result.reason == CERTIFIED_NOTE,
+                certified_live_run=result.certified,
                 destination=target.destination,
                 destination_key=target.key,
             ),

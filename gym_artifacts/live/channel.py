@@ -21,7 +21,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from gym_artifacts.contract.hooks import RunStatus
-from gym_artifacts.contract.live_traces import TraceCounts
+from gym_artifacts.contract.live_exporter import LiveTracing
+from gym_artifacts.contract.live_traces import LiveTraces, TraceCounts
 from gym_artifacts.core.errors import ReceiptError
 from gym_artifacts.core.secrets import mask_secrets, redact_text
 from gym_artifacts.live.worker import BackgroundWorker, Call, RecordSink, WorkerStats
@@ -245,7 +246,7 @@ class LiveChannel:
             teardown_finished=finished,
             last_error=stats.last_error,
             dropped_kinds=dict(stats.dropped_kinds),
-            traces=self.backend.live_trace_counts(),
+            traces=self.backend.live_trace_counts() if isinstance(self.backend, LiveTracing) else None,
         )
 
     @property
@@ -293,12 +294,16 @@ class LiveChannel:
 
         return apply
 
+    def _live_traces(self) -> LiveTraces | None:
+        """The backend's live trace queue (``LiveTracing``), if it keeps one."""
+        return self.backend.live_traces if isinstance(self.backend, LiveTracing) else None
+
     def _queue_traces_turn(self) -> None:
         """Traces still waiting (a hook call sends for a bounded time) and a platform not backed
         off: one more turn once the calls queued now are applied, so the last rollouts of an eval
         reach the platform while it runs, not at teardown. A platform being backed off gets its
         next try with the next rollouts call, or at teardown (never a busy loop)."""
-        traces, worker = self.backend.live_traces, self.worker
+        traces, worker = self._live_traces(), self.worker
         if traces is None or worker is None or self._traces_turn_queued or not traces.due:
             return
         if self._open():
@@ -306,7 +311,7 @@ class LiveChannel:
 
     def _traces_turn(self) -> None:
         self._traces_turn_queued = False
-        traces = self.backend.live_traces
+        traces = self._live_traces()
         if traces is not None:
             traces.send_pending()
         self._queue_traces_turn()

@@ -25,7 +25,7 @@ import pytest
 
 from gym_artifacts import export_run
 from gym_artifacts.contract import registry
-from gym_artifacts.contract.hooks import ExportStatus, missing_hooks
+from gym_artifacts.contract.hooks import ExportStatus, hooks_with_wrong_signatures, missing_hooks
 from gym_artifacts.contract.live_exporter import LiveExporter
 from gym_artifacts.core.destination import destination_key
 from gym_artifacts.core.jsonio import canonical_json
@@ -44,7 +44,6 @@ from gym_artifacts.testing.sample_run import (
 
 SELECT_ENV = "GYM_ARTIFACTS_CONTRACT"
 TEARDOWN_DEADLINE_S = 20.0
-CERTIFIED_NOTE = "certified the live run"
 SERVICE_FIXTURE = "contract_service_{}"  # the fixture giving a service-backed backend's settings
 CREDENTIAL_CANARY = "cred-" + "9f8e7d6c5b4a3f2e"  # put in every credential a destination must drop
 
@@ -225,7 +224,8 @@ def _live_session(backend: Backend, out: Path, records: list[dict[str, Any]], *,
 
 
 def test_class_keeps_the_contract(backend: Backend) -> None:
-    assert missing_hooks(backend.cls) == []
+    assert missing_hooks(backend.cls) == [], "required hooks left out"
+    assert hooks_with_wrong_signatures(backend.cls) == [], "hooks the core cannot call as the contract does"
     assert backend.cls.name == backend.name
     backend.cls.config_model.model_validate({"enabled": True, **backend.settings})
     with pytest.raises(Exception, match=r"(?i)extra|not permitted"):
@@ -281,9 +281,9 @@ def test_live_then_certify(backend: Backend, tmp_path: Path) -> None:
     [result] = export_run(out, backend.config, certify=True)
     assert result.status is ExportStatus.EXPORTED, result.reason
     if backend.cls._certify is LiveExporter._certify:  # the backend declines to certify (allowed)
-        assert result.backend_run_id != report.run_id
+        assert result.backend_run_id != report.run_id and not result.certified
     else:
-        assert (result.backend_run_id, result.reason) == (report.run_id, CERTIFIED_NOTE)
+        assert (result.backend_run_id, result.certified) == (report.run_id, True)
     [again] = export_run(out, backend.config, certify=True)
     assert again.status is ExportStatus.SKIPPED
 

@@ -108,7 +108,7 @@ def test_a_trace_export_longer_than_its_deadline_lands_while_batches_keep_landin
     is): the trace part alone takes about twice the deadline; the export lands every trace."""
     from mlflow.tracking import MlflowClient
 
-    from gym_artifacts._builtin_exporters._mlflow_client import ScopedMlflow
+    from gym_artifacts._builtin_exporters.mlflow import ScopedMlflow
     from gym_artifacts.contract.hooks import ExportStatus
     from tests.test_mlflow_traces import all_traces
 
@@ -140,7 +140,7 @@ def test_a_trace_export_whose_server_stops_answering_fails_a_deadline_after_the_
 
     mlflow_server = own_mlflow_server.start()
 
-    from gym_artifacts._builtin_exporters._mlflow_client import ScopedMlflow
+    from gym_artifacts._builtin_exporters.mlflow import ScopedMlflow
     from gym_artifacts.contract.hooks import ExportStatus
     from gym_artifacts.run.artifacts import RunArtifacts
 

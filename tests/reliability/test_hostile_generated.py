@@ -215,7 +215,7 @@ odd_names = st.lists(
 @given(name=odd_names)
 def test_generated_artifact_names_stored_exactly_or_refused(name: str) -> None:
     """A name the MLflow backend accepts survives the URL round trip a server makes, exactly."""
-    from gym_artifacts._builtin_exporters._mlflow_client import check_artifact_name
+    from gym_artifacts._builtin_exporters.mlflow import check_artifact_name
 
     try:
         check_artifact_name(name)

@@ -19,7 +19,7 @@ from mlflow.entities import ViewType
 from mlflow.tracking import MlflowClient
 
 from gym_artifacts import export_run
-from gym_artifacts._builtin_exporters._mlflow_bookkeeping import bookkeeping_of
+from gym_artifacts._builtin_exporters.mlflow import bookkeeping_of
 from gym_artifacts.contract.hooks import ExportStatus
 from tests.mlflow_server import MlflowServer
 from tests.processes import reaped

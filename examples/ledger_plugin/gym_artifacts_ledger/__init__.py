@@ -48,7 +48,7 @@ class LedgerExporter(ga.LiveExporter):
     def _teardown(self, status: ga.RunStatus) -> None:
         self._append("status", status.value)
 
-    def _export_post_run(self, run: ga.RunArtifacts, plan: ga.ExportPlan) -> ga.Sent:
+    def _export(self, run: ga.RunArtifacts, plan: ga.ExportPlan) -> ga.Sent:
         run_id = plan.run_identity.removeprefix("b3:")[:32]  # the same run always lands in one ledger
         payload = ga.RunPayload.of(run, plan)  # what to send: masked, complete lines only, read once
         lines = [{"kind": "config", "data": payload.config or {}}]
