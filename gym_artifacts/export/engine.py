@@ -312,8 +312,9 @@ def _receipt_written_since(
     if receipt is None or receipt.exported_at < time_before:
         return None
     return ExportResult(
-        target.name, ExportStatus.EXPORTED, receipt.backend_run_id, rows=receipt.rows, bytes=receipt.bytes
-    )
+        target.name, ExportStatus.EXPORTED, receipt.backend_run_id,
+        rows=receipt.rows, bytes=receipt.bytes, certified=receipt.certified_live_run,
+    )  # fmt: skip
 
 
 def _logged(result: ExportResult) -> ExportResult:
