@@ -191,6 +191,9 @@ def test_cli_and_api_give_the_same_export(
         side = tmp_path / side_name
         run = prepare(side, spec, empty_mlflow_db)
         monkeypatch.chdir(side)
+        for var in ("WANDB_DIR", "WANDB_DATA_DIR", "WANDB_CACHE_DIR"):  # each side its own W&B folders:
+            (side / var.lower()).mkdir()  # in one, the second side would find the first's run
+            monkeypatch.setenv(var, str(side / var.lower()))
         results = export(run)
         assert all(r["status"] == "EXPORTED" for r in results), results
         outcomes.append(landed(side, run, results))
