@@ -82,6 +82,7 @@ from gym_artifacts.run.rollout_values import (
     token_counts,
 )
 from gym_artifacts.run.rollouts_facts import rollout_row_values
+from gym_artifacts.run.rollouts_table import ROLLOUT_COLUMN, TABLE_FILE, SplitTable
 from gym_artifacts.run.sidecars import masked_artifact
 from gym_artifacts.run.spool import RolloutSpool
 from gym_artifacts.run.times import eval_end_s, eval_times, run_times
@@ -134,6 +135,8 @@ __all__ = [
     "RECORDING",
     "REQUEST_KEYS",
     "RESPONSE_KEYS",
+    "ROLLOUT_COLUMN",
+    "TABLE_FILE",
     "TIMING_PREFIXES",
     "TOKEN_KEYS",
     "TOOL",
@@ -158,6 +161,7 @@ __all__ = [
     "RunStatus",
     "Sent",
     "Span",
+    "SplitTable",
     "TraceCounts",
     "Trajectory",
     "absolute_store_uri",

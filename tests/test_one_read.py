@@ -25,7 +25,9 @@ from gym_artifacts.run import identity
 from gym_artifacts.run.artifacts import RunArtifacts
 from tests.nemo_gym_runs import write_run
 
-pytestmark = pytest.mark.skipif(not Path("/proc/self/io").is_file(), reason="reads are counted by Linux's /proc")
+pytestmark = pytest.mark.skipif(
+    not Path("/proc/self/io").is_file(), reason="reads are counted by Linux's /proc"
+)
 
 PAD = 30_000  # bytes of padding a rollout: the rollouts are nearly all of the run's bytes
 
@@ -137,3 +139,34 @@ def test_nemo_gym_s_table_is_built_after_the_receipt(tmp_path: Path) -> None:
     assert receipt_then == [True]
     client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}")
     assert "rollouts.json" in [f.path for f in client.list_artifacts(result.backend_run_id)]
+
+
+def test_nemo_gym_s_table_comes_from_the_one_read_with_every_line_as_written(tmp_path: Path) -> None:
+    """A cold export to MLflow of a run without secrets: NeMo Gym's ``rollouts.json`` holds
+    each complete line of the rollouts as written (blank lines skipped, a torn last line left
+    out), and the rollouts file is not read again for it."""
+    import json
+
+    from mlflow.tracking import MlflowClient
+
+    from gym_artifacts._builtin_exporters import mlflow as mlflow_module
+
+    out = write_run(tmp_path / "run" / "OUT.jsonl", tasks=6, repeats=2, failing_tasks=[3])
+    lines = out.read_bytes().splitlines()
+    out.write_bytes(b"\n".join([*lines[:3], b"  ", *lines[3:]]) + b"\n" + b'{"torn": ')
+
+    def never(*_: object, **__: object) -> None:
+        raise AssertionError("NeMo Gym's table was made from the file")
+
+    config = _section("mlflow", tmp_path)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(mlflow_module, "file_documents", never)
+        [result] = export_run(
+            out, OmegaConf.create({"exporters": {"mlflow": config}}), accept_partial_line=True
+        )
+    assert result.status.value == "EXPORTED", result.reason
+    client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}")
+    table = json.loads(
+        Path(client.download_artifacts(result.backend_run_id, "rollouts.json", str(tmp_path))).read_text()
+    )
+    assert table == {"columns": ["Rollout"], "data": [[line.decode()] for line in lines]}
