@@ -11,6 +11,7 @@ the number of rows: both write to a file.
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import tempfile
 from pathlib import Path
@@ -34,8 +35,38 @@ class SplitTable:
         self._fh.write(b"," + row if self.rows else row)
         self.rows += 1
 
+    def add_plain_lines(self, body: bytes) -> None:
+        """Each line of ``body`` (lines joined by newlines, UTF-8, none blank or with white space
+        at its ends, no control character: ``_plain``) as a row, escaped for a JSON
+        string in bulk (``\\`` and ``"``: the only characters such a line holds that JSON escapes)
+        instead of one ``json.dumps`` a line: 100,000 rows in a fraction of the time."""
+        if not body:
+            return
+        escaped = body.replace(b"\\", b"\\\\").replace(b'"', b'\\"')
+        rows = b'["' + escaped.replace(b"\n", b'"],["') + b'"]'
+        self._fh.write(b"," + rows if self.rows else rows)
+        self.rows += body.count(b"\n") + 1
+
     def end(self) -> None:
         self._fh.write(b"]}")
+
+
+# What ``SplitTable.add_plain_lines`` cannot take as it is: a control character other than the
+# line ends (JSON escapes them), a blank line, or white space at a line's start or end (a row is
+# the stripped line; a control character covers all white space but spaces and newlines). Each
+# is its own C-speed scan: one pattern of alternatives costs 100x more than these together.
+_CONTROLS = bytes(range(0x20)).replace(b"\n", b"")
+_SPACE_AFTER_NEWLINE = re.compile(rb"\n[ \n]")
+_SPACE_BEFORE_NEWLINE = re.compile(rb" \n")
+
+
+def _plain(body: bytes) -> bool:
+    """``body`` can be written by ``SplitTable.add_plain_lines`` (the comment above)."""
+    if body[:1] in (b" ", b"\n") or body[-1:] in (b" ", b"\n"):
+        return False
+    if len(body.translate(None, _CONTROLS)) != len(body):
+        return False
+    return _SPACE_AFTER_NEWLINE.search(body) is None and _SPACE_BEFORE_NEWLINE.search(body) is None
 
 
 class RolloutsTable:
@@ -59,6 +90,11 @@ class RolloutsTable:
         if not self._ok:
             return
         try:
+            body = block[:-1] if block.endswith(b"\n") else block
+            if _plain(body):
+                body.decode("utf-8")  # the check only: the lines are written as their bytes
+                self._table.add_plain_lines(body)
+                return
             for line in block.split(b"\n"):
                 document = line.strip()
                 if document:
