@@ -3,7 +3,9 @@ on the backend's worker. Three figures, each against a baseline measured in the 
 
 1. the caller's cost of ``export_rollouts`` (one NeMo Gym rollout a call, a short pause between
    calls as an eval's pace) with MLflow's live traces on, against the same live run with them off
-   (today's cost: journal-free hashing and a queue append); Phoenix's live traces beside it;
+   (today's cost: journal-free hashing and a queue append); Phoenix's live traces beside it. The
+   traces-off run is made before and after the traces-on one and their calls pooled, so that a
+   change of the machine's load during the run does not read as the traces' cost;
 2. memory over ``MEMORY_ROWS`` live rollouts with traces on (a fresh process each, peak RSS
    above the imports) against a tenth of them: constant when the ratio stays near 1;
 3. traces a second reaching each platform live (sent / time from the first call until the
@@ -83,6 +85,17 @@ def _live_costs(cfg: dict, out: Path, records: list[Any]) -> tuple[list[float], 
     return costs, landed, live.reports
 
 
+def _on_and_off(
+    off_cfg: dict, on_cfg: dict, tmp: Path, records: list[Any]
+) -> tuple[list[float], list[float], float, Any]:
+    """The caller's costs with traces on, and off (one run before the traces-on run and one
+    after, pooled), the seconds until the platform took every trace, and the traces-on report."""
+    before, _, _ = _live_costs(off_cfg, tmp / "off-before" / "out.jsonl", records)
+    on, landed, reports = _live_costs(on_cfg, tmp / "on" / "out.jsonl", records)
+    after, _, _ = _live_costs(off_cfg, tmp / "off-after" / "out.jsonl", records)
+    return on, before + after, landed, reports
+
+
 def _memory(source: Path, uri: str, out: Path, rows: int) -> dict[str, float]:
     code = MEMORY.format(source=str(source), uri=uri, out=str(out), rows=rows)
     return run_measured(code.replace("EVERY", str(PAUSE_EVERY)).replace("PAUSE", str(PAUSE_S)))
@@ -124,10 +137,9 @@ def run(tiny: bool) -> list[Row]:
         records = records[:calls]
         with mlflow_server(tmp / "mlflow", tiny) as server:
             section = {"enabled": True, "tracking_uri": server.uri, "log_traces": False}
-            off, _, _ = _live_costs({"exporters": {"mlflow": {**section, "experiment_name": "off"}}},
-                                    tmp / "off" / "out.jsonl", records)  # fmt: skip
+            off_cfg = {"exporters": {"mlflow": {**section, "experiment_name": "off"}}}
             on_cfg = {"exporters": {"mlflow": {**section, "experiment_name": "on", "log_traces": True}}}
-            on, landed, reports = _live_costs(on_cfg, tmp / "on" / "out.jsonl", records)
+            on, off, landed, reports = _on_and_off(off_cfg, on_cfg, tmp / "mlflow-calls", records)
             floor = _mlflow_floor(source, 20 if tiny else 1000)
             sizes = (memory_rows // 10, memory_rows)
             memory = [_memory(source, server.uri, tmp / f"m{n}" / "out.jsonl", n) for n in sizes]
@@ -165,10 +177,9 @@ def _phoenix(tmp: Path, source: Path, records: list[Any]) -> list[Row]:
     server = PhoenixServer(tmp / "phoenix", binary).start()
     try:
         section = {"enabled": True, "base_url": server.url, "project_name": "live", "log_experiment": False}
-        off, _, _ = _live_costs({"exporters": {"phoenix": {**section, "log_traces": False}}},
-                                tmp / "px-off" / "out.jsonl", records)  # fmt: skip
+        off_cfg = {"exporters": {"phoenix": {**section, "log_traces": False}}}
         on_cfg = {"exporters": {"phoenix": section}}
-        on, landed, reports = _live_costs(on_cfg, tmp / "px" / "out.jsonl", records)
+        on, off, landed, reports = _on_and_off(off_cfg, on_cfg, tmp / "px", records)
         floor = _phoenix_floor(server.url, source, len(records))
     finally:
         server.stop()

@@ -13,11 +13,11 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
-from gym_artifacts.plugin import mask_values, redact_text
+from gym_artifacts.plugin import ROLLOUT_COLUMN as ROLLOUT_COLUMN  # the table's one column
+from gym_artifacts.plugin import TABLE_FILE as MLFLOW_TABLE_FILE  # noqa: F401 (mlflow.py imports it from here)
+from gym_artifacts.plugin import SplitTable, mask_values, redact_text
 
-ROLLOUT_COLUMN = "Rollout"
 WANDB_TABLE_KEY = "Rollouts"
-MLFLOW_TABLE_FILE = "rollouts.json"
 
 
 def rollout_documents(rollouts: Iterable[Any], secrets: frozenset[str] = frozenset()) -> Iterator[str]:
@@ -49,11 +49,9 @@ def _masked_document(doc: str, secrets: frozenset[str]) -> str:
 def write_split_table(documents: Iterable[str], dest: Path) -> int:
     """Stream ``documents`` into ``dest`` as a one-column table in pandas' split layout; returns
     the row count (memory stays flat in the number of rows)."""
-    rows = 0
-    with open(dest, "w", encoding="utf-8") as fh:
-        fh.write(json.dumps({"columns": [ROLLOUT_COLUMN]})[:-1] + ',"data":[')
+    with open(dest, "wb") as fh:
+        table = SplitTable(fh)
         for doc in documents:
-            fh.write(("," if rows else "") + json.dumps([doc], ensure_ascii=False))
-            rows += 1
-        fh.write("]}")
-    return rows
+            table.add(doc)
+        table.end()
+    return table.rows

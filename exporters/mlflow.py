@@ -153,6 +153,8 @@ class MlflowExporter(LiveTracing, LiveExporter):
     config_model = MlflowSettings
     sdk_module = "mlflow"
     hashes_while_sending = True
+    # NeMo Gym's rollouts.json table comes from the export's one read of the rollouts (engine)
+    ships_rollouts_table = True
 
     @classmethod
     def contract_settings(cls, folder: Path) -> dict[str, Any]:
@@ -692,20 +694,29 @@ class MlflowExporter(LiveTracing, LiveExporter):
 
     @classmethod
     def _table_after_receipt(cls, ml: ScopedMlflow, run: RunArtifacts, plan: ExportPlan, run_id: str) -> None:
-        """NeMo Gym's rollouts table of a run whose rollouts were sent (``_upload_nemo_gym_table``)."""
+        """NeMo Gym's rollouts table of a run whose rollouts were sent (``_upload_nemo_gym_table``;
+        the one the export's read of the rollouts wrote, when it did)."""
         payload = RunPayload.of(run, plan)
         if not payload.sends_rollouts:
             return
         with payload.rollouts_file() as complete:
             if complete is not None:
-                cls._upload_nemo_gym_table(ml, run_id, complete, payload.secrets)
+                cls._upload_nemo_gym_table(ml, run_id, complete, payload.secrets, payload.rollouts_table())
 
     @staticmethod
     def _upload_nemo_gym_table(
-        ml: ScopedMlflow, run_id: str, rollouts: Path, secrets: frozenset[str] = frozenset()
+        ml: ScopedMlflow,
+        run_id: str,
+        rollouts: Path,
+        secrets: frozenset[str] = frozenset(),
+        written: Any = None,
     ) -> int:
         """The rollouts as NeMo Gym's exporter logs them: table artifact ``rollouts.json``, one
-        JSON document per row in column ``Rollout``; returns the bytes sent (0: no rows)."""
+        JSON document per row in column ``Rollout``; returns the bytes sent (0: no rows).
+        ``written``: the table as the export's one read of ``rollouts`` wrote it (``path``,
+        ``rows``), uploaded as it is."""
+        if written is not None:
+            return ml.log_artifact(run_id, written.path, None) if written.rows else 0
         with tempfile.TemporaryDirectory(prefix="gym-artifacts-mlflow-") as tmp:
             staged = Path(tmp) / MLFLOW_TABLE_FILE
             try:
@@ -764,11 +775,18 @@ class MlflowExporter(LiveTracing, LiveExporter):
     # -- artifact helpers -----------------------------------------------------------------------------
     @staticmethod
     def _upload_file(ml: ScopedMlflow, run_id: str, src: Path, name: str, artifact_dir: str | None) -> int:
+        """``src`` uploaded as ``<artifact_dir>/<name>``. Staged under that name as a symbolic
+        link (MLflow names an artifact by its file), so the rollouts are read once, by the upload
+        (issue 43); the store keeps a copy of what the link reads. A file changed while it is sent
+        is caught by the export (``files_unchanged``: no receipt). A copy where no link can be made."""
         if src.name == name:
             return ml.log_artifact(run_id, src, artifact_dir)
         with tempfile.TemporaryDirectory(prefix="gym-artifacts-mlflow-") as tmp:
             staged = Path(tmp) / name
-            snapshot_copy(src, staged)  # a copy, never a link: the upload reads a fixed snapshot
+            try:
+                staged.symlink_to(src.resolve())
+            except OSError:
+                snapshot_copy(src, staged)
             return ml.log_artifact(run_id, staged, artifact_dir)
 
     @classmethod

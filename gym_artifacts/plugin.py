@@ -71,6 +71,7 @@ from gym_artifacts.run.rollout_values import (
     token_counts,
 )
 from gym_artifacts.run.rollouts_facts import rollout_row_values
+from gym_artifacts.run.rollouts_table import ROLLOUT_COLUMN, TABLE_FILE, SplitTable
 from gym_artifacts.run.spool import RolloutSpool
 from gym_artifacts.run.times import eval_end_s, eval_times, run_times
 from gym_artifacts.run.trajectory import (
@@ -115,6 +116,8 @@ __all__ = [
     "RECORDING",
     "REQUEST_KEYS",
     "RESPONSE_KEYS",
+    "ROLLOUT_COLUMN",
+    "TABLE_FILE",
     "TOOL",
     "CannotCertify",
     "ComparisonPayload",
@@ -138,6 +141,7 @@ __all__ = [
     "RunStatus",
     "Sent",
     "Span",
+    "SplitTable",
     "Trajectory",
     "absolute_store_uri",
     "adopted",

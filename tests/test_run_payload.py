@@ -7,6 +7,7 @@ whatever an SDK opens through them), attributed to the backend whose ``export`` 
 from __future__ import annotations
 
 import json
+import os
 import sys
 import threading
 from collections import Counter
@@ -39,9 +40,23 @@ def _tail_check() -> bool:
     return False
 
 
+def _opens_watched(opened: str, watched: str) -> bool:
+    """``opened`` is the watched file, or a symbolic link to it (a backend's upload staged
+    under another name reads the file through one)."""
+    return opened == watched or (
+        os.path.islink(opened) and os.path.realpath(opened) == os.path.realpath(watched)
+    )
+
+
 def _audit(event: str, args: tuple[Any, ...]) -> None:
     watched = _WATCHED["path"]
-    if event == "open" and watched is not None and args and isinstance(args[0], str | Path) and str(args[0]) == watched:
+    if (
+        event == "open"
+        and watched is not None
+        and args
+        and isinstance(args[0], str | Path)
+        and _opens_watched(str(args[0]), watched)
+    ):
         who = _WATCHED["backend"] or "core"
         if threading.current_thread().name == "gym-artifacts-identity":
             who = "core"  # the identity hashed beside a backend's send, whichever backend is sending
@@ -102,7 +117,8 @@ def test_each_backend_reads_the_rollouts_file_once(quickstart_run: Path, tmp_pat
     # values); local copies it, and the two reports, built after the receipts (outside the send,
     # so counted with the core: local's and MLflow's), read it for their tables (no second
     # hashing: a report takes the export's identities), as does NeMo Gym's rollouts.json table,
-    # built after MLflow's receipt. TensorBoard scans it once for the config's secrets (decoded
+    # built after MLflow's receipt (this run's config holds a secret: the table is masked from the
+    # file; without one it comes from the one read, test_one_read). TensorBoard scans it once for the config's secrets (decoded
     # records are masked only when the file holds one; the scan is cached per export and
     # backend) and reads its table's first rows. MLflow uploads it. Looks at the last line (a
     # torn line?) read a few bytes from the end, no more.

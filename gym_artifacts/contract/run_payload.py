@@ -39,6 +39,7 @@ if TYPE_CHECKING:
     from gym_artifacts.run.aggregate_read import AggregateRead
     from gym_artifacts.run.artifacts import Acceptance, RunArtifacts
     from gym_artifacts.run.coverage import Coverage
+    from gym_artifacts.run.rollouts_table import RolloutsTable
 
 AGGREGATE = "aggregate"  # OUT_aggregate_metrics.json, shipped as aggregate_metrics.json
 ACCEPTANCE = "acceptance"  # OUT_acceptance.json, shipped as acceptance.json
@@ -323,6 +324,18 @@ class RunPayload:
         assert self.run.rollouts_fpath is not None
         with complete_rollouts(self.run.rollouts_fpath, self.plan) as complete:
             yield complete
+
+    def rollouts_table(self) -> RolloutsTable | None:
+        """NeMo Gym's rollouts table (``rollouts.json``) as the export's one read of the rollouts
+        wrote it (its ``path`` and ``rows``; for a backend with ``ships_rollouts_table``: the
+        rollouts are not read again),
+        or None: make it from ``rollouts_file()`` (no such read, rollouts not sent, or secrets to
+        mask: the read writes each line as it is)."""
+        if not self.sends_rollouts or self.secrets:
+            return None
+        from gym_artifacts.run.rollouts_facts import rollouts_table
+
+        return rollouts_table(self.run)
 
     # -- files to ship ----------------------------------------------------------------------------
     def _artifact(self, kind: str, name: str, fpath: Path) -> PayloadArtifact:

@@ -370,6 +370,16 @@ def count_lines(fpath: Any) -> int:
 
 def metric_value(value: Any) -> float | None:
     """A plottable number from ints, floats, bools and numpy scalars; None for anything else."""
+    if value is None:  # most fields asked for are absent
+        return None
+    kind = type(value)
+    if kind is float:  # JSON's numbers first: the checks below ask the ABCs (slow, per row)
+        return value  # type: ignore[no-any-return]
+    if kind is int:
+        try:
+            return float(value)
+        except OverflowError:
+            return None
     if isinstance(value, bool):
         return float(value)
     if isinstance(value, numbers.Real):

@@ -626,7 +626,15 @@ def export_resolved(
         signatures = file_signatures(run)
         line_counts: dict[str, int] = {}
         row_values = any(getattr(t.cls, "reads_row_values", False) for t in resolved.targets)
-        key, known = send_key(run, line_counts, row_values)
+        config_for_backends, secrets = backend_config(saved_config)
+        if options.nemo_gym_config is not None:
+            config_for_backends, given = load_nemo_gym_run_config(options.nemo_gym_config)
+            secrets = secrets | given
+        # NeMo Gym's rollouts table from the same read, for a backend that ships it (as written:
+        # a run with secrets gets it masked from the file)
+        ships_table = any(getattr(t.cls, "ships_rollouts_table", False) for t in resolved.targets)
+        table = upload and not secrets and ships_table
+        key, known = send_key(run, line_counts, row_values, table)
         record_counts: dict[str, int] = {}
         if torn is None and _hash_while_sending(run, resolved, known):
             logger.info("hashing the run's content identity while sending it")
@@ -636,10 +644,6 @@ def export_resolved(
         else:
             identities = content_identities(run, progress=progress, record_counts=record_counts, known=known)
             identity = run_identity(identities)
-        config_for_backends, secrets = backend_config(saved_config)
-        if options.nemo_gym_config is not None:
-            config_for_backends, given = load_nemo_gym_run_config(options.nemo_gym_config)
-            secrets = secrets | given
         coverage = coverage_of(run, record_counts)
     except (GymArtifactsError, OSError) as exc:
         return finish([_failed(n, str(exc), start) for n in names])

@@ -49,8 +49,8 @@ class LoggedRollouts:
             if records is None:
                 self._digest = None
                 return
-            for record in records:
-                self._digest.add_record_bytes(record)
+            for record in records:  # the eval's thread: never a wait for the GIL (issue 40)
+                self._digest.add_record_bytes(record, keep_gil=True)
 
     def identity(self) -> str | None:
         with self._lock:

@@ -416,7 +416,10 @@ _BYTES_ENTRY = "bytes:"
 
 
 def send_key(
-    run: RunArtifacts, record_counts: dict[str, int] | None = None, row_values: bool = False
+    run: RunArtifacts,
+    record_counts: dict[str, int] | None = None,
+    row_values: bool = False,
+    table: bool = False,
 ) -> tuple[str, dict[str, Known]]:
     """A digest of every artifact's name and bytes, and the identities that came with it.
 
@@ -427,7 +430,8 @@ def send_key(
     returned as ``{name: (stat_key, identity)}`` for ``content_identities(known=...)``; so does
     a JSONL file not in the cache, whose records are parsed from the same read (``jsonl_pass``:
     the rollouts' facts recorded too, and with ``row_values`` each row's values for a backend
-    that asks, ``rollouts_facts.rollout_row_values``).
+    that asks, ``rollouts_facts.rollout_row_values``, and with ``table`` NeMo Gym's rollouts
+    table, ``rollouts_facts.rollouts_table``).
     ``record_counts``, when given, receives each JSONL file's non-blank lines, counted from the
     same read (its records, unless its last line is torn).
     """
@@ -439,7 +443,7 @@ def send_key(
             before = os.stat(fpath)
             cached = cache.lookup(_BYTES_ENTRY + name, before)
             if cached is None and name.endswith(".jsonl") and cache.lookup(name, before) is None:
-                read = _read_jsonl_once(run, cache, name, fpath, before, row_values)
+                read = _read_jsonl_once(run, cache, name, fpath, before, row_values, table)
                 if read is not None:
                     cached, known[name] = read
             lines = LineCounter() if name.endswith(".jsonl") else None
@@ -469,6 +473,7 @@ def _read_jsonl_once(
     fpath: Path,
     before: os.stat_result,
     rows: bool = False,
+    table: bool = False,
 ) -> tuple[tuple[str, int], Known] | None:
     """A JSONL file not in the cache, read once (``jsonl_pass``): its bytes digest and line
     count for the send key, and its identity (with its record count) as known for
@@ -478,16 +483,19 @@ def _read_jsonl_once(
     from gym_artifacts.run.jsonl_pass import (
         FACTS_ENTRY,
         LineTooLong,
+        ReadProducts,
         read_jsonl_once,
         remember_facts,
-        remember_rows,
+        remember_products,
     )
 
     end = _complete_bytes(name, fpath)
     large = before.st_size >= PARALLEL_MIN_BYTES
     try:
         rollouts = name == ROLLOUTS
-        read = read_jsonl_once(fpath, end, tally=rollouts, parallel=large, rows=rows and rollouts)
+        read = read_jsonl_once(
+            fpath, end, tally=rollouts, parallel=large, rows=rows and rollouts, table=table and rollouts
+        )
     except LineTooLong:
         return None
     except RunError:
@@ -502,11 +510,12 @@ def _read_jsonl_once(
         cache.store_product(FACTS_ENTRY + name, before, after, facts)
         if stat_key(before) == stat_key(after):
             remember_facts(fpath, stat_key(before), facts)
-    if read.rows is not None:
+    products = ReadProducts(read.rows, read.table)
+    if products.rows is not None or products.table is not None:
         if stat_key(before) == stat_key(after):
-            remember_rows(fpath, stat_key(before), read.rows)
+            remember_products(fpath, stat_key(before), products)
         else:
-            read.rows.close()
+            products.close()
     return (read.bytes_digest, read.lines), (stat_key(before), identity, read.records.count)
 
 

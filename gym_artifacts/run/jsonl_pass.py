@@ -32,6 +32,7 @@ from gym_artifacts.core.jsonio import open_regular, record_and_canonical
 from gym_artifacts.run.digests import JsonlDigest, LineCounter, hex_digest
 from gym_artifacts.run.nemo_gym_params import ParamsTally
 from gym_artifacts.run.rollout_values import row_values
+from gym_artifacts.run.rollouts_table import RolloutsTable
 from gym_artifacts.run.trajectory import rollout_window
 
 BLOCK = 4 << 20  # a block of the shared buffer: a line longer than this is read the old way
@@ -55,6 +56,8 @@ class JsonlRead:
     facts: RolloutFacts | None
     # with ``rows``: each record's values in line order (``RowValues``); the caller closes it
     rows: RowValues | None = None
+    # with ``table``: NeMo Gym's table of the complete lines (``RolloutsTable``); the caller closes it
+    table: RolloutsTable | None = None
 
 
 class RowValues:
@@ -165,10 +168,14 @@ class _Parsers:
     """Where blocks are parsed: in this process, or by forked workers reading the shared buffer
     (each block's slot is reused once its worker is done with it)."""
 
-    def __init__(self, fpath: Path, tally: bool, parallel: bool, rows: bool = False) -> None:
+    def __init__(
+        self, fpath: Path, tally: bool, parallel: bool, rows: bool = False, table: bool = False
+    ) -> None:
         import tempfile
 
         self.records = _Records(fpath, tally, rows)
+        # written here, in block order, from the bytes the reader holds: no worker sends them back
+        self.table = RolloutsTable() if table else None
         self.fpath, self.tally, self.rows = fpath, tally, rows
         # each block's rows' values, in block order: a length, then the marshalled list
         self.spool = tempfile.TemporaryFile(prefix="gym-artifacts-rows-") if rows else None  # noqa: SIM115
@@ -195,6 +202,8 @@ class _Parsers:
     def parse(self, i: int, start: int, length: int, terminated: bool = True) -> None:
         if not length:
             return
+        if self.table is not None and terminated:  # a table holds complete lines only
+            self.table.feed(self.buffer[start : start + length])
         if self._pool is None or not terminated:
             self._drain()  # the blocks before this one are written first
             self.records.feed(self.buffer[start : start + length], terminated)
@@ -231,6 +240,9 @@ class _Parsers:
         global _SHARED
         if self.spool is not None and not keep_rows:
             self.spool.close()
+        if self.table is not None and not (keep_rows and self.table.finish()):
+            self.table.close()
+            self.table = None
         if self._pool is not None:
             self._pool.shutdown(wait=True, cancel_futures=True)
             _SHARED = None
@@ -238,17 +250,24 @@ class _Parsers:
 
 
 def read_jsonl_once(
-    fpath: Path, end: int | None = None, *, tally: bool = False, parallel: bool = False, rows: bool = False
+    fpath: Path,
+    end: int | None = None,
+    *,
+    tally: bool = False,
+    parallel: bool = False,
+    rows: bool = False,
+    table: bool = False,
 ) -> JsonlRead:
     """One read of ``fpath``: bytes digest and line count of the whole file, records' digest
     (and, with ``tally``, what they tell of the run) of the lines before ``end`` (a torn last line
     left out); ``parallel``: blocks parsed by forked workers (where there are cores and no other
     thread). RunError for a malformed line (its line number is not known here: the caller reads
     the file again in order to name it); LineTooLong for a line longer than a block. ``rows``:
-    each record's values too (``JsonlRead.rows``)."""
+    each record's values too (``JsonlRead.rows``); ``table``: NeMo Gym's table of its complete
+    lines (``JsonlRead.table``; None when a line is not UTF-8)."""
     hasher = blake3.blake3(max_threads=blake3.blake3.AUTO)
     unparsed = LineCounter()  # the lines past ``end``: each parsed non-blank line is a record
-    parsers = _Parsers(fpath, tally, parallel, rows)
+    parsers = _Parsers(fpath, tally, parallel, rows, table)
     done = False
     try:
         with open_regular(fpath) as fh:
@@ -258,7 +277,7 @@ def read_jsonl_once(
         parsers.close(keep_rows=done)
     lines = records.digest.count + unparsed.count
     values = RowValues(parsers.spool, records.digest.count) if parsers.spool is not None else None
-    return JsonlRead(hex_digest(hasher), lines, records.digest, records.tally, values)
+    return JsonlRead(hex_digest(hasher), lines, records.digest, records.tally, values, parsers.table)
 
 
 def _read(
@@ -312,40 +331,53 @@ def remember_facts(fpath: Path, key: list[int], facts: dict[str, Any]) -> None:
     _LAST_FACTS[str(fpath)] = key, facts
 
 
-_LAST_ROWS: dict[str, tuple[list[int], RowValues]] = {}  # by path: exports of other runs in threads
-_LAST_ROWS_LOCK = threading.Lock()
+@dataclass
+class ReadProducts:
+    """What the one read of the rollouts made for this export's backends (each None unless a
+    backend asked): the rows' values (``Exporter.reads_row_values``) and NeMo Gym's table
+    (``ships_rollouts_table``). Kept until the export ends, then closed."""
+
+    rows: RowValues | None = None
+    table: RolloutsTable | None = None
+
+    def close(self) -> None:
+        for product in (self.rows, self.table):
+            if product is not None:
+                product.close()
 
 
-def remember_rows(fpath: Path, key: list[int], rows: RowValues) -> None:
-    """Keep the rows' values just read from ``fpath`` (stat key ``key``) for a backend of this
-    export (``rollouts_facts.rollout_row_values``), until ``forget_rows(fpath)``; those of an
-    earlier read of the same file are let go."""
-    forget_rows(fpath)
-    with _LAST_ROWS_LOCK:
-        if not _LAST_ROWS_AT_EXIT:
-            atexit.register(forget_rows)
-            _LAST_ROWS_AT_EXIT.append(True)
-        _LAST_ROWS[str(fpath)] = key, rows
+_KEPT: dict[str, tuple[list[int], ReadProducts]] = {}  # by path: exports of other runs in threads
+_KEPT_LOCK = threading.Lock()
+_KEPT_AT_EXIT: list[bool] = []
 
 
-_LAST_ROWS_AT_EXIT: list[bool] = []
+def remember_products(fpath: Path, key: list[int], products: ReadProducts) -> None:
+    """Keep what the read of ``fpath`` (stat key ``key``) made for a backend of this export
+    (``rollouts_facts.rollout_row_values``, ``rollouts_facts.rollouts_table``), until
+    ``forget_products(fpath)``; those of an earlier read of the same file are let go."""
+    forget_products(fpath)
+    with _KEPT_LOCK:
+        if not _KEPT_AT_EXIT:
+            atexit.register(forget_products)
+            _KEPT_AT_EXIT.append(True)
+        _KEPT[str(fpath)] = key, products
 
 
-def forget_rows(fpath: Path | None = None) -> None:
-    """Let go of the rows' values kept for ``fpath`` (every file's: None), their spool closed:
-    the export that read them is over."""
-    with _LAST_ROWS_LOCK:
-        names = list(_LAST_ROWS) if fpath is None else [str(fpath)]
-        for name in names:
-            kept = _LAST_ROWS.pop(name, None)
-            if kept is not None:
-                kept[1].close()
+def forget_products(fpath: Path | None = None) -> None:
+    """Let go of what was kept for ``fpath`` (every file's: None), its files closed: the export
+    that read them is over."""
+    with _KEPT_LOCK:
+        names = list(_KEPT) if fpath is None else [str(fpath)]
+        kept = [_KEPT.pop(name, None) for name in names]
+    for entry in kept:
+        if entry is not None:
+            entry[1].close()
 
 
-def remembered_rows(fpath: Path, key: list[int]) -> RowValues | None:
-    """The rows' values this process last read from ``fpath`` when it is as it was."""
-    with _LAST_ROWS_LOCK:
-        remembered = _LAST_ROWS.get(str(fpath))
+def remembered_products(fpath: Path, key: list[int]) -> ReadProducts | None:
+    """What this process's last read of ``fpath`` made, when the file is as it was."""
+    with _KEPT_LOCK:
+        remembered = _KEPT.get(str(fpath))
     return remembered[1] if remembered is not None and remembered[0] == key else None
 
 

@@ -18,12 +18,14 @@ from gym_artifacts.run.artifacts import ROLLOUTS, RunArtifacts
 from gym_artifacts.run.identity import IdentityCache, stat_key
 from gym_artifacts.run.jsonl_pass import (
     FACTS_ENTRY,
+    ReadProducts,
     RowValues,
-    forget_rows,
+    forget_products,
     remembered_facts,
-    remembered_rows,
+    remembered_products,
 )
 from gym_artifacts.run.nemo_gym_params import params_from_files
+from gym_artifacts.run.rollouts_table import RolloutsTable
 
 
 def cached_facts(run: RunArtifacts) -> dict[str, Any] | None:
@@ -68,21 +70,34 @@ def rollout_row_values(run: RunArtifacts) -> RowValues | None:
     """Each rollout's numbers and end time (``rollout_values.row_values``), in line order, when
     this process's one read of the rollouts gave them for the file as it is now (an export to a
     backend that asks for them: ``Exporter.reads_row_values``); else None (read the records)."""
+    products = _products(run)
+    return products.rows if products is not None else None
+
+
+def rollouts_table(run: RunArtifacts) -> RolloutsTable | None:
+    """NeMo Gym's table of the rollouts (``rollouts_table.TABLE_FILE``), when this process's one
+    read of them wrote it for the file as it is now (an export to a backend that ships it:
+    ``ships_rollouts_table``); else None (make it from the file)."""
+    products = _products(run)
+    return products.table if products is not None else None
+
+
+def _products(run: RunArtifacts) -> ReadProducts | None:
     fpath = run.rollouts_fpath
     if fpath is None:
         return None
     try:
-        return remembered_rows(fpath, stat_key(os.stat(fpath)))
+        return remembered_products(fpath, stat_key(os.stat(fpath)))
     except OSError:
         return None
 
 
 @contextlib.contextmanager
 def row_values_of_export(run: RunArtifacts) -> Iterator[None]:
-    """The span of an export's sends: the rows' values its one read of the run's rollouts
-    spooled are let go at its end."""
+    """The span of an export's sends: what its one read of the run's rollouts made for its
+    backends (rows' values, NeMo Gym's table) is let go at its end."""
     try:
         yield
     finally:
         if run.rollouts_fpath is not None:
-            forget_rows(run.rollouts_fpath)
+            forget_products(run.rollouts_fpath)
