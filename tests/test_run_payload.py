@@ -69,16 +69,23 @@ def count_opens(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
     if not _WATCHED.get("hooked"):  # once per session (a hook cannot be removed); idle unless watching
         sys.addaudithook(_audit)
         _WATCHED["hooked"] = True
-    real_export = Exporter.export
+    from gym_artifacts.export import engine
 
-    def export(self: Exporter, run: RunArtifacts, plan: ExportPlan, send: Any = None) -> Any:
-        _WATCHED["backend"] = self.name
-        try:
-            return real_export(self, run, plan, send=send)
-        finally:
-            _WATCHED["backend"] = None
+    def attributed(send: Any) -> Any:
+        """``send`` with the opens while it runs counted for the backend it sends to."""
 
-    monkeypatch.setattr(Exporter, "export", export)
+        def sending(backend: Exporter, run: RunArtifacts, plan: ExportPlan) -> Any:
+            _WATCHED["backend"] = backend.name
+            try:
+                return send(backend, run, plan)
+            finally:
+                _WATCHED["backend"] = None
+
+        return sending
+
+    # both ways the engine sends: a new backend run, or completing a live one
+    monkeypatch.setattr(Exporter, "export", attributed(Exporter.export))
+    monkeypatch.setattr(engine, "export_live", attributed(engine.export_live))
 
     def watch(path: Path) -> Counter[str]:
         _WATCHED.update(path=str(path), opens=Counter())
