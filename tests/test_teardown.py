@@ -146,3 +146,32 @@ def test_a_backend_that_recovers_is_waited_for_again() -> None:
         worker.submit(Call(flaky, (i,), "metrics", droppable=True))
     assert worker.stop(20.0, hard_cap=60.0)
     assert got == list(range(2, 10)) and worker.stats.failed == 2
+
+
+def test_stop_never_says_all_was_applied_when_calls_were_given_up(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``stop``'s thread is descheduled a moment after its wait times out at the deadline (a
+    loaded machine), and meanwhile the worker gives up the rest of its queue and reaches the stop
+    marker: ``stop`` still says not everything was applied, as the undelivered count does."""
+    from gym_artifacts.live import worker as worker_module
+
+    class LateWaker(threading.Event):
+        def wait(self, timeout: float | None = None) -> bool:
+            done = super().wait(timeout)
+            if not done:
+                time.sleep(0.3)  # descheduled after the timeout, before looking again
+            return done
+
+    class LateStop(worker_module._Stop):
+        __slots__ = ()
+
+        def __init__(self) -> None:
+            self.done = LateWaker()
+
+    monkeypatch.setattr(worker_module, "_Stop", LateStop)
+    worker = BackgroundWorker("race")
+    worker.submit(Call(time.sleep, (0.4,), "metrics", droppable=True))  # past the deadline
+    for _ in range(200):
+        worker.submit(Call(time.sleep, (0,), "metrics", droppable=True))
+    applied = worker.stop(0.1, hard_cap=0.1)
+    assert worker.stats.undelivered > 0
+    assert not applied, (worker.stats.delivered, worker.stats.undelivered)
