@@ -223,6 +223,7 @@ class BackgroundWorker:
         """
         if self._pid != os.getpid():
             return False
+        given_up_before = self.stats.undelivered
         now = time.monotonic()
         timeout = max(0.0, timeout)
         cap = now + max(timeout, hard_cap if hard_cap is not None else timeout)
@@ -257,7 +258,8 @@ class BackgroundWorker:
                         self._abandoned = True
                         break
                 time.sleep(0.005)
-        return finished
+        # the marker is reached also when the worker gave the rest up at the deadline
+        return finished and self.stats.undelivered == given_up_before
 
     def submit_own(self, call: Call) -> bool:
         """A follow-up of the worker's own (``counted=False``), from its thread: queued while the
