@@ -14,6 +14,7 @@ it (``identity.IdentitiesInFlight``). One backend's failure never stops another'
 from __future__ import annotations
 
 import contextlib
+import datetime as dt
 import logging
 import os
 import time
@@ -309,12 +310,22 @@ def _receipt_written_since(
         receipt = receipt_for(read_receipts(fpath), target.key, target.legacy_key)
     except (ReceiptError, OSError):
         return None
-    if receipt is None or receipt.exported_at < time_before:
+    if receipt is None or _utc(receipt.exported_at) < _utc(time_before):
         return None
     return ExportResult(
         target.name, ExportStatus.EXPORTED, receipt.backend_run_id,
         rows=receipt.rows, bytes=receipt.bytes, certified=receipt.certified_live_run,
     )  # fmt: skip
+
+
+def _utc(iso: str) -> dt.datetime:
+    """An ISO 8601 time as a comparable instant (its text does not sort: ``...:00+00:00`` has no
+    fraction); an unreadable one is the earliest."""
+    try:
+        when = dt.datetime.fromisoformat(iso)
+    except (TypeError, ValueError):
+        return dt.datetime.min.replace(tzinfo=dt.timezone.utc)
+    return when if when.tzinfo is not None else when.replace(tzinfo=dt.timezone.utc)
 
 
 def _logged(result: ExportResult) -> ExportResult:
